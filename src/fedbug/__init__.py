@@ -1,0 +1,3 @@
+"""fedbug: federated learning with layer freezing (FedBug, FreezeFL, FedSeq) on one simulator."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,66 @@
+"""The server's running aggregate of one round's client updates.
+
+Updates are added in ascending client id; each unit is averaged over the clients that trained it
+(weighted by sample count or uniformly), so partial uploads and frozen units need nothing
+special: a unit nobody trained gets a zero mean update and keeps its value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from fedbug.units import ParamSpace
+
+
+class Aggregate:
+    def __init__(self, space: ParamSpace, weighting: Literal["samples", "uniform"]) -> None:
+        self.space = space
+        self.weighting = weighting
+        self._wsum = torch.zeros(space.total)
+        self._raw = torch.zeros(space.total)
+        self._unit_w = [0.0] * space.num_units
+        self.sq_norm_sum = 0.0
+        self.count = 0
+        self.num_samples = 0
+
+    def add(self, delta: Tensor, trained: list[bool], num_samples: int) -> None:
+        """Add one client's update (full-length; entries of untrained units are ignored)."""
+        w = float(num_samples) if self.weighting == "samples" else 1.0
+        for u, t in enumerate(trained):
+            if t:
+                s = self.space.unit_slices[u]
+                self._wsum[s].add_(delta[s], alpha=w)
+                self._raw[s].add_(delta[s])
+                self._unit_w[u] += w
+        d = delta.double()
+        self.sq_norm_sum += float(torch.dot(d, d))
+        self.count += 1
+        self.num_samples += num_samples
+
+    def mean_delta(self) -> Tensor:
+        """Per unit: sum_i w_i Delta_i / sum_i w_i over the clients that trained the unit."""
+        out = torch.zeros(self.space.total)
+        for u, w in enumerate(self._unit_w):
+            if w > 0:
+                s = self.space.unit_slices[u]
+                out[s] = self._wsum[s] / w
+        return out
+
+    def delta_sum(self) -> Tensor:
+        """sum_i Delta_i (unweighted, over all units)."""
+        return self._raw
+
+    def units_trained_by(self) -> list[float]:
+        return list(self._unit_w)
+
+    def client_drift(self) -> float:
+        """Spread of the updates around their (uniform) mean: sqrt(mean_i ||Delta_i - mean||^2)."""
+        if self.count == 0:
+            return 0.0
+        mean = self._raw.double() / self.count
+        var = self.sq_norm_sum / self.count - float(torch.dot(mean, mean))
+        return math.sqrt(max(var, 0.0))

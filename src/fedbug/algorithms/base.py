@@ -1,0 +1,119 @@
+"""What an algorithm is: a local objective (client half) and a server update (server half).
+
+Both halves live in one class. The client half only ever sees the *trainable* slice of the flat
+weight vector (a freeze policy trains a contiguous block of units, which is a contiguous slice),
+so a frozen unit takes no proximal, dynamic or decay term: freezing reaches an algorithm only
+through that slice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import Tensor
+
+from fedbug.registry import Registry
+from fedbug.units import ParamSpace
+
+
+class Params(BaseModel):
+    """Base of an algorithm's hyperparameter block (``fedprox: {mu: ...}`` in a config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class LocalCtx:
+    """What the client half sees during local training (views, never copies).
+
+    ``weights``/``grads``/``received`` are the trainable slice of the local weights, their
+    gradient and the received global weights; ``state`` is this client's persistent state
+    (e.g. FedDyn's lambda_i, full length); ``region`` is the slice itself.
+    """
+
+    space: ParamSpace
+    weights: Tensor
+    grads: Tensor
+    received: Tensor
+    region: slice
+    state: dict[str, Tensor]
+    num_samples: int
+    mean_samples: float
+    payload: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class ServerStep:
+    """Result of a server update: the next global weights, the weights to evaluate, the new
+    server state and any per-round figures the algorithm reports."""
+
+    weights: Tensor
+    eval_weights: Tensor
+    state: dict[str, Tensor]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+
+
+class Algorithm:
+    """FedAvg's behaviour; other algorithms override a hook or two.
+
+    Client half: ``extra_loss`` (terms on the loss, e.g. FedDecorr) and ``adjust_grads`` (terms
+    whose gradient is known in closed form, added to the gradient of the trainable slice: exact
+    and cheaper than building them into the graph), ``finish_client`` (new client state).
+    Server half: ``server_update`` from the aggregate of the round's updates.
+    """
+
+    name: ClassVar[str] = "base"
+    params_cls: ClassVar[type[Params] | None] = None
+    needs_features: ClassVar[bool] = False
+    stateful_clients: ClassVar[bool] = False
+
+    def __init__(self, global_lr: float = 1.0, params: Params | None = None) -> None:
+        self.global_lr = global_lr
+        self.params = params if params is not None else (
+            self.params_cls() if self.params_cls else None
+        )
+
+    # -- server half ---------------------------------------------------------------------
+    def init_server_state(self, weights: Tensor, num_clients: int) -> dict[str, Tensor]:
+        return {}
+
+    def payload(self, server_state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Extra tensors sent to every client with the weights (SCAFFOLD's c, say)."""
+        return {}
+
+    def server_update(
+        self, weights: Tensor, agg: Any, state: dict[str, Tensor], round: int, num_clients: int
+    ) -> ServerStep:
+        """theta <- theta + eta_g * mean_i Delta_i (per unit, over the clients that trained it)."""
+        new = weights + self.global_lr * agg.mean_delta()
+        return ServerStep(new, new, state)
+
+    # -- client half ---------------------------------------------------------------------
+    def init_client_state(self, space: ParamSpace) -> dict[str, Tensor]:
+        return {}
+
+    def extra_loss(self, ctx: LocalCtx, loss: Tensor, features: Tensor | None) -> Tensor:
+        return loss
+
+    def adjust_grads(self, ctx: LocalCtx) -> None:
+        return None
+
+    def finish_client(self, ctx: LocalCtx, delta: Tensor) -> dict[str, Tensor]:
+        return ctx.state
+
+
+def build_algorithm(name: str, global_lr: float, blocks: dict[str, Any]) -> Algorithm:
+    """The algorithm ``name`` with its hyperparameter block from the config."""
+    cls = ALGORITHMS.get(name)
+    params = blocks.get(name) if cls.params_cls else None
+    return cls(global_lr=global_lr, params=params)
+
+
+def zeros_like_space(space: ParamSpace) -> Tensor:
+    return torch.zeros(space.total, dtype=torch.float32)

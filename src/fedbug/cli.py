@@ -1,0 +1,193 @@
+"""The ``fedbug`` command: run, sweep, theory, data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from fedbug.errors import FedbugError
+
+
+def _progress(total: int, description: str, quiet: bool):  # type: ignore[no-untyped-def]
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("acc {task.fields[acc]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        disable=quiet,
+        transient=False,
+    )
+
+
+def _run_one(cfg: Any, run_dir: Path, resume: bool, quiet: bool, label: str) -> dict[str, Any]:
+    from fedbug.engine import run_experiment
+
+    with _progress(cfg.rounds, label, quiet) as progress:
+        task = progress.add_task(label, total=cfg.rounds, acc="  -  ")
+
+        def on_round(rec: dict[str, Any]) -> None:
+            acc = rec["test_acc"]
+            fields = {"acc": f"{100 * acc:5.1f}%"} if acc is not None else {}
+            progress.update(task, completed=rec["round"], **fields)
+
+        result = run_experiment(cfg, run_dir, resume=resume, on_round=on_round)
+    return {"run_dir": result.run_dir, "records": result.records, "summary": result.summary}
+
+
+def run_dir_for(cfg: Any, out: Path) -> Path:
+    from fedbug.config import config_hash
+
+    return out / f"{cfg.name}-s{cfg.seed}-{config_hash(cfg)}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fedbug.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    out = Path(args.out)
+    run_dir = run_dir_for(cfg, out)
+    res = _run_one(cfg, run_dir, args.resume, args.quiet, f"{cfg.name} seed {cfg.seed}")
+    s = res["summary"]
+    acc = "n/a" if s["final_acc"] is None else f"{100 * s['final_acc']:.2f}%"
+    print(f"final test accuracy {acc} after {s['rounds']} rounds ({s['seconds']:.1f} s)")
+    print(f"run folder: {run_dir}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedbug.config import load_config, read_config_doc, set_dotted
+    from fedbug.config import parse_override as parse_set
+    from fedbug.sweep import format_table, parse_grid_arg, run_sweep
+
+    doc = read_config_doc(args.config)
+    for text in args.set:
+        set_dotted(doc, *parse_set(text))
+    base = load_config(None, doc=doc)  # validates the base before any run
+    grid = dict(base.grid or {})
+    for text in args.grid:
+        key, values = parse_grid_arg(text)
+        grid[key] = values
+    seeds = args.seeds if args.seeds is not None else base.seeds
+    out = Path(args.out) / f"{base.name}-sweep"
+
+    def run_one(cfg: Any, run_dir: Path) -> dict[str, Any]:
+        label = f"{run_dir.name}"
+        resume = args.resume and run_dir.exists()
+        return _run_one(cfg, run_dir, resume, args.quiet, label)
+
+    rows = run_sweep(doc, grid, seeds, out, run_one)
+    print(format_table(rows))
+    print(f"sweep folder: {out} (sweep.md, sweep.json, accuracy.png)")
+    return 0
+
+
+def cmd_theory(args: argparse.Namespace) -> int:
+    from fedbug.theory import format_theory_report, theory_report
+
+    report = theory_report(etas=args.eta, clients=args.clients, rounds=args.rounds)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(format_theory_report(report))
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from fedbug.data import DATASETS
+
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else None
+    rows = []
+    for name, spec in DATASETS.items():
+        where = spec.locate(data_dir)
+        rows.append(
+            {
+                "name": name,
+                "found": where is not None,
+                "where": where,
+                "searched": spec.searched(data_dir),
+                "how_to_get": spec.how_to_get,
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        if r["found"]:
+            print(f"{r['name']:16s} found: {r['where']}")
+        else:
+            print(f"{r['name']:16s} missing (looked in: {', '.join(r['searched'])})")
+            print(f"{'':16s} to get it: {r['how_to_get']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fedbug", description="Federated learning with layer freezing (FedBug, FreezeFL, ...)"
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run one experiment from a YAML config")
+    r.add_argument("config")
+    r.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
+    r.add_argument("--out", default="runs", help="folder for run folders (default: runs)")
+    r.add_argument("--resume", action="store_true", help="continue the run from its checkpoint")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("sweep", help="run a grid of experiments over seeds; table and plot")
+    s.add_argument("config")
+    s.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("-g", "--grid", action="append", default=[], metavar="KEY=V1,V2")
+    s.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: config)")
+    s.add_argument("--out", default="runs")
+    s.add_argument("--resume", action="store_true", help="continue unfinished runs")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_sweep)
+
+    t = sub.add_parser("theory", help="the two-client analysis of FedBug Sec. 4, computed")
+    t.add_argument("--eta", type=float, nargs="+", default=[0.1, 0.5, 0.9])
+    t.add_argument("--clients", type=int, nargs="+", default=[2, 3, 5, 10])
+    t.add_argument("--rounds", type=int, default=5)
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_theory)
+
+    d = sub.add_parser("data", help="which data sets are found where")
+    d.add_argument("--data-dir", default=None)
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_data)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            return int(args.func(args))
+    except FedbugError as e:
+        print(f"fedbug: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("fedbug: interrupted; rerun with --resume to continue", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""The client side: one function of (global weights, round config, client data, client state).
+
+:func:`train_client` returns (update, metrics, new state) and reads everything from its
+arguments, with all randomness drawn from a generator addressed by (seed, round, client), so any
+executor (in-process, worker processes, Flower) runs the same code and gets the same numbers.
+The model, optimiser buffers and FLOP counts it needs are built once per worker in a
+:class:`ClientRuntime` and reused for every client.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from math import ceil
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from fedbug.algorithms import Algorithm, LocalCtx
+from fedbug.policies import FreezePolicy, StepCtx
+from fedbug.seeding import torch_generator
+from fedbug.units import ParamSpace
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Local-training settings that stay fixed for a run."""
+
+    local_epochs: int = 5
+    local_steps: int | None = None
+    batch_size: int = 50
+    optimizer: str = "sgd"
+    momentum: float = 0.0
+    weight_decay: float = 1e-3
+    clip_grad_norm: float | None = None
+    count_flops: bool = True
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    """The per-round config one client receives with the weights."""
+
+    round: int
+    client: int
+    seed: int
+    lr: float
+    mean_samples: float
+    payload: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class ClientData:
+    """One client's raw training samples (a batch is an index into them)."""
+
+    x: Tensor
+    y: Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass
+class ClientResult:
+    client: int
+    num_samples: int
+    delta: Tensor
+    trained: list[bool]
+    state: dict[str, Tensor]
+    metrics: dict[str, Any]
+
+
+def local_step_count(num_samples: int, settings: TrainSettings) -> tuple[int, int]:
+    """(K, steps per epoch): K = epochs * ceil(n / batch), or ``local_steps`` when set."""
+    per_epoch = max(1, ceil(num_samples / settings.batch_size))
+    k = settings.local_steps if settings.local_steps else settings.local_epochs * per_epoch
+    return k, per_epoch
+
+
+class ClientRuntime:
+    """A reusable local model (weights bound to one flat vector), built once per worker."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        space: ParamSpace,
+        policy: FreezePolicy,
+        algorithm: Algorithm,
+        settings: TrainSettings,
+        prepare: Callable[[Tensor], Tensor],
+        augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+    ) -> None:
+        self.flop_model = copy.deepcopy(model) if settings.count_flops else None
+        self.model = model
+        self.space = space
+        self.policy = policy
+        self.algorithm = algorithm
+        self.settings = settings
+        self.prepare = prepare
+        self.augment = augment
+        self.flat = space.bind(model)
+        self.grad = torch.zeros(space.total)
+        self.unit_params: list[list[tuple[nn.Parameter, Tensor]]] = [[] for _ in space.units]
+        for name, is_param, off, n, shape, u in zip(
+            space.names, space.is_param, space.offsets, space.numels, space.shapes, space.unit_of
+        ):
+            if is_param:
+                p = model.get_parameter(name)
+                self.unit_params[u].append((p, self.grad[off : off + n].view(shape)))
+        self._features: Tensor | None = None
+        if algorithm.needs_features:
+            head = model.get_submodule(space.units[-1].modules[0])
+            head.register_forward_pre_hook(self._capture)
+        self._flops: dict[tuple[int, int, int], int] = {}
+
+    def _capture(self, _m: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+        self._features = inputs[0]
+
+    def set_trainable(self, units: range) -> slice:
+        """requires_grad and a gradient view on the given units, None elsewhere; their slice."""
+        for u, params in enumerate(self.unit_params):
+            on = u in units
+            for p, g in params:
+                p.requires_grad_(on)
+                p.grad = g if on else None
+        sl = self.space.unit_slices
+        return slice(sl[units.start].start, sl[units.stop - 1].stop)
+
+    def flops(self, units: range, x: Tensor, y: Tensor) -> int:
+        """FLOPs of one forward+backward with ``units`` trainable, counted once and cached."""
+        key = (units.start, units.stop, len(y))
+        if key not in self._flops:
+            m = self.flop_model
+            for u, unit in enumerate(self.space.units):
+                for name in unit.params:
+                    m.get_parameter(name).requires_grad_(u in units)
+            with FlopCounterMode(display=False) as counter:
+                F.cross_entropy(m(x), y).backward()
+            m.zero_grad(set_to_none=True)
+            self._flops[key] = int(counter.get_total_flops())
+        return self._flops[key]
+
+    def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        s = self.settings
+        params = list(self.model.parameters())
+        if s.optimizer == "adam":
+            return torch.optim.Adam(params, lr=lr, weight_decay=s.weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=s.momentum, weight_decay=s.weight_decay)
+
+
+def train_client(
+    weights: Tensor,
+    task: ClientTask,
+    data: ClientData,
+    state: dict[str, Tensor],
+    runtime: ClientRuntime,
+) -> ClientResult:
+    """Local training of one client for one round (FedBug Algorithm 3, lines 5-11)."""
+    rt, settings, space = runtime, runtime.settings, runtime.space
+    rt.model.train()
+    rt.flat.copy_(weights)
+    n = len(data)
+    local_steps, per_epoch = local_step_count(n, settings)
+    gen = torch_generator(task.seed, "client", task.round, task.client)
+    opt = rt.make_optimizer(task.lr)
+    trained = [False] * space.num_units
+    current: range | None = None
+    region = slice(0, 0)
+    ctx: LocalCtx | None = None
+    loss_sum = torch.zeros(())
+    flops = 0
+    perm = torch.empty(0, dtype=torch.long)
+    for k in range(1, local_steps + 1):
+        pos = (k - 1) % per_epoch
+        if pos == 0:
+            perm = torch.randperm(n, generator=gen)
+        idx = perm[pos * settings.batch_size : (pos + 1) * settings.batch_size]
+        x, y = data.x[idx], data.y[idx]
+        if rt.augment is not None:
+            x = rt.augment(x, gen)
+        x = rt.prepare(x)
+        units = rt.policy.trainable_units(
+            StepCtx(k, local_steps, space.num_units, task.round, task.client)
+        )
+        if units != current:
+            current = units
+            region = rt.set_trainable(units)
+            for u in units:
+                trained[u] = True
+            ctx = LocalCtx(
+                space=space,
+                weights=rt.flat[region],
+                grads=rt.grad[region],
+                received=weights[region],
+                region=region,
+                state=state,
+                num_samples=n,
+                mean_samples=task.mean_samples,
+                payload=task.payload,
+            )
+        rt.grad[region].zero_()
+        loss = F.cross_entropy(rt.model(x), y)
+        loss_sum += loss.detach()
+        loss = rt.algorithm.extra_loss(ctx, loss, rt._features)
+        loss.backward()
+        rt.algorithm.adjust_grads(ctx)
+        if settings.clip_grad_norm:
+            g = rt.grad[region]
+            scale = (settings.clip_grad_norm / (g.norm() + 1e-6)).clamp(max=1.0)
+            g.mul_(scale)
+        opt.step()
+        if settings.count_flops:
+            flops += rt.flops(units, x, y)
+    rt._features = None
+    delta = rt.flat - weights
+    full_ctx = LocalCtx(
+        space=space,
+        weights=rt.flat,
+        grads=rt.grad,
+        received=weights,
+        region=slice(0, space.total),
+        state=state,
+        num_samples=n,
+        mean_samples=task.mean_samples,
+        payload=task.payload,
+    )
+    new_state = rt.algorithm.finish_client(full_ctx, delta)
+    trained_params = sum(c for c, t in zip(space.unit_param_numel, trained) if t)
+    metrics = {
+        "train_loss": float(loss_sum) / local_steps,
+        "steps": local_steps,
+        "flops": flops,
+        "trained_params": trained_params,
+        "bytes_up": space.bytes_of(trained),
+    }
+    return ClientResult(task.client, n, delta, trained, new_state, metrics)

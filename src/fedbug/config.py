@@ -1,0 +1,225 @@
+"""Experiment configs: YAML files validated by pydantic, with ``key=value`` overrides.
+
+Every hyperparameter block of an algorithm (``fedprox: {mu: ...}``) comes from the algorithm's
+own ``params_cls``, so a new algorithm brings its config with it. An unknown key or a bad value
+is one :class:`~fedbug.errors.ConfigError` that names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+from fedbug.algorithms import ALGORITHMS
+from fedbug.errors import ConfigError
+from fedbug.policies import POLICIES
+
+
+class BaseConfig(BaseModel):
+    """The fields every experiment has. See the README's config reference."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    name: str = Field("experiment", min_length=1, max_length=120, pattern=r"^[\w.+-]+$")
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    # data
+    dataset: str = "digits"
+    data_dir: str | None = None
+    num_clients: int = Field(20, ge=1, le=10_000_000)
+    partition: Literal["iid", "dirichlet"] = "dirichlet"
+    alpha: float = Field(0.3, gt=0.0, le=1e9, description="Dirichlet concentration")
+    unbalanced_sigma: float = Field(0.0, ge=0.0, le=10.0)
+    # model
+    model: str = "digits_cnn"
+    units: list[str | list[str]] | None = None
+    # local training
+    rounds: int = Field(30, ge=1, le=1_000_000)
+    local_epochs: int = Field(5, ge=1, le=10_000)
+    local_steps: int | None = Field(None, ge=1, le=10_000_000)
+    batch_size: int = Field(50, ge=1, le=1_000_000)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.1, gt=0.0, le=1e6)
+    lr_decay: float = Field(1.0, gt=0.0, le=1.0, description="lr *= lr_decay each round")
+    weight_decay: float = Field(1e-3, ge=0.0, le=1.0)
+    momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    clip_grad_norm: float | None = Field(None, gt=0.0)
+    # federation
+    algorithm: str = "fedavg"
+    global_lr: float = Field(1.0, gt=0.0, le=1e3)
+    policy: str = "none"
+    gu_ratio: float = Field(0.0, ge=0.0, le=1.0, description="FedBug's P")
+    fixed_units: int = Field(1, ge=1, le=10_000)
+    participation: float = Field(0.1, gt=0.0, le=1.0)
+    clients_per_round: int | None = Field(None, ge=1)
+    selection: Literal["bernoulli", "uniform"] | None = None
+    weighting: Literal["samples", "uniform"] = "samples"
+    # evaluation and output
+    eval_every: int = Field(1, ge=1)
+    eval_batch_size: int = Field(500, ge=1, le=1_000_000)
+    checkpoint_every: int = Field(10, ge=1)
+    count_flops: bool = True
+    threads: int | None = Field(None, ge=1, le=1024)
+    executor: Literal["sequential"] = "sequential"
+    # sweeps
+    grid: dict[str, list[Any]] | None = None
+    seeds: int = Field(1, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _check(self) -> BaseConfig:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(_unknown("algorithm", self.algorithm, ALGORITHMS.names()))
+        if self.policy not in POLICIES:
+            raise ValueError(_unknown("policy", self.policy, POLICIES.names()))
+        if self.clients_per_round is not None and self.clients_per_round > self.num_clients:
+            raise ValueError(
+                f"clients_per_round={self.clients_per_round} exceeds num_clients="
+                f"{self.num_clients}; lower it or add clients"
+            )
+        if self.selection == "uniform" and self.clients_per_round is None:
+            raise ValueError("selection: uniform needs clients_per_round")
+        return self
+
+    def resolved_selection(self) -> str:
+        if self.selection:
+            return self.selection
+        return "uniform" if self.clients_per_round is not None else "bernoulli"
+
+
+def _unknown(kind: str, name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown {kind} {name!r}{hint}; known: {', '.join(known)}"
+
+
+def _build_config_class() -> type[BaseConfig]:
+    blocks: dict[str, Any] = {}
+    for name, cls in ALGORITHMS.items():
+        if cls.params_cls is not None:
+            blocks[name] = (cls.params_cls, cls.params_cls())
+    return create_model("Config", __base__=BaseConfig, **blocks)
+
+
+Config = _build_config_class()
+
+
+def all_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+    """Every valid dotted key, for 'did you mean' hints."""
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += all_keys(ann, prefix + name + ".")
+    return keys
+
+
+def _format_error(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(loc, all_keys(), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else "; see the README's config keys"
+            parts.append(f"unknown key {loc!r}{hint}")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            given = e.get("input")
+            shown = repr(given) if not isinstance(given, dict) else "a mapping"
+            if len(shown) > 60:
+                shown = shown[:57] + "..."
+            parts.append(f"{loc}: {msg} (got {shown})" if loc else msg)
+    return "invalid config: " + "; ".join(parts)
+
+
+def parse_value(text: str) -> Any:
+    """An override's value as YAML would read it (numbers, booleans, null, lists)."""
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+
+
+def set_dotted(doc: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    if not all(parts):
+        raise ConfigError(f"bad override key {key!r}; use key=value or block.key=value")
+    node = doc
+    for p in parts[:-1]:
+        child = node.get(p)
+        if child is None:
+            child = node[p] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key!r}: {p!r} is not a block of keys")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not key=value (e.g. -s lr=0.05)")
+    return key.strip(), parse_value(value)
+
+
+def validate(doc: Any) -> BaseConfig:
+    if not isinstance(doc, dict):
+        raise ConfigError(
+            f"a config must be a mapping of keys to values, not {type(doc).__name__}"
+        )
+    try:
+        return Config.model_validate(doc)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e)) from None
+
+
+def read_config_doc(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found; give the path of a YAML file")
+    try:
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {first}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys to values")
+    doc.setdefault("name", _safe_name(p.stem))
+    return doc
+
+
+def _safe_name(stem: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "._+-" else "-" for c in stem)
+    return cleaned or "experiment"
+
+
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, doc: dict | None = None
+) -> BaseConfig:
+    """Read a YAML config (or start from ``doc``), apply ``key=value`` overrides, validate."""
+    data = read_config_doc(path) if path is not None else dict(doc or {})
+    for text in overrides or []:
+        key, value = parse_override(text)
+        set_dotted(data, key, value)
+    return validate(data)
+
+
+def resolve(cfg: BaseConfig) -> BaseConfig:
+    """Fill what defaults to the machine (threads) so the saved config reproduces the run."""
+    if cfg.threads is None:
+        return cfg.model_copy(update={"threads": os.cpu_count() or 1})
+    return cfg
+
+
+def config_hash(cfg: BaseConfig) -> str:
+    """A short hash of everything that changes the numbers (not sweep bookkeeping)."""
+    d = cfg.model_dump(mode="json", exclude={"grid", "seeds", "name", "count_flops"})
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]

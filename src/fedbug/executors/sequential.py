@@ -1,0 +1,27 @@
+"""Clients one after another in this process, on one reusable model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor
+
+from fedbug.client import ClientData, ClientResult, ClientRuntime, ClientTask, train_client
+
+
+class SequentialExecutor:
+    def __init__(self, runtime: ClientRuntime, client_data: Callable[[int], ClientData]) -> None:
+        self.runtime = runtime
+        self.client_data = client_data
+
+    def run_round(
+        self, weights: Tensor, tasks: list[ClientTask], states: dict[int, dict[str, Tensor]]
+    ) -> list[ClientResult]:
+        results = [
+            train_client(weights, t, self.client_data(t.client), states[t.client], self.runtime)
+            for t in sorted(tasks, key=lambda t: t.client)
+        ]
+        return results
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,33 @@
+"""Models by name. Each builder takes (input_shape, num_classes, **options) -> nn.Module."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedbug.models.cnn import DigitsCNN, StandardCNN
+from fedbug.models.mlp import MLP
+from fedbug.registry import Registry
+from fedbug.seeding import derive_seed
+
+ModelBuilder = Callable[..., nn.Module]
+MODELS: Registry[ModelBuilder] = Registry("model")
+MODELS.register("standard_cnn")(StandardCNN)
+MODELS.register("digits_cnn")(DigitsCNN)
+MODELS.register("mlp")(MLP)
+
+
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, seed: int, **options: Any
+) -> nn.Module:
+    """Build a model with weights drawn from a generator seeded by ``(seed, "model")``."""
+    builder = MODELS.get(name)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, "model"))
+        return builder(input_shape, num_classes, **options)
+
+
+__all__ = ["MODELS", "build_model", "StandardCNN", "DigitsCNN", "MLP"]

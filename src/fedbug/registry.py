@@ -1,0 +1,53 @@
+"""Registries by name: algorithms, freeze policies, models and data sets are looked up here."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from fedbug.errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A name -> object map that refuses duplicates and names the known entries on a miss."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            self._items[name] = obj
+            return obj
+
+        return deco
+
+    def get(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            raise ConfigError(unknown_name_message(self.kind, name, self._items)) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))
+
+    def items(self) -> list[tuple[str, T]]:
+        return sorted(self._items.items())
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+
+def unknown_name_message(kind: str, name: str, known: object) -> str:
+    names = sorted(str(k) for k in known)  # type: ignore[attr-defined]
+    close = difflib.get_close_matches(str(name), names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {name!r}.{hint} Known: {', '.join(names)}."

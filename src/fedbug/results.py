@@ -1,0 +1,197 @@
+"""Run folders: resolved config, partition, metrics.jsonl, summary.json, plot, checkpoint.
+
+Every write that matters is atomic: a temporary file in the same folder, flushed, fsynced and
+renamed over the target. A checkpoint carries a SHA-256 of its payload, checked on load, and
+loads with ``torch.load(weights_only=True)`` only. ``metrics.jsonl`` gets one whole line per
+round; on resume a torn last line is dropped and the rounds after the checkpoint are redone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedbug.errors import CheckpointError
+
+CHECKPOINT_MAGIC = b"FEDBUG-CHECKPOINT-1 "
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def git_commit() -> str:
+    """The fedbug source tree's git commit, or 'unknown' outside a checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    commit = out.stdout.strip()
+    if out.returncode != 0 or not commit:
+        return "unknown"
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=5,
+    ).stdout.strip()
+    return commit + ("-dirty" if dirty else "")
+
+
+def environment() -> dict[str, Any]:
+    import numpy
+
+    from fedbug import __version__
+
+    return {
+        "fedbug": __version__,
+        "git_commit": git_commit(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+class RunDir:
+    """One run's folder."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.checkpoint_path = self.path / "checkpoint.pt"
+        self.summary_path = self.path / "summary.json"
+        self.config_path = self.path / "config.yaml"
+
+    def exists_with_results(self) -> bool:
+        return self.metrics_path.exists() or self.checkpoint_path.exists()
+
+    def create(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def write_json(self, name: str, obj: Any) -> None:
+        atomic_write_text(self.path / name, json.dumps(obj, indent=1, sort_keys=False) + "\n")
+
+    def write_config(self, text: str) -> None:
+        atomic_write_text(self.config_path, text)
+
+    # -- metrics ---------------------------------------------------------------------
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.exists():
+            return []
+        records = []
+        for line in self.metrics_path.read_text(encoding="utf-8").splitlines(keepends=True):
+            if not line.endswith("\n"):
+                break  # a torn last line from a killed run
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        return records
+
+    def truncate_metrics(self, up_to_round: int) -> list[dict[str, Any]]:
+        """Keep only whole records of rounds <= ``up_to_round``; return them."""
+        keep = [r for r in self.read_metrics() if r["round"] <= up_to_round]
+        text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in keep)
+        atomic_write_text(self.metrics_path, text)
+        return keep
+
+    # -- checkpoints -----------------------------------------------------------------
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        payload = buf.getvalue()
+        digest = hashlib.sha256(payload).hexdigest().encode()
+        atomic_write_bytes(self.checkpoint_path, CHECKPOINT_MAGIC + digest + b"\n" + payload)
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        return load_checkpoint_file(self.checkpoint_path)
+
+
+def load_checkpoint_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {e.strerror}") from None
+    head, sep, payload = raw.partition(b"\n")
+    if not sep or not head.startswith(CHECKPOINT_MAGIC):
+        raise CheckpointError(f"{str(path)!r} is not a fedbug checkpoint (bad header)")
+    expected = head[len(CHECKPOINT_MAGIC) :].decode("ascii", "replace")
+    if hashlib.sha256(payload).hexdigest() != expected:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt (checksum mismatch); start the run again "
+            "without --resume"
+        )
+    try:
+        return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded: {e}") from None
+
+
+def plot_run(records: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Test accuracy and train loss against round, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ev = [r for r in records if r.get("test_acc") is not None]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax1.plot([r["round"] for r in ev], [100 * r["test_acc"] for r in ev], marker=".")
+    ax1.set_xlabel("round")
+    ax1.set_ylabel("test accuracy (%)")
+    ax1.grid(alpha=0.3)
+    ax2.plot([r["round"] for r in records], [r["train_loss"] for r in records], color="C1")
+    ax2.set_xlabel("round")
+    ax2.set_ylabel("mean train loss")
+    ax2.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

@@ -1,0 +1,169 @@
+"""Grids of runs: every cell of a key -> values grid, over several seeds; a table and a plot."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedbug.config import BaseConfig, set_dotted, validate
+from fedbug.errors import ConfigError
+from fedbug.results import atomic_write_bytes, atomic_write_text
+
+
+@dataclass
+class Cell:
+    """One point of the grid: its overrides and a short label."""
+
+    values: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.values.items()) or "base"
+
+    @property
+    def slug(self) -> str:
+        text = "_".join(f"{k.split('.')[-1]}-{v}" for k, v in self.values.items()) or "base"
+        return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:100]
+
+
+def parse_grid_arg(text: str) -> tuple[str, list[Any]]:
+    """``key=v1,v2,...`` -> (key, [v1, v2, ...]) with values read as YAML scalars."""
+    from fedbug.config import parse_value
+
+    key, sep, values = text.partition("=")
+    if not sep or not key.strip() or not values.strip():
+        raise ConfigError(f"grid {text!r} is not key=v1,v2,... (e.g. -g gu_ratio=0,0.5)")
+    return key.strip(), [parse_value(v) for v in values.split(",")]
+
+
+def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[Cell, BaseConfig]]:
+    """Every cell's validated config (bad values are reported before anything runs)."""
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"grid key {key!r} needs a non-empty list of values")
+    keys = list(grid)
+    cells = []
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        doc = json.loads(json.dumps(base_doc))
+        doc.pop("grid", None)
+        values = dict(zip(keys, combo))
+        for k, v in values.items():
+            set_dotted(doc, k, v)
+        try:
+            cfg = validate(doc)
+        except ConfigError as e:
+            label = Cell(values).label
+            raise ConfigError(f"grid cell {label}: {e}") from None
+        cells.append((Cell(values), cfg))
+    return cells
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    if not xs:
+        return math.nan, math.nan
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Per cell: mean +- std over seeds of final and best accuracy and of run time."""
+    rows = []
+    for cell, runs in cell_runs:
+        final = [r["summary"]["final_acc"] for r in runs if r["summary"]["final_acc"] is not None]
+        best = [r["summary"]["best_acc"] for r in runs if r["summary"]["best_acc"] is not None]
+        secs = [r["summary"]["seconds"] for r in runs]
+        fm, fs = mean_std(final)
+        bm, bs = mean_std(best)
+        rows.append(
+            {
+                "cell": cell.values,
+                "label": cell.label,
+                "seeds": [r["summary"]["seed"] for r in runs],
+                "final_acc_mean": fm,
+                "final_acc_std": fs,
+                "best_acc_mean": bm,
+                "best_acc_std": bs,
+                "seconds_mean": statistics.fmean(secs) if secs else math.nan,
+                "runs": [str(r["run_dir"]) for r in runs],
+            }
+        )
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table: cell, final accuracy mean +- std, best accuracy, seconds per run."""
+    lines = [
+        "| cell | seeds | final acc (%) | best acc (%) | s/run |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['label']} | {len(r['seeds'])} | {100 * r['final_acc_mean']:.2f} ± "
+            f"{100 * r['final_acc_std']:.2f} | {100 * r['best_acc_mean']:.2f} ± "
+            f"{100 * r['best_acc_std']:.2f} | {r['seconds_mean']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_sweep(
+    cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, title: str
+) -> None:
+    """Accuracy vs round per cell: mean over seeds, shaded +- one std."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for cell, runs in cell_runs:
+        by_round: dict[int, list[float]] = {}
+        for run in runs:
+            for rec in run["records"]:
+                if rec["test_acc"] is not None:
+                    by_round.setdefault(rec["round"], []).append(100 * rec["test_acc"])
+        rounds = sorted(by_round)
+        mean = np.array([np.mean(by_round[r]) for r in rounds])
+        std = np.array([np.std(by_round[r]) for r in rounds])
+        (line,) = ax.plot(rounds, mean, label=cell.label)
+        ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def run_sweep(
+    base_doc: dict[str, Any],
+    grid: dict[str, list[Any]],
+    seeds: int,
+    out: Path,
+    run_one: Callable[[BaseConfig, Path], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Run every cell x seed through ``run_one(cfg, run_dir)``; write sweep.json/.md and a plot."""
+    cells = expand(base_doc, grid)
+    cell_runs = []
+    for cell, cfg in cells:
+        runs = []
+        for s in range(seeds):
+            seeded = cfg.model_copy(update={"seed": cfg.seed + s})
+            runs.append(run_one(seeded, out / f"{cell.slug}-s{seeded.seed}"))
+        cell_runs.append((cell, runs))
+    rows = summarise(cell_runs)
+    name = base_doc.get("name", "sweep")
+    atomic_write_text(out / "sweep.json", json.dumps({"name": name, "rows": rows}, indent=1))
+    atomic_write_text(out / "sweep.md", f"# {name}\n\n" + format_table(rows) + "\n")
+    plot_sweep(cell_runs, out / "accuracy.png", f"{name}: accuracy over rounds")
+    return rows

@@ -1,0 +1,234 @@
+"""Cut a model into ordered trainable units, input to output, and lay its weights in one vector.
+
+A *unit* is what a freeze policy freezes or unfreezes as a whole (the FedBug paper's "module";
+we avoid the word, which PyTorch already means). By default every layer that owns parameters is
+a unit, in the order a traced forward pass first calls it; normalisation layers join the unit of
+the layer before them. A model may declare its own units with a ``fedbug_units()`` method
+returning a list of submodule names (or of lists of names), and a user may pass such a list.
+
+:class:`ParamSpace` lays all parameters (and floating-point buffers) of a model unit by unit in
+one flat float32 vector, so a unit is a contiguous slice: loading weights is one copy, an update
+is one subtraction and a partial upload is a slice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+
+import torch
+from torch import Tensor, nn
+
+from fedbug.errors import ConfigError
+
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.LocalResponseNorm,
+    nn.RMSNorm,
+)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One trainable unit: its name, the submodules it covers and their parameter names."""
+
+    name: str
+    modules: tuple[str, ...]
+    params: tuple[str, ...]
+
+
+def _owns_params(m: nn.Module) -> bool:
+    return any(True for _ in m.parameters(recurse=False))
+
+
+def traced_module_order(model: nn.Module, example_input: Tensor | Sequence[Tensor]) -> list[str]:
+    """Names of the parameter-owning submodules in the order a forward pass first calls them."""
+    order: list[str] = []
+    seen: set[str] = set()
+    handles = []
+    for name, mod in model.named_modules():
+        if not _owns_params(mod):
+            continue
+
+        def hook(_m: nn.Module, _inp: object, name: str = name) -> None:
+            if name not in seen:
+                seen.add(name)
+                order.append(name)
+
+        handles.append(mod.register_forward_pre_hook(hook))
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            args = example_input if isinstance(example_input, (tuple, list)) else (example_input,)
+            model(*args)
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    return order
+
+
+def _params_under(model: nn.Module, module_name: str) -> tuple[str, ...]:
+    mod = model.get_submodule(module_name) if module_name else model
+    prefix = f"{module_name}." if module_name else ""
+    return tuple(prefix + n for n, _ in mod.named_parameters())
+
+
+def find_units(
+    model: nn.Module,
+    example_input: Tensor | Sequence[Tensor] | None = None,
+    names: Sequence[str | Sequence[str]] | None = None,
+) -> list[Unit]:
+    """The model's units, input to output.
+
+    ``names`` (or the model's ``fedbug_units()``) lists submodule names, one entry per unit (an
+    entry may itself be a list of names grouped into one unit). Otherwise the units are found by
+    tracing a forward pass on ``example_input``. Every parameter must fall in exactly one unit.
+    """
+    if names is None and hasattr(model, "fedbug_units"):
+        names = model.fedbug_units()
+    if names is not None:
+        units = []
+        for entry in names:
+            group = (entry,) if isinstance(entry, str) else tuple(entry)
+            params: list[str] = []
+            for mod_name in group:
+                try:
+                    model.get_submodule(mod_name)
+                except AttributeError:
+                    known = [n for n, m in model.named_modules() if n and _owns_params(m)]
+                    raise ConfigError(
+                        f"unit {mod_name!r} is not a submodule of {type(model).__name__}; "
+                        f"parameter-owning submodules: {', '.join(known)}"
+                    ) from None
+                params.extend(_params_under(model, mod_name))
+            units.append(Unit("+".join(group), group, tuple(params)))
+    else:
+        if example_input is None:
+            raise ValueError("find_units needs example_input to trace the forward pass")
+        order = traced_module_order(model, example_input)
+        groups: list[list[str]] = []
+        for name in order:
+            if groups and isinstance(model.get_submodule(name), NORM_TYPES):
+                groups[-1].append(name)
+            else:
+                groups.append([name])
+        units = []
+        for group in groups:
+            params = [
+                f"{n}.{p}" if n else p
+                for n in group
+                for p, _ in model.get_submodule(n).named_parameters(recurse=False)
+            ]
+            units.append(Unit(group[0] or "root", tuple(group), tuple(params)))
+    _check_cover(model, units)
+    return units
+
+
+def _check_cover(model: nn.Module, units: list[Unit]) -> None:
+    all_params = [n for n, _ in model.named_parameters()]
+    counts: dict[str, int] = {}
+    for u in units:
+        for p in u.params:
+            counts[p] = counts.get(p, 0) + 1
+    twice = [p for p, c in counts.items() if c > 1]
+    missing = [p for p in all_params if p not in counts]
+    if twice:
+        raise ConfigError(f"parameters in more than one unit: {', '.join(twice)}; list each once")
+    if missing:
+        raise ConfigError(
+            f"parameters in no unit: {', '.join(missing)}; add their submodules to the unit list "
+            "(or, when tracing, make sure the forward pass uses them)"
+        )
+
+
+class ParamSpace:
+    """All of a model's parameters and float buffers laid out unit by unit in one flat vector."""
+
+    def __init__(self, model: nn.Module, units: list[Unit]) -> None:
+        self.units = units
+        named_params = dict(model.named_parameters())
+        named_buffers = {
+            n: b for n, b in model.named_buffers() if b is not None and b.is_floating_point()
+        }
+        self.names: list[str] = []
+        self.is_param: list[bool] = []
+        self.shapes: list[tuple[int, ...]] = []
+        self.unit_of: list[int] = []
+        bounds = []
+        offset = 0
+        for ui, unit in enumerate(units):
+            start = offset
+            entries = list(unit.params)
+            for mod_name in unit.modules:
+                prefix = f"{mod_name}." if mod_name else ""
+                sub = model.get_submodule(mod_name) if mod_name else model
+                entries += [
+                    prefix + n for n, _ in sub.named_buffers() if prefix + n in named_buffers
+                ]
+            for name in entries:
+                t = named_params[name] if name in named_params else named_buffers[name]
+                self.names.append(name)
+                self.is_param.append(name in named_params)
+                self.shapes.append(tuple(t.shape))
+                self.unit_of.append(ui)
+                offset += t.numel()
+            bounds.append((start, offset))
+        self.numels = [prod(s) for s in self.shapes]
+        self.offsets = [sum(self.numels[:i]) for i in range(len(self.numels))]
+        self.total = offset
+        self.unit_slices = [slice(a, b) for a, b in bounds]
+        self.unit_numel = [b - a for a, b in bounds]
+        self.unit_param_numel = [
+            sum(n for n, u, p in zip(self.numels, self.unit_of, self.is_param) if u == ui and p)
+            for ui in range(len(units))
+        ]
+
+    @property
+    def num_units(self) -> int:
+        return len(self.units)
+
+    def flatten(self, model: nn.Module) -> Tensor:
+        """A new flat float32 vector holding the model's current values."""
+        state = model.state_dict()
+        return torch.cat([state[n].detach().reshape(-1).to(torch.float32) for n in self.names])
+
+    def bind(self, model: nn.Module) -> Tensor:
+        """Make the model's parameters and float buffers views into one new flat vector.
+
+        Returns the vector: writing into it writes the model's weights and vice versa.
+        """
+        flat = self.flatten(model)
+        for name, is_param, off, n, shape in zip(
+            self.names, self.is_param, self.offsets, self.numels, self.shapes
+        ):
+            mod_name, _, attr = name.rpartition(".")
+            mod = model.get_submodule(mod_name) if mod_name else model
+            view = flat[off : off + n].view(shape)
+            if is_param:
+                getattr(mod, attr).data = view
+            else:
+                mod._buffers[attr] = view
+        return flat
+
+    def unit_mask(self, units: Sequence[int] | range) -> Tensor:
+        """A bool vector over the flat space, true on the given units' entries."""
+        mask = torch.zeros(self.total, dtype=torch.bool)
+        for u in units:
+            mask[self.unit_slices[u]] = True
+        return mask
+
+    def bytes_of(self, trained: Sequence[bool] | Tensor) -> int:
+        """Bytes (float32) of the units flagged in ``trained``."""
+        return 4 * sum(n for n, t in zip(self.unit_numel, trained) if bool(t))
+
+    def state_dict(self, flat: Tensor) -> dict[str, Tensor]:
+        """The flat vector as a name -> tensor dict (copies)."""
+        return {
+            name: flat[off : off + n].view(shape).clone()
+            for name, off, n, shape in zip(self.names, self.offsets, self.numels, self.shapes)
+        }
