@@ -1,3 +1,33 @@
 """fedbug: federated learning with layer freezing (FedBug, FreezeFL, FedSeq) on one simulator."""
 
 __version__ = "0.1.0"
+
+from typing import Any
+
+from fedbug.config import Config, load_config
+from fedbug.data import FederatedDataset, load_dataset
+from fedbug.engine import Experiment, RunResult, run_experiment
+from fedbug.errors import ConfigError, DataError, FedbugError
+
+
+def config(**values: Any) -> Any:
+    """A validated experiment config from keyword values (same keys as the YAML files)."""
+    return load_config(None, doc=values)
+
+
+run = run_experiment
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "DataError",
+    "Experiment",
+    "FedbugError",
+    "FederatedDataset",
+    "RunResult",
+    "config",
+    "load_config",
+    "load_dataset",
+    "run",
+    "run_experiment",
+]

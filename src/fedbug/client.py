@@ -93,7 +93,7 @@ class ClientRuntime:
         prepare: Callable[[Tensor], Tensor],
         augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
     ) -> None:
-        self.flop_model = copy.deepcopy(model) if settings.count_flops else None
+        self.flop_model = copy.deepcopy(model)  # before hooks and binding: a plain copy
         self.model = model
         self.space = space
         self.policy = policy

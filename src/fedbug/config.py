@@ -170,9 +170,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def validate(doc: Any) -> BaseConfig:
     if not isinstance(doc, dict):
-        raise ConfigError(
-            f"a config must be a mapping of keys to values, not {type(doc).__name__}"
-        )
+        raise ConfigError(f"a config must be a mapping of keys to values, not {type(doc).__name__}")
     try:
         return Config.model_validate(doc)
     except ValidationError as e:

@@ -218,8 +218,7 @@ def run_experiment(
             clients = exp.selection.select(r, cfg.seed, exp.num_clients)
             payload = exp.algorithm.payload(server_state)
             tasks = [
-                ClientTask(r, i, cfg.seed, exp.lr_at(r), exp.mean_samples, payload)
-                for i in clients
+                ClientTask(r, i, cfg.seed, exp.lr_at(r), exp.mean_samples, payload) for i in clients
             ]
             client_states = {i: states.get(i) for i in clients}
             t_train = time.perf_counter()

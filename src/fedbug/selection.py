@@ -41,5 +41,7 @@ class UniformCount:
 
     def select(self, round: int, seed: int, num_clients: int) -> list[int]:
         rng = numpy_rng(seed, "select", round)
-        chosen = rng.choice(num_clients, size=min(self.clients_per_round, num_clients), replace=False)
+        chosen = rng.choice(
+            num_clients, size=min(self.clients_per_round, num_clients), replace=False
+        )
         return sorted(int(i) for i in chosen)

@@ -111,9 +111,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot_sweep(
-    cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, title: str
-) -> None:
+def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, title: str) -> None:
     """Accuracy vs round per cell: mean over seeds, shaded +- one std."""
     import matplotlib
 

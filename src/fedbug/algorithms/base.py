@@ -75,8 +75,8 @@ class Algorithm:
 
     def __init__(self, global_lr: float = 1.0, params: Params | None = None) -> None:
         self.global_lr = global_lr
-        self.params = params if params is not None else (
-            self.params_cls() if self.params_cls else None
+        self.params = (
+            params if params is not None else (self.params_cls() if self.params_cls else None)
         )
 
     # -- server half ---------------------------------------------------------------------

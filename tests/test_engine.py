@@ -1,0 +1,133 @@
+"""The round loop: determinism, resume, records, and every policy x algorithm pair."""
+
+import json
+
+import pytest
+import torch
+from tiny import tiny_config
+
+from fedbug.algorithms import ALGORITHMS
+from fedbug.engine import run_experiment
+from fedbug.errors import CheckpointError, ConfigError
+from fedbug.policies import POLICIES
+
+TIMING = {"time_train", "time_eval", "wall_time"}
+
+
+def _strip(records):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS.names())
+@pytest.mark.parametrize("policy", POLICIES.names())
+def test_every_policy_algorithm_pair_runs_two_rounds(algorithm, policy):
+    cfg = tiny_config(algorithm=algorithm, policy=policy, gu_ratio=0.5, count_flops=False)
+    res = run_experiment(cfg)
+    assert [r["round"] for r in res.records] == [1, 2]
+    for r in res.records:
+        assert r["test_acc"] is not None and 0.0 <= r["test_acc"] <= 1.0
+        assert r["train_loss"] == r["train_loss"]  # finite, not NaN
+    assert torch.isfinite(res.weights).all()
+
+
+def test_same_config_and_seed_give_identical_numbers():
+    cfg = tiny_config(algorithm="feddyn", policy="bottom_up", gu_ratio=0.4, rounds=3)
+    a, b = run_experiment(cfg), run_experiment(cfg)
+    assert _strip(a.records) == _strip(b.records)
+    assert torch.equal(a.weights, b.weights)
+    c = run_experiment(cfg.model_copy(update={"seed": 1}))
+    assert not torch.equal(a.weights, c.weights)
+
+
+def test_record_fields(tmp_path):
+    cfg = tiny_config(policy="fixed_head", rounds=2, eval_every=2)
+    res = run_experiment(cfg, tmp_path / "run")
+    r1, r2 = res.records
+    assert r1["test_acc"] is None and r2["test_acc"] is not None
+    for key in (
+        "train_loss",
+        "clients",
+        "trained_params",
+        "bytes_down",
+        "bytes_up",
+        "flops",
+        "wall_time",
+        "client_drift",
+        "test_loss",
+    ):
+        assert key in r2
+    assert r2["bytes_up"] < r2["bytes_down"]  # the fixed head is not uploaded
+    assert r2["flops"] > 0
+    files = {p.name for p in (tmp_path / "run").iterdir()}
+    assert {
+        "config.yaml",
+        "partition.json",
+        "metrics.jsonl",
+        "summary.json",
+        "accuracy.png",
+        "checkpoint.pt",
+    } <= files
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["environment"]["torch"] == torch.__version__
+    assert summary["config"]["seed"] == cfg.seed
+    part = json.loads((tmp_path / "run" / "partition.json").read_text())
+    all_idx = sorted(i for c in part["clients"] for i in c)
+    assert all_idx == list(range(len(all_idx)))
+
+
+@pytest.mark.parametrize("algorithm", ["feddyn", "fedexp"])
+def test_resume_equals_uninterrupted(tmp_path, algorithm):
+    cfg = tiny_config(
+        algorithm=algorithm, policy="bottom_up", gu_ratio=0.5, rounds=5, checkpoint_every=2
+    )
+    full = run_experiment(cfg, tmp_path / "full")
+    part = run_experiment(cfg, tmp_path / "cut", stop_after=3)  # killed after round 3
+    assert len(part.records) == 3
+    # a torn last line, as a kill during a write leaves
+    with open(tmp_path / "cut" / "metrics.jsonl", "a") as f:
+        f.write('{"round": 4, "test_a')
+    resumed = run_experiment(cfg, tmp_path / "cut", resume=True)
+    assert _strip(resumed.records) == _strip(full.records)
+    assert torch.equal(resumed.weights, full.weights)
+    lines = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["round"] for x in lines] == [1, 2, 3, 4, 5]
+
+
+def test_existing_run_folder_needs_resume(tmp_path):
+    cfg = tiny_config(rounds=1)
+    run_experiment(cfg, tmp_path / "r")
+    with pytest.raises(ConfigError, match="--resume"):
+        run_experiment(cfg, tmp_path / "r")
+
+
+def test_resume_with_another_config_refused(tmp_path):
+    run_experiment(tiny_config(rounds=2, checkpoint_every=1), tmp_path / "r", stop_after=1)
+    with pytest.raises(CheckpointError, match="another config"):
+        run_experiment(tiny_config(rounds=2, lr=0.5), tmp_path / "r", resume=True)
+
+
+def test_corrupt_checkpoint_refused(tmp_path):
+    run_experiment(tiny_config(rounds=2, checkpoint_every=1), tmp_path / "r", stop_after=1)
+    ck = tmp_path / "r" / "checkpoint.pt"
+    raw = bytearray(ck.read_bytes())
+    raw[-10] ^= 0xFF
+    ck.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="checksum"):
+        run_experiment(tiny_config(rounds=2, checkpoint_every=1), tmp_path / "r", resume=True)
+
+
+def test_participation_probability_selects_about_p():
+    cfg = tiny_config(
+        num_clients=40,
+        clients_per_round=None,
+        participation=0.25,
+        rounds=8,
+        local_steps=1,
+        count_flops=False,
+        eval_every=8,
+    )
+    res = run_experiment(cfg)
+    counts = [r["num_clients"] for r in res.records]
+    assert all(c >= 1 for c in counts)
+    assert 3 <= sum(counts) / len(counts) <= 17

@@ -1,0 +1,87 @@
+"""Tiny models, data and runtimes for tests whose numbers are worked by hand."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedbug.algorithms import ALGORITHMS
+from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings
+from fedbug.config import load_config
+from fedbug.data import FederatedDataset
+from fedbug.policies import build_policy
+from fedbug.units import ParamSpace, find_units
+
+
+class TwoLayer(nn.Module):
+    """x (2) -> Linear(2, 2) -> Linear(2, 2) logits; two units."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(2, 2)
+        self.second = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x))
+
+
+def set_weights(model: nn.Module, values: list[float]) -> None:
+    flat = torch.tensor(values, dtype=torch.float32)
+    torch.nn.utils.vector_to_parameters(flat, model.parameters())
+
+
+def runtime(
+    model: nn.Module,
+    algorithm: str = "fedavg",
+    policy: str = "none",
+    *,
+    params: dict | None = None,
+    settings: TrainSettings | None = None,
+    **policy_options: float,
+) -> ClientRuntime:
+    units = find_units(model, torch.zeros(1, 2))
+    space = ParamSpace(model, units)
+    cls = ALGORITHMS.get(algorithm)
+    alg = cls(params=cls.params_cls(**(params or {})) if cls.params_cls else None)
+    settings = settings or TrainSettings(
+        local_steps=1, batch_size=1, weight_decay=0.0, count_flops=False
+    )
+    return ClientRuntime(
+        model, space, build_policy(policy, **policy_options), alg, settings, lambda x: x
+    )
+
+
+def task(round: int = 1, client: int = 0, lr: float = 0.1, mean_samples: float = 1.0):
+    return ClientTask(round, client, 0, lr, mean_samples)
+
+
+def data(xs: list[list[float]], ys: list[int]) -> ClientData:
+    return ClientData(torch.tensor(xs, dtype=torch.float32), torch.tensor(ys))
+
+
+def blobs_dataset(n: int = 240, classes: int = 3, dim: int = 4, seed: int = 0):
+    """Separable Gaussian blobs as a FederatedDataset of float vectors."""
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(classes, dim, generator=g) * 3
+    y = torch.arange(n) % classes
+    x = centers[y] + torch.randn(n, dim, generator=g)
+    yt = torch.arange(n // 2) % classes
+    xt = centers[yt] + torch.randn(n // 2, dim, generator=g)
+    return FederatedDataset("blobs", x, y, xt, yt, classes, scale=1.0)
+
+
+def tiny_config(**overrides):
+    """A fast digits config: 6 clients, 2 a round, 2 rounds, 2 local steps."""
+    doc = {
+        "name": "tiny",
+        "dataset": "digits",
+        "model": "mlp",
+        "num_clients": 6,
+        "clients_per_round": 3,
+        "rounds": 2,
+        "local_steps": 3,
+        "batch_size": 16,
+        "eval_batch_size": 256,
+    }
+    doc.update(overrides)
+    return load_config(None, doc=doc)
