@@ -131,3 +131,20 @@ def test_participation_probability_selects_about_p():
     counts = [r["num_clients"] for r in res.records]
     assert all(c >= 1 for c in counts)
     assert 3 <= sum(counts) / len(counts) <= 17
+
+
+def test_mean_of_local_models_evaluation_by_hand_and_resume(tmp_path):
+    from fedbug.engine import LocalModelMean
+
+    m = LocalModelMean(torch.zeros(3), num_clients=4)
+    m.update(1, torch.tensor([4.0, 0.0, 0.0]))
+    m.update(2, torch.tensor([0.0, 8.0, 0.0]))
+    m.update(1, torch.tensor([0.0, 0.0, 4.0]))  # client 1's latest replaces its earlier one
+    torch.testing.assert_close(m.mean(), torch.tensor([0.0, 2.0, 1.0]))
+
+    cfg = tiny_config(evaluation="mean_of_local_models", rounds=4, checkpoint_every=1)
+    full = run_experiment(cfg, tmp_path / "full")
+    assert "test_acc_server" in full.records[-1]
+    run_experiment(cfg, tmp_path / "cut", stop_after=2)
+    resumed = run_experiment(cfg, tmp_path / "cut", resume=True)
+    assert _strip(resumed.records) == _strip(full.records)

@@ -61,6 +61,7 @@ class BaseConfig(BaseModel):
     selection: Literal["bernoulli", "uniform"] | None = None
     weighting: Literal["samples", "uniform"] = "samples"
     # evaluation and output
+    evaluation: Literal["global", "mean_of_local_models"] = "global"
     eval_every: int = Field(1, ge=1)
     eval_batch_size: int = Field(500, ge=1, le=1_000_000)
     checkpoint_every: int = Field(10, ge=1)

@@ -154,6 +154,31 @@ class ClientStates:
         self.states = {int(k): v for k, v in d.items()}
 
 
+class LocalModelMean:
+    """The mean of ALL clients' latest local models (a client never selected holds the initial
+    model): what the FedBug and FedDyn authors' code plots beside the server model."""
+
+    def __init__(self, initial: Tensor, num_clients: int) -> None:
+        self.initial = initial.clone()
+        self.num_clients = num_clients
+        self.latest: dict[int, Tensor] = {}
+        self.total = initial.double() * num_clients
+
+    def update(self, client: int, local: Tensor) -> None:
+        self.total += local.double() - self.latest.get(client, self.initial).double()
+        self.latest[client] = local.clone()
+
+    def mean(self) -> Tensor:
+        return (self.total / self.num_clients).float()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "latest": {str(k): v for k, v in self.latest.items()}}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.total = d["total"]
+        self.latest = {int(k): v for k, v in d["latest"].items()}
+
+
 def run_experiment(
     cfg: BaseConfig,
     run_dir: Path | str | None = None,
@@ -174,6 +199,11 @@ def run_experiment(
     weights = exp.initial_weights()
     server_state = exp.algorithm.init_server_state(weights, exp.num_clients)
     states = ClientStates(exp.algorithm, exp.space)
+    local_mean = (
+        LocalModelMean(weights, exp.num_clients)
+        if cfg.evaluation == "mean_of_local_models"
+        else None
+    )
     records: list[dict[str, Any]] = []
     start = 1
     chash = config_hash(cfg)
@@ -188,6 +218,8 @@ def run_experiment(
             weights = ck["weights"]
             server_state = ck["server_state"]
             states.load_state_dict(ck["client_states"])
+            if local_mean is not None:
+                local_mean.load_state_dict(ck["local_models"])
             start = int(ck["round"]) + 1
             records = rd.truncate_metrics(start - 1)
         elif rd.exists_with_results() and not resume:
@@ -229,19 +261,28 @@ def run_experiment(
                 agg.add(res.delta, res.trained, res.num_samples)
                 if exp.algorithm.stateful_clients:
                     states.put(res.client, res.state)
+                if local_mean is not None:
+                    local_mean.update(res.client, weights + res.delta)
             step = exp.algorithm.server_update(weights, agg, server_state, r, exp.num_clients)
             weights, server_state = step.weights, step.state
             test_acc = test_loss = None
+            extra_eval: dict[str, Any] = {}
             t_eval = 0.0
             if r % cfg.eval_every == 0 or r == cfg.rounds:
                 t_eval = time.perf_counter()
-                test_acc, test_loss = exp.evaluator.evaluate(step.eval_weights)
+                if local_mean is not None:
+                    test_acc, test_loss = exp.evaluator.evaluate(local_mean.mean())
+                    acc_s, loss_s = exp.evaluator.evaluate(step.eval_weights)
+                    extra_eval = {"test_acc_server": acc_s, "test_loss_server": loss_s}
+                else:
+                    test_acc, test_loss = exp.evaluator.evaluate(step.eval_weights)
                 t_eval = time.perf_counter() - t_eval
             n = len(results)
             record: dict[str, Any] = {
                 "round": r,
                 "test_acc": test_acc,
                 "test_loss": test_loss,
+                **extra_eval,
                 "train_loss": sum(x.metrics["train_loss"] for x in results) / n,
                 "clients": [x.client for x in results],
                 "num_clients": n,
@@ -266,6 +307,7 @@ def run_experiment(
                             "weights": weights,
                             "server_state": server_state,
                             "client_states": states.state_dict(),
+                            "local_models": local_mean.state_dict() if local_mean else {},
                             "config_hash": chash,
                         }
                     )

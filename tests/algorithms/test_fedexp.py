@@ -45,3 +45,18 @@ def test_step_is_at_least_one():
 def test_global_lr_refused():
     with pytest.raises(ConfigError, match="global learning rate"):
         FedExp(global_lr=2.0)
+
+
+def test_code_variant_by_hand():
+    space = runtime(TwoLayer()).space
+    alg = FedExp(params=FedExpParams(variant="code"))
+    agg = Aggregate(space, "uniform")
+    for i in range(4):
+        d = torch.zeros(12)
+        d[i] = 3.0
+        agg.add(d, [True, True], 5)
+    step = alg.server_update(torch.zeros(12), agg, {}, round=1, num_clients=10)
+    # mean ||D_i||^2 = 9; mean = 0.75 in 4 entries, ||mean||^2 = 2.25; |S| * eps = 4 * 1
+    eta = 9 / (2.25 + 4.0)
+    assert step.metrics["global_lr"] == pytest.approx(eta, rel=1e-9)
+    assert torch.equal(step.eval_weights, step.weights)

@@ -2,12 +2,16 @@
 
 eta_g = max(1, sum_i ||Delta_i||^2 / (2 |S| (||mean Delta||^2 + eps))); theta_{t+1} = theta_t +
 eta_g * mean Delta; the model evaluated is (theta_{t+1} + theta_t) / 2, while training goes on
-from theta_{t+1}. ``eps_decay`` multiplies eps every round (the authors' code: 0.998^2).
+from theta_{t+1}. ``eps_decay`` multiplies eps every round.
+
+``variant: code`` is what the FedBug authors' code (``utils_methods.py``) computes instead:
+eta_g = max(1, mean_i ||Delta_i||^2 / (||mean Delta||^2 + |S| * eps)) with eps = 1 (no factor
+1/2), and it evaluates theta_{t+1} itself.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -19,8 +23,13 @@ from fedbug.errors import ConfigError
 
 
 class FedExpParams(Params):
-    eps: float = Field(1e-3, gt=0.0, description="epsilon of the step rule (paper: 1e-3)")
+    variant: Literal["paper", "code"] = "paper"
+    eps: float | None = Field(None, gt=0.0, description="epsilon (paper: 1e-3, code: 1)")
     eps_decay: float = Field(1.0, gt=0.0, le=1.0, description="eps *= eps_decay each round")
+
+    def epsilon(self, round: int) -> float:
+        base = self.eps if self.eps is not None else (1e-3 if self.variant == "paper" else 1.0)
+        return base * self.eps_decay ** (round - 1)
 
 
 @ALGORITHMS.register("fedexp")
@@ -39,8 +48,13 @@ class FedExp(FedAvg):
         self, weights: Tensor, agg: Any, state: dict[str, Tensor], round: int, num_clients: int
     ) -> ServerStep:
         mean = agg.mean_delta()
-        eps = self.params.eps * self.params.eps_decay ** (round - 1)
+        eps = self.params.epsilon(round)
         mean_sq = float(torch.dot(mean.double(), mean.double()))
-        eta_g = max(1.0, agg.sq_norm_sum / (2 * agg.count * (mean_sq + eps)))
+        s = agg.count
+        if self.params.variant == "paper":
+            eta_g = max(1.0, agg.sq_norm_sum / (2 * s * (mean_sq + eps)))
+        else:
+            eta_g = max(1.0, (agg.sq_norm_sum / s) / (mean_sq + s * eps))
         new = weights + eta_g * mean
-        return ServerStep(new, 0.5 * (new + weights), state, {"global_lr": eta_g})
+        evaluated = 0.5 * (new + weights) if self.params.variant == "paper" else new
+        return ServerStep(new, evaluated, state, {"global_lr": eta_g})

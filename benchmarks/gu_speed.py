@@ -1,0 +1,296 @@
+"""GU ratio vs per-batch local-training time: the FedBug paper's Figure 6 on our code.
+
+Times :func:`fedbug.client.train_client` (the library's real client path: forward, backward and
+optimiser step for K local steps) on the paper's standard CNN with CIFAR-100-shaped random data,
+for GU ratio P = 0, 0.1, ..., 1.0 with the bottom-up (FedBug) policy. All P values are measured
+interleaved in one process (round-robin, the starting P rotating each repetition); the first
+repetition is a warm-up and is dropped. Reported per P: the median per-batch time (client-round
+time / K), the speed-up time(P=0) / time(P), and the FLOPs of one client-round counted by the
+library (a separate, untimed pass with ``count_flops=True``), so time saved can be set beside
+FLOPs saved.
+
+    python benchmarks/gu_speed.py                 # full run (K = 50, 5 repetitions)
+    python benchmarks/gu_speed.py --quick         # well under a minute
+    python benchmarks/gu_speed.py --json --out benchmarks/gu_speed.json
+    python benchmarks/gu_speed.py --quick --only 0.8   # one P (whole-process comparisons)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from fedbug.algorithms import build_algorithm
+from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client
+from fedbug.data import FederatedDataset
+from fedbug.models import build_model
+from fedbug.policies import StepCtx, build_policy
+from fedbug.units import ParamSpace, find_units
+
+P_VALUES = [round(0.1 * i, 1) for i in range(11)]
+PAPER_GPU_SPEEDUP = {0.1: 1.02, 0.5: 1.05, 0.8: 1.19}  # FedBug paper, Fig. 6
+INPUT_SHAPE = (3, 32, 32)
+NUM_CLASSES = 100
+CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
+CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+LR = 0.1
+WEIGHT_DECAY = 1e-3
+BATCH = 50
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description="FedBug Fig. 6: per-batch local-training time vs GU ratio P (bottom-up)."
+    )
+    ap.add_argument("--reps", type=int, default=None, help="repetitions incl. 1 warm-up (5)")
+    ap.add_argument("--steps", type=int, default=None, help="K local steps per client-round (50)")
+    ap.add_argument(
+        "--samples", type=int, default=500, help="samples per client (500 = CIFAR-100 / 100)"
+    )
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (torch default)")
+    ap.add_argument("--quick", action="store_true", help="K = 10, 3 repetitions, P in 0/0.5/0.8")
+    ap.add_argument("--only", default=None, help="comma-separated P values to measure, e.g. 0,0.8")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument("--out", default=None, help="also write the JSON to this file")
+    args = ap.parse_args(argv)
+    if args.reps is None:
+        args.reps = 3 if args.quick else 5
+    if args.steps is None:
+        args.steps = 10 if args.quick else 50
+    if args.only is not None:
+        args.p_values = sorted({round(float(v), 4) for v in args.only.split(",") if v.strip()})
+    else:
+        args.p_values = [0.0, 0.5, 0.8] if args.quick else P_VALUES
+    if args.reps < 2:
+        ap.error("--reps must be at least 2 (the first repetition is a warm-up)")
+    if args.steps < 1 or args.samples < 1:
+        ap.error("--steps and --samples must be positive")
+    if not args.p_values or any(not 0.0 <= p <= 1.0 for p in args.p_values):
+        ap.error("--only takes P values in [0, 1]")
+    return args
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_avg_start": [round(v, 2) for v in os.getloadavg()],
+    }
+
+
+def build_runtimes(args: argparse.Namespace) -> tuple[Any, ...]:
+    """One ClientRuntime per P (count_flops=False: FLOPs are counted apart, untimed)."""
+    model = build_model("standard_cnn", INPUT_SHAPE, NUM_CLASSES, seed=args.seed)
+    g = torch.Generator().manual_seed(args.seed)
+    x = torch.randint(0, 256, (args.samples, *INPUT_SHAPE), generator=g, dtype=torch.uint8)
+    y = torch.randint(0, NUM_CLASSES, (args.samples,), generator=g)
+    ds = FederatedDataset(
+        "random-cifar100", x, y, x[:1], y[:1], NUM_CLASSES, 255.0, CIFAR100_MEAN, CIFAR100_STD
+    )
+    units = find_units(model, ds.prepare(x[:2]))
+    space = ParamSpace(model, units)
+    weights = space.flatten(model)
+    algorithm = build_algorithm("fedavg", 1.0, {})
+    runtimes = {
+        p: ClientRuntime(
+            copy.deepcopy(model),
+            space,
+            build_policy("bottom_up", gu_ratio=p),
+            algorithm,
+            TrainSettings(local_steps=args.steps, batch_size=BATCH, count_flops=False),
+            ds.prepare,
+        )
+        for p in args.p_values
+    }
+    return runtimes, ClientData(ds.train_x, ds.train_y), weights, space
+
+
+def schedule(policy: Any, steps: int, num_units: int) -> list[int]:
+    """Trainable-unit count at each local step 1..K (bottom-up: units 0..m-1 train)."""
+    return [len(policy.trainable_units(StepCtx(k, steps, num_units))) for k in range(1, steps + 1)]
+
+
+def round_flops(rt: ClientRuntime, data: ClientData, args: argparse.Namespace) -> int:
+    """Sum over the K steps of ``rt.flops(trainable units, batch)``, as train_client does."""
+    n, total = len(data), 0
+    per_epoch = -(-n // BATCH)
+    for k, m in enumerate(schedule(rt.policy, args.steps, rt.space.num_units), start=1):
+        pos = (k - 1) % per_epoch
+        size = min(BATCH, n - pos * BATCH)
+        x = rt.prepare(data.x[:size])
+        total += rt.flops(range(m), x, data.y[:size])
+    return total
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    info = machine_info()
+    timed, data, weights, space = build_runtimes(args)
+
+    def task(rep: int) -> ClientTask:
+        # The same task (so the same batches) for every P within a repetition.
+        return ClientTask(round=rep + 1, client=0, seed=args.seed, lr=LR, mean_samples=len(data))
+
+    # Untimed: FLOPs per client-round as train_client counts them with count_flops=True (the
+    # runtime's cached forward+backward count for each step's trainable units and batch size).
+    flops = {p: round_flops(timed[p], data, args) for p in args.p_values}
+
+    wall: dict[float, list[float]] = {p: [] for p in args.p_values}
+    cpu: dict[float, list[float]] = {p: [] for p in args.p_values}
+    paired: dict[float, list[float]] = {p: [] for p in args.p_values}
+    n = len(args.p_values)
+    t_start = time.perf_counter()
+    for rep in range(args.reps):
+        order = [args.p_values[(rep + i) % n] for i in range(n)]
+        this_rep: dict[float, float] = {}
+        for p in order:
+            c0, t0 = time.process_time(), time.perf_counter()
+            train_client(weights, task(rep), data, {}, timed[p])
+            t1, c1 = time.perf_counter(), time.process_time()
+            if rep > 0:  # the first repetition is a warm-up
+                wall[p].append((t1 - t0) / args.steps)
+                cpu[p].append((c1 - c0) / args.steps)
+                this_rep[p] = t1 - t0
+        if rep > 0 and 0.0 in this_rep:
+            for p, t in this_rep.items():
+                paired[p].append(this_rep[0.0] / t)
+    elapsed = time.perf_counter() - t_start
+
+    base = statistics.median(wall[0.0]) if 0.0 in wall else None
+    base_cpu = statistics.median(cpu[0.0]) if 0.0 in cpu else None
+    results = []
+    for p in args.p_values:
+        med = statistics.median(wall[p])
+        med_cpu = statistics.median(cpu[p])
+        sched = schedule(timed[p].policy, args.steps, space.num_units)
+        row: dict[str, Any] = {
+            "P": p,
+            "median_s_per_batch": med,
+            "min_s_per_batch": min(wall[p]),
+            "max_s_per_batch": max(wall[p]),
+            "median_cpu_s_per_batch": med_cpu,
+            "samples_s_per_batch": wall[p],
+            "speedup": base / med if base else None,
+            "speedup_paired_median": statistics.median(paired[p]) if paired[p] else None,
+            "speedup_cpu": base_cpu / med_cpu if base_cpu else None,
+            "time_saved": 1.0 - med / base if base else None,
+            "flops_per_round": flops[p],
+            "flops_saved": 1.0 - flops[p] / flops[0.0] if 0.0 in flops else None,
+            "steps_first_unit_only": sum(1 for m in sched if m == 1),
+            "mean_trainable_units": sum(sched) / len(sched),
+            "paper_gpu_speedup": PAPER_GPU_SPEEDUP.get(p),
+        }
+        results.append(row)
+    info["load_avg_end"] = [round(v, 2) for v in os.getloadavg()]
+    info["torch_threads"] = torch.get_num_threads()
+    return {
+        "benchmark": "gu_speed (FedBug Fig. 6)",
+        "command": shlex.join(["python", *sys.argv]),
+        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": info,
+        "settings": {
+            "model": "standard_cnn",
+            "input_shape": list(INPUT_SHAPE),
+            "num_classes": NUM_CLASSES,
+            "units": [u.name for u in space.units],
+            "policy": "bottom_up",
+            "algorithm": "fedavg",
+            "optimizer": "sgd",
+            "lr": LR,
+            "weight_decay": WEIGHT_DECAY,
+            "batch_size": BATCH,
+            "local_steps": args.steps,
+            "samples_per_client": args.samples,
+            "reps": args.reps,
+            "warmup_reps": 1,
+            "p_values": args.p_values,
+            "seed": args.seed,
+        },
+        "elapsed_timed_s": elapsed,
+        "results": results,
+    }
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(report: dict[str, Any]) -> str:
+    m, s = report["machine"], report["settings"]
+    lines = [
+        f"# {report['benchmark']}  ({report['date_utc']})",
+        f"command: {report['command']}",
+        f"machine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), "
+        f"torch {m['torch']}, {m['torch_threads']} threads, python {m['python']}; "
+        f"load avg start {m['load_avg_start']}, end {m['load_avg_end']}",
+        f"setup: {s['model']} {s['input_shape']} -> {s['num_classes']}, units {s['units']}, "
+        f"SGD lr {s['lr']} wd {s['weight_decay']}, batch {s['batch_size']}, "
+        f"K = {s['local_steps']} steps/client-round, {s['samples_per_client']} samples, "
+        f"{s['reps']} reps (1 warm-up dropped), timed {report['elapsed_timed_s']:.0f} s",
+        "",
+        "| P | conv1-only steps | mean units | ms/batch median | min-max | speed-up | "
+        "paired | CPU-time speed-up | time saved | GFLOPs/round | FLOPs saved | paper GPU |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in report["results"]:
+        saved = r["time_saved"]
+        fsaved = r["flops_saved"]
+        lines.append(
+            f"| {r['P']:.1f} | {r['steps_first_unit_only']}/{s['local_steps']} "
+            f"| {r['mean_trainable_units']:.2f} "
+            f"| {1e3 * r['median_s_per_batch']:.1f} "
+            f"| {1e3 * r['min_s_per_batch']:.1f}-{1e3 * r['max_s_per_batch']:.1f} "
+            f"| {_fmt(r['speedup'], '.3f')}x | {_fmt(r['speedup_paired_median'], '.3f')}x "
+            f"| {_fmt(r['speedup_cpu'], '.3f')}x "
+            f"| {'-' if saved is None else f'{100 * saved:.1f}%'} "
+            f"| {r['flops_per_round'] / 1e9:.1f} "
+            f"| {'-' if fsaved is None else f'{100 * fsaved:.1f}%'} "
+            f"| {_fmt(r['paper_gpu_speedup'], '.2f')}{'x' if r['paper_gpu_speedup'] else ''} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    text = json.dumps(report, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text if args.json else table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Every ready config file validates, and so does every cell of its grid."""
+
+from pathlib import Path
+
+import pytest
+
+from fedbug.config import read_config_doc, validate
+from fedbug.sweep import expand
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))
+
+
+def test_there_are_configs():
+    assert any(p.name == "digits-demo.yaml" for p in CONFIGS)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_and_grid_validate(path):
+    doc = read_config_doc(path)
+    cfg = validate(doc)
+    cells = expand(doc, cfg.grid or {})
+    assert cells
+
+
+def test_demo_compares_fedavg_and_fedbug_half():
+    cfg = validate(read_config_doc(Path(__file__).parent.parent / "configs/digits-demo.yaml"))
+    assert cfg.dataset == "digits" and cfg.partition == "dirichlet" and cfg.alpha == 0.3
+    assert cfg.policy == "bottom_up" and cfg.grid == {"gu_ratio": [0.0, 0.5]}
+
+
+def test_readme_and_ci_run_the_same_test_command():
+    root = Path(__file__).parent.parent
+    readme = (root / "README.md").read_text()
+    ci = (root / ".ci" / "run").read_text()
+    command = ci.strip().splitlines()[-1]
+    assert command in readme
+    assert "pip install torch==2.13.0" in command
