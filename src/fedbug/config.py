@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedbug.algorithms import ALGORITHMS
+from fedbug.data.augment import AUGMENTATIONS
 from fedbug.errors import ConfigError
 from fedbug.policies import POLICIES
 
@@ -33,9 +34,10 @@ class BaseConfig(BaseModel):
     dataset: str = "digits"
     data_dir: str | None = None
     num_clients: int = Field(20, ge=1, le=10_000_000)
-    partition: Literal["iid", "dirichlet"] = "dirichlet"
+    partition: Literal["iid", "dirichlet", "natural"] = "dirichlet"
     alpha: float = Field(0.3, gt=0.0, le=1e9, description="Dirichlet concentration")
     unbalanced_sigma: float = Field(0.0, ge=0.0, le=10.0)
+    augment: str = Field("auto", description="auto (the data set's own), none, flip, crop_flip")
     # model
     model: str = "digits_cnn"
     units: list[str | list[str]] | None = None
@@ -76,6 +78,8 @@ class BaseConfig(BaseModel):
     def _check(self) -> BaseConfig:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(_unknown("algorithm", self.algorithm, ALGORITHMS.names()))
+        if self.augment != "auto" and self.augment not in AUGMENTATIONS:
+            raise ValueError(_unknown("augment", self.augment, ["auto", *AUGMENTATIONS.names()]))
         if self.policy not in POLICIES:
             raise ValueError(_unknown("policy", self.policy, POLICIES.names()))
         if self.clients_per_round is not None and self.clients_per_round > self.num_clients:

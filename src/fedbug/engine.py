@@ -23,12 +23,14 @@ from fedbug.algorithms import Algorithm, build_algorithm
 from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings
 from fedbug.config import BaseConfig, config_hash, resolve
 from fedbug.data import FederatedDataset, load_dataset, partition, partition_summary
+from fedbug.data.augment import AUGMENTATIONS
 from fedbug.errors import CheckpointError, ConfigError
 from fedbug.evaluate import Evaluator
 from fedbug.executors import SequentialExecutor
 from fedbug.models import build_model
 from fedbug.policies import StepCtx, build_policy
 from fedbug.results import RunDir, environment, plot_run
+from fedbug.seeding import derive_seed, numpy_rng
 from fedbug.selection import SELECTIONS
 from fedbug.units import ParamSpace, find_units
 
@@ -54,8 +56,8 @@ class Experiment:
         torch.set_num_threads(cfg.threads)
         data_dir = Path(cfg.data_dir).expanduser() if cfg.data_dir else None
         self.dataset = ds = dataset if dataset is not None else load_dataset(cfg.dataset, data_dir)
-        if ds.natural_clients is not None and cfg.num_clients != len(ds.natural_clients):
-            self.parts = ds.natural_clients
+        if cfg.partition == "natural":
+            self.parts = natural_clients(ds, cfg.num_clients, cfg.seed)
         else:
             self.parts = partition(
                 ds.train_y,
@@ -104,8 +106,6 @@ class Experiment:
         if isinstance(model, nn.Module):
             return copy.deepcopy(model)
         with torch.random.fork_rng(devices=[]):
-            from fedbug.seeding import derive_seed
-
             torch.manual_seed(derive_seed(cfg.seed, "model"))
             return model()
 
@@ -114,6 +114,7 @@ class Experiment:
         return ClientData(self.dataset.train_x[idx], self.dataset.train_y[idx])
 
     def make_runtime(self) -> ClientRuntime:
+        name = self.dataset.augmentation if self.cfg.augment == "auto" else self.cfg.augment
         return ClientRuntime(
             copy.deepcopy(self.template),
             self.space,
@@ -121,6 +122,7 @@ class Experiment:
             self.algorithm,
             self.settings,
             self.dataset.prepare,
+            AUGMENTATIONS.get(name),
         )
 
     def initial_weights(self) -> Tensor:
@@ -128,6 +130,24 @@ class Experiment:
 
     def lr_at(self, round: int) -> float:
         return self.cfg.lr * self.cfg.lr_decay ** (round - 1)
+
+
+def natural_clients(ds: FederatedDataset, num_clients: int, seed: int) -> list[Tensor]:
+    """The data set's own clients (LEAF writers, speaking roles); a seeded subset of
+    ``num_clients`` of them when fewer are asked for."""
+    if ds.natural_clients is None:
+        raise ConfigError(
+            f"data set {ds.name!r} has no natural clients; use partition: iid or dirichlet"
+        )
+    n = len(ds.natural_clients)
+    if num_clients > n:
+        raise ConfigError(
+            f"num_clients={num_clients} but {ds.name!r} has {n} natural clients; use at most {n}"
+        )
+    if num_clients == n:
+        return list(ds.natural_clients)
+    chosen = numpy_rng(seed, "natural-clients").choice(n, size=num_clients, replace=False)
+    return [ds.natural_clients[i] for i in sorted(chosen)]
 
 
 class ClientStates:
@@ -207,6 +227,7 @@ def run_experiment(
     records: list[dict[str, Any]] = []
     start = 1
     chash = config_hash(cfg)
+    executor = SequentialExecutor(exp.make_runtime(), exp.client_data)
     if rd is not None:
         if resume and rd.checkpoint_path.exists():
             ck = rd.load_checkpoint()
@@ -240,7 +261,6 @@ def run_experiment(
                     "clients": [p.tolist() for p in exp.parts],
                 },
             )
-    executor = SequentialExecutor(exp.make_runtime(), exp.client_data)
     t_run = time.perf_counter()
     last_round = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
     model_bytes = 4 * exp.space.total

@@ -2,7 +2,9 @@
 
 A data set is loaded once into tensors (images as uint8, converted per batch); a client's data is
 an index tensor into them, and a batch is an index into that. Nothing is decoded inside the round
-loop.
+loop. ``natural_clients`` / ``natural_test_clients`` list each natural client's train / test
+indices (LEAF writers, speaking roles); ``augmentation`` names the data set's default training
+augmentation (see :mod:`fedbug.data.augment`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -37,6 +40,10 @@ class FederatedDataset:
     std: tuple[float, ...] = (1.0,)
     source: str = ""
     natural_clients: list[Tensor] | None = None
+    natural_test_clients: list[Tensor] | None = None
+    inputs: Literal["image", "vector", "tokens"] = "image"
+    augmentation: str = "none"
+    meta: dict[str, Any] = field(default_factory=dict)
     _mean_t: Tensor | None = field(default=None, init=False, repr=False)
     _std_t: Tensor | None = field(default=None, init=False, repr=False)
 
@@ -54,7 +61,9 @@ class FederatedDataset:
         return tuple(self.train_x.shape[1:])
 
     def prepare(self, x: Tensor) -> Tensor:
-        """Raw batch -> normalised float32 model input."""
+        """Raw batch -> model input: normalised float32, or token ids (int64) as they are."""
+        if self.inputs == "tokens":
+            return x.long()
         x = x.to(torch.float32)
         if self.scale != 1.0:
             x = x / self.scale

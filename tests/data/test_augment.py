@@ -1,0 +1,33 @@
+"""Batch augmentation: crop with padding and flips, by hand."""
+
+import torch
+
+from fedbug.data.augment import AUGMENTATIONS, hflip, random_crop
+
+
+def test_random_crop_is_a_shifted_window_of_the_padded_image():
+    x = torch.arange(2 * 1 * 6 * 6, dtype=torch.uint8).view(2, 1, 6, 6)
+    gen = torch.Generator().manual_seed(0)
+    out = random_crop(x, gen, padding=2)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    gen = torch.Generator().manual_seed(0)
+    dy = torch.randint(0, 5, (2,), generator=gen)
+    dx = torch.randint(0, 5, (2,), generator=gen)
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for i in range(2):
+        window = padded[i, :, dy[i] : dy[i] + 6, dx[i] : dx[i] + 6]
+        assert torch.equal(out[i], window)
+
+
+def test_flip_flips_about_half_and_only_left_right():
+    x = torch.arange(400 * 3 * 4, dtype=torch.float32).view(400, 1, 3, 4)
+    out = hflip(x, torch.Generator().manual_seed(1))
+    flipped = [not torch.equal(out[i], x[i]) for i in range(400)]
+    assert 150 < sum(flipped) < 250
+    for i in range(400):
+        assert torch.equal(out[i], x[i]) or torch.equal(out[i], x[i].flip(-1))
+
+
+def test_registry_names():
+    assert AUGMENTATIONS.get("none") is None
+    assert set(AUGMENTATIONS.names()) == {"none", "flip", "crop_flip"}
