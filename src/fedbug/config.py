@@ -40,6 +40,9 @@ class BaseConfig(BaseModel):
     augment: str = Field("auto", description="auto (the data set's own), none, flip, crop_flip")
     # model
     model: str = "digits_cnn"
+    model_options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword options of the model builder"
+    )
     units: list[str | list[str]] | None = None
     # local training
     rounds: int = Field(30, ge=1, le=1_000_000)

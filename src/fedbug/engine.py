@@ -102,7 +102,9 @@ class Experiment:
     def _build_model(self, model: ModelSource) -> nn.Module:
         ds, cfg = self.dataset, self.cfg
         if model is None:
-            return build_model(cfg.model, ds.input_shape, ds.num_classes, cfg.seed)
+            return build_model(
+                cfg.model, ds.input_shape, ds.num_classes, cfg.seed, **cfg.model_options
+            )
         if isinstance(model, nn.Module):
             return copy.deepcopy(model)
         with torch.random.fork_rng(devices=[]):

@@ -10,6 +10,7 @@ from torch import nn
 
 from fedbug.models.cnn import DigitsCNN, StandardCNN
 from fedbug.models.mlp import MLP
+from fedbug.errors import ConfigError
 from fedbug.registry import Registry
 from fedbug.seeding import derive_seed
 
@@ -27,7 +28,10 @@ def build_model(
     builder = MODELS.get(name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "model"))
-        return builder(input_shape, num_classes, **options)
+        try:
+            return builder(input_shape, num_classes, **options)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"model {name!r} cannot be built: {e}") from None
 
 
 __all__ = ["MODELS", "build_model", "StandardCNN", "DigitsCNN", "MLP"]
