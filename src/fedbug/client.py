@@ -92,6 +92,7 @@ class ClientRuntime:
         settings: TrainSettings,
         prepare: Callable[[Tensor], Tensor],
         augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+        classifier: str | None = None,
     ) -> None:
         self.flop_model = copy.deepcopy(model)  # before hooks and binding: a plain copy
         self.model = model
@@ -112,7 +113,9 @@ class ClientRuntime:
                 self.unit_params[u].append((p, self.grad[off : off + n].view(shape)))
         self._features: Tensor | None = None
         if algorithm.needs_features:
-            head = model.get_submodule(space.units[-1].modules[0])
+            # the representation before the classifier: the input of the last layer the forward
+            # pass calls (the engine passes its name; by default the last unit's last layer)
+            head = model.get_submodule(classifier or space.units[-1].modules[-1])
             head.register_forward_pre_hook(self._capture)
         self._flops: dict[tuple[int, int, int], int] = {}
 

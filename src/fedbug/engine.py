@@ -32,7 +32,7 @@ from fedbug.policies import StepCtx, build_policy
 from fedbug.results import RunDir, environment, plot_run
 from fedbug.seeding import derive_seed, numpy_rng
 from fedbug.selection import SELECTIONS
-from fedbug.units import ParamSpace, find_units
+from fedbug.units import ParamSpace, find_units, traced_module_order
 
 ModelSource = nn.Module | Callable[[], nn.Module] | None
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -72,6 +72,7 @@ class Experiment:
         self.template = self._build_model(model)
         example = ds.prepare(ds.train_x[:2])
         self.units = find_units(self.template, example, names=cfg.units)
+        self.classifier = traced_module_order(self.template, example)[-1]
         self.space = ParamSpace(self.template, self.units)
         self.policy = build_policy(cfg.policy, gu_ratio=cfg.gu_ratio, fixed_units=cfg.fixed_units)
         if not len(self.policy.trainable_units(StepCtx(1, 1, self.space.num_units))):
@@ -125,6 +126,7 @@ class Experiment:
             self.settings,
             self.dataset.prepare,
             AUGMENTATIONS.get(name),
+            self.classifier,
         )
 
     def initial_weights(self) -> Tensor:

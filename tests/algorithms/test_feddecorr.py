@@ -42,3 +42,14 @@ def test_beta_zero_equals_fedavg_exactly():
         tiny_config(algorithm="feddecorr", feddecorr={"beta": 0.0}, policy="top_down", gu_ratio=0.5)
     )
     assert torch.equal(a.weights, b.weights)
+
+
+def test_representation_is_the_classifier_input_whatever_the_units():
+    from fedbug.engine import Experiment
+
+    exp = Experiment(
+        tiny_config(algorithm="feddecorr", units=[["hidden.0"], ["hidden.1", "classifier"]])
+    )
+    rt = exp.make_runtime()
+    rt.model(exp.dataset.prepare(exp.dataset.train_x[:5]))
+    assert rt._features.shape == (5, 32)  # MLP hidden (64, 32): the classifier's input
