@@ -8,9 +8,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedbug.errors import ConfigError
 from fedbug.models.cnn import DigitsCNN, StandardCNN
 from fedbug.models.mlp import MLP
-from fedbug.errors import ConfigError
+from fedbug.models.resnet import resnet18, resnet34
+from fedbug.models.tiny_cnn import FedSeqCNN, TinyImageNetCNN
 from fedbug.registry import Registry
 from fedbug.seeding import derive_seed
 
@@ -19,6 +21,10 @@ MODELS: Registry[ModelBuilder] = Registry("model")
 MODELS.register("standard_cnn")(StandardCNN)
 MODELS.register("digits_cnn")(DigitsCNN)
 MODELS.register("mlp")(MLP)
+MODELS.register("resnet18")(resnet18)
+MODELS.register("resnet34")(resnet34)
+MODELS.register("tiny_imagenet_cnn")(TinyImageNetCNN)
+MODELS.register("fedseq_cnn")(FedSeqCNN)
 
 
 def build_model(
@@ -34,4 +40,14 @@ def build_model(
             raise ConfigError(f"model {name!r} cannot be built: {e}") from None
 
 
-__all__ = ["MODELS", "build_model", "StandardCNN", "DigitsCNN", "MLP"]
+__all__ = [
+    "MODELS",
+    "build_model",
+    "StandardCNN",
+    "DigitsCNN",
+    "MLP",
+    "FedSeqCNN",
+    "TinyImageNetCNN",
+    "resnet18",
+    "resnet34",
+]
