@@ -26,6 +26,7 @@ TINY = {
     "batch_size": 16,
     "eval_batch_size": 512,
     "count_flops": False,
+    "threads": 1,
 }
 
 RUN_FILES = {
@@ -36,6 +37,27 @@ RUN_FILES = {
     "checkpoint.pt",
     "partition.json",
 }
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """A run sets torch's thread count for the process; give the next test file it back."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def fast_plots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-run plots are most of a tiny run's time: stub them where a test does not read them
+    (test_run_writes_one_complete_run_folder checks the real one; sweeps keep their own)."""
+
+    def stub(records: list, path: Path, title: str) -> None:
+        path.write_bytes(b"\x89PNG\r\n\x1a\n")
+
+    monkeypatch.setattr("fedbug.engine.plot_run", stub)
 
 
 def write_config(tmp_path: Path, doc: object = None, name: str = "tiny.yaml", **extra) -> Path:
@@ -75,7 +97,7 @@ def assert_one_line_error(rc: int, err: str, *words: str) -> None:
 
 
 def test_run_writes_one_complete_run_folder(tmp_path, capsys):
-    cfg = write_config(tmp_path)
+    cfg = write_config(tmp_path, doc={k: v for k, v in TINY.items() if k != "threads"})
     out = tmp_path / "out"
     rc, stdout, err = cli(capsys, "run", str(cfg), "--out", str(out), "-q")
     assert rc == 0, err
@@ -102,7 +124,7 @@ def test_run_writes_one_complete_run_folder(tmp_path, capsys):
     assert "final test accuracy" in stdout
 
 
-def test_run_overrides_apply_including_dotted(tmp_path, capsys):
+def test_run_overrides_apply_including_dotted(tmp_path, capsys, fast_plots):
     cfg = write_config(tmp_path)
     out = tmp_path / "out"
     rc, _, err = cli(
@@ -136,7 +158,7 @@ def test_run_overrides_apply_including_dotted(tmp_path, capsys):
     assert summary["config"]["fedprox"]["mu"] == 0.5
 
 
-def test_rerun_needs_resume_and_resume_of_finished_run_keeps_metrics(tmp_path, capsys):
+def test_rerun_needs_resume_and_resume_of_finished_run_keeps_metrics(tmp_path, capsys, fast_plots):
     cfg = write_config(tmp_path)
     out = tmp_path / "out"
     assert cli(capsys, "run", str(cfg), "--out", str(out), "-q")[0] == 0
@@ -155,6 +177,15 @@ def test_rerun_needs_resume_and_resume_of_finished_run_keeps_metrics(tmp_path, c
     again = json.loads((rd / "summary.json").read_text())
     assert again["final_acc"] == summary["final_acc"]
     assert again["status"] == "completed"
+
+
+def test_run_folder_hash_is_the_summary_config_hash(tmp_path, capsys, fast_plots):
+    cfg = write_config(tmp_path, doc={k: v for k, v in TINY.items() if k != "threads"})
+    out = tmp_path / "out"
+    assert cli(capsys, "run", str(cfg), "--out", str(out), "-q")[0] == 0
+    (rd,) = run_dirs(out)
+    summary = json.loads((rd / "summary.json").read_text())
+    assert rd.name.endswith("-" + summary["config_hash"])
 
 
 # -- bad input: exit 2, one line, nothing written ----------------------------------------------
@@ -177,7 +208,9 @@ BAD_OVERRIDES = [
         id="unknown-policy",
     ),
     pytest.param(
-        ["dataset=cifar10"], ["dataset", "'cifar10'", "digits", "fashion_mnist"], id="dataset"
+        ["dataset=no_such_data"],
+        ["dataset", "'no_such_data'", "digits", "fashion_mnist"],
+        id="dataset",
     ),
     pytest.param(
         ["model=resnet"], ["model", "'resnet'", "mlp", "digits_cnn", "standard_cnn"], id="model"
@@ -237,44 +270,30 @@ def test_bad_config_file_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys,
         assert empty_or_absent(out)
 
 
-BUGGY_INPUT = [
+FORMERLY_CRASHING_INPUT = [
     pytest.param(
         "run",
         ["-s", "lr=!!float abc"],
         "lr",
         id="float-tag-override",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="parse_value catches only yaml.YAMLError; PyYAML's !!float/!!int "
-            "constructors raise ValueError -> traceback, exit 1",
-        ),
     ),
     pytest.param(
         "run",
         ["-s", "seed=!!timestamp x"],
         "seed",
         id="timestamp-tag-override",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="PyYAML's !!timestamp constructor raises AttributeError on a non-date",
-        ),
     ),
     pytest.param(
         "sweep",
         ["--seeds", "0"],
         "seeds",
         id="sweep-seeds-0",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="--seeds is not checked: 0 runs nothing, then writing sweep.json into a "
-            "folder never made raises FileNotFoundError (traceback, exit 1)",
-        ),
     ),
 ]
 
 
-@pytest.mark.parametrize("command, extra, word", BUGGY_INPUT)
-def test_bad_input_found_by_these_tests(tmp_path, capsys, command, extra, word):
+@pytest.mark.parametrize("command, extra, word", FORMERLY_CRASHING_INPUT)
+def test_formerly_crashing_input_is_one_line(tmp_path, capsys, command, extra, word):
     cfg = write_config(tmp_path)
     out = tmp_path / "out"
     rc, _, err = cli(capsys, command, str(cfg), "--out", str(out), "-q", *extra)
@@ -282,11 +301,6 @@ def test_bad_input_found_by_these_tests(tmp_path, capsys, command, extra, word):
     assert empty_or_absent(out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="read_config_doc catches only YAMLError/UnicodeDecodeError; a bad !!int tag in a "
-    "file raises ValueError -> traceback, exit 1",
-)
 def test_bad_yaml_tag_in_file_is_one_line(tmp_path, capsys):
     path = tmp_path / "tagged.yaml"
     path.write_text("model: mlp\nrounds: !!int two\n", encoding="utf-8")
@@ -294,11 +308,6 @@ def test_bad_yaml_tag_in_file_is_one_line(tmp_path, capsys):
     assert_one_line_error(rc, err, "YAML")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an --out that is a file: mkdir raises NotADirectoryError (not a FedbugError) -> "
-    "traceback, exit 1",
-)
 def test_out_that_is_a_file_is_one_line(tmp_path, capsys):
     cfg = write_config(tmp_path)
     out = tmp_path / "out"
@@ -350,7 +359,7 @@ def test_console_script_missing_config(tmp_path):
 # -- sweep -----------------------------------------------------------------------------------
 
 
-def test_sweep_grid_times_seeds_table_and_files(tmp_path, capsys):
+def test_sweep_grid_times_seeds_table_and_files(tmp_path, capsys, fast_plots):
     cfg = write_config(tmp_path, policy="bottom_up", grid={"gu_ratio": [0.0, 0.5]})
     out = tmp_path / "out"
     rc, stdout, err = cli(
@@ -426,12 +435,7 @@ def test_sweep_bad_grid_in_file_exits_2_before_any_run(tmp_path, capsys):
     assert empty_or_absent(out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="model and dataset names are checked only when a run starts (registry lookup in "
-    "Experiment), not by validate(): the mlp cell runs and leaves its folder, then exit 2",
-)
-def test_sweep_unknown_model_in_grid_fails_before_any_run(tmp_path, capsys):
+def test_sweep_unknown_model_in_grid_fails_before_any_run(tmp_path, capsys, fast_plots):
     cfg = write_config(tmp_path)
     out = tmp_path / "out"
     rc, _, err = cli(capsys, "sweep", str(cfg), "--out", str(out), "-q", "-g", "model=mlp,nosuch")
@@ -439,12 +443,7 @@ def test_sweep_unknown_model_in_grid_fails_before_any_run(tmp_path, capsys):
     assert empty_or_absent(out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two grid values with one slug (0.5 and .5) share a run folder: the first cell "
-    "runs, the second fails with 'already holds a run' (should be refused up front)",
-)
-def test_sweep_duplicate_grid_values_fail_before_any_run(tmp_path, capsys):
+def test_sweep_duplicate_grid_values_fail_before_any_run(tmp_path, capsys, fast_plots):
     cfg = write_config(tmp_path)
     out = tmp_path / "out"
     rc, _, err = cli(capsys, "sweep", str(cfg), "--out", str(out), "-q", "-g", "gu_ratio=0.5,.5")
@@ -452,11 +451,6 @@ def test_sweep_duplicate_grid_values_fail_before_any_run(tmp_path, capsys):
     assert empty_or_absent(out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sweep.expand copies the doc by a JSON round trip: a YAML date in the file's grid "
-    "(valid for grid: dict[str, list[Any]]) raises TypeError -> traceback, exit 1",
-)
 def test_sweep_grid_with_a_yaml_date_is_one_line(tmp_path, capsys):
     path = tmp_path / "dated.yaml"
     path.write_text(yaml.safe_dump(TINY) + "grid: {name: [2024-01-01]}\n", encoding="utf-8")

@@ -184,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     except FedbugError as e:
         print(f"fedbug: error: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        where = f" {e.filename}" if e.filename else ""
+        print(f"fedbug: error: cannot write or read{where}: {e.strerror or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("fedbug: interrupted; rerun with --resume to continue", file=sys.stderr)
         return 130

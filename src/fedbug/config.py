@@ -18,8 +18,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedbug.algorithms import ALGORITHMS
+from fedbug.data import DATASETS
 from fedbug.data.augment import AUGMENTATIONS
 from fedbug.errors import ConfigError
+from fedbug.models import MODELS
 from fedbug.policies import POLICIES
 
 
@@ -83,6 +85,10 @@ class BaseConfig(BaseModel):
             raise ValueError(_unknown("algorithm", self.algorithm, ALGORITHMS.names()))
         if self.augment != "auto" and self.augment not in AUGMENTATIONS:
             raise ValueError(_unknown("augment", self.augment, ["auto", *AUGMENTATIONS.names()]))
+        if self.model not in MODELS:
+            raise ValueError(_unknown("model", self.model, MODELS.names()))
+        if self.dataset not in DATASETS:
+            raise ValueError(_unknown("dataset", self.dataset, DATASETS.names()))
         if self.policy not in POLICIES:
             raise ValueError(_unknown("policy", self.policy, POLICIES.names()))
         if self.clients_per_round is not None and self.clients_per_round > self.num_clients:
@@ -98,6 +104,10 @@ class BaseConfig(BaseModel):
         if self.selection:
             return self.selection
         return "uniform" if self.clients_per_round is not None else "bernoulli"
+
+
+# PyYAML's tag constructors raise plain Python errors (``!!int x``), deep nesting RecursionError.
+YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, AttributeError, RecursionError)
 
 
 def _unknown(kind: str, name: str, known: list[str]) -> str:
@@ -131,13 +141,13 @@ def all_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
 def _format_error(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+        loc = _printable(".".join(str(p) for p in e["loc"]))
         if e["type"] == "extra_forbidden":
             close = difflib.get_close_matches(loc, all_keys(), n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else "; see the README's config keys"
             parts.append(f"unknown key {loc!r}{hint}")
         else:
-            msg = e["msg"].removeprefix("Value error, ")
+            msg = _printable(e["msg"].removeprefix("Value error, "))
             given = e.get("input")
             shown = repr(given) if not isinstance(given, dict) else "a mapping"
             if len(shown) > 60:
@@ -146,12 +156,17 @@ def _format_error(err: ValidationError) -> str:
     return "invalid config: " + "; ".join(parts)
 
 
+def _printable(text: str) -> str:
+    """One line: control characters (newlines in a key, say) shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def parse_value(text: str) -> Any:
     """An override's value as YAML would read it (numbers, booleans, null, lists)."""
     try:
         return yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        return text
+    except YAML_ERRORS:
+        return text  # not YAML: the raw text, which the key's type then accepts or refuses
 
 
 def set_dotted(doc: dict[str, Any], key: str, value: Any) -> None:
@@ -191,7 +206,7 @@ def read_config_doc(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} not found; give the path of a YAML file")
     try:
         doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+    except (*YAML_ERRORS, UnicodeDecodeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {first}") from None
     if doc is None:
@@ -227,5 +242,9 @@ def resolve(cfg: BaseConfig) -> BaseConfig:
 
 def config_hash(cfg: BaseConfig) -> str:
     """A short hash of everything that changes the numbers (not sweep bookkeeping)."""
-    d = cfg.model_dump(mode="json", exclude={"grid", "seeds", "name", "count_flops"})
+    # threads is left out so a run resumes on a machine with another core count (its numbers
+    # then agree within float32 rounding, not bitwise); it is recorded in config.yaml.
+    d = cfg.model_dump(
+        mode="json", exclude={"grid", "seeds", "name", "count_flops", "threads"}
+    )
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]

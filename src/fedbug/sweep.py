@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import itertools
 import json
@@ -50,8 +51,9 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
             raise ConfigError(f"grid key {key!r} needs a non-empty list of values")
     keys = list(grid)
     cells = []
+    slugs: set[str] = set()
     for combo in itertools.product(*(grid[k] for k in keys)):
-        doc = json.loads(json.dumps(base_doc))
+        doc = copy.deepcopy(base_doc)
         doc.pop("grid", None)
         values = dict(zip(keys, combo))
         for k, v in values.items():
@@ -61,7 +63,11 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
         except ConfigError as e:
             label = Cell(values).label
             raise ConfigError(f"grid cell {label}: {e}") from None
-        cells.append((Cell(values), cfg))
+        cell = Cell(values)
+        if cell.slug in slugs:
+            raise ConfigError(f"grid cell {cell.label} appears twice; list each value once")
+        slugs.add(cell.slug)
+        cells.append((cell, cfg))
     return cells
 
 
@@ -151,7 +157,10 @@ def run_sweep(
     run_one: Callable[[BaseConfig, Path], dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """Run every cell x seed through ``run_one(cfg, run_dir)``; write sweep.json/.md and a plot."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be at least 1; got {seeds}")
     cells = expand(base_doc, grid)
+    out.mkdir(parents=True, exist_ok=True)
     cell_runs = []
     for cell, cfg in cells:
         runs = []
