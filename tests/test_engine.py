@@ -148,3 +148,16 @@ def test_mean_of_local_models_evaluation_by_hand_and_resume(tmp_path):
     run_experiment(cfg, tmp_path / "cut", stop_after=2)
     resumed = run_experiment(cfg, tmp_path / "cut", resume=True)
     assert _strip(resumed.records) == _strip(full.records)
+
+
+def test_subsample_keeps_a_fixed_share_of_each_class():
+    from fedbug.engine import Experiment
+
+    full = Experiment(tiny_config())
+    half = Experiment(tiny_config(subsample=0.5))
+    again = Experiment(tiny_config(subsample=0.5, seed=7))
+    counts_full = full.dataset.train_y.bincount()
+    counts_half = half.dataset.train_y.bincount()
+    assert ((counts_half - counts_full / 2).abs() <= 1).all()
+    assert torch.equal(half.dataset.train_x, again.dataset.train_x)  # the same for every seed
+    assert sum(len(p) for p in half.parts) == len(half.dataset.train_y)

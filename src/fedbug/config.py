@@ -35,6 +35,9 @@ class BaseConfig(BaseModel):
     # data
     dataset: str = "digits"
     data_dir: str | None = None
+    subsample: float = Field(
+        1.0, gt=0.0, le=1.0, description="share of the training set kept (CPU-scale twins)"
+    )
     num_clients: int = Field(20, ge=1, le=10_000_000)
     partition: Literal["iid", "dirichlet", "natural"] = "dirichlet"
     alpha: float = Field(0.3, gt=0.0, le=1e9, description="Dirichlet concentration")

@@ -8,12 +8,14 @@ one metrics record -> checkpoint every N rounds.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from torch import Tensor, nn
@@ -55,7 +57,10 @@ class Experiment:
         self.cfg = cfg = resolve(cfg)
         torch.set_num_threads(cfg.threads)
         data_dir = Path(cfg.data_dir).expanduser() if cfg.data_dir else None
-        self.dataset = ds = dataset if dataset is not None else load_dataset(cfg.dataset, data_dir)
+        ds = dataset if dataset is not None else load_dataset(cfg.dataset, data_dir)
+        if cfg.subsample < 1.0:
+            ds = subsample(ds, cfg.subsample)
+        self.dataset = ds
         if cfg.partition == "natural":
             self.parts = natural_clients(ds, cfg.num_clients, cfg.seed)
         else:
@@ -134,6 +139,22 @@ class Experiment:
 
     def lr_at(self, round: int) -> float:
         return self.cfg.lr * self.cfg.lr_decay ** (round - 1)
+
+
+def subsample(ds: FederatedDataset, share: float) -> FederatedDataset:
+    """The same data set with a fixed share of each class's training samples (the same for
+    every seed, so twins of an experiment differ only where their seeds do)."""
+    if ds.natural_clients is not None:
+        raise ConfigError(f"subsample does not apply to {ds.name!r}'s natural clients")
+    rng = numpy_rng(0, "subsample", ds.name)
+    y = ds.train_y.numpy()
+    keep = []
+    for c in range(ds.num_classes):
+        idx = (y == c).nonzero()[0]
+        k = max(1, round(share * len(idx))) if len(idx) else 0
+        keep.append(rng.permutation(idx)[:k])
+    kept = torch.from_numpy(np.sort(np.concatenate(keep)))
+    return dataclasses.replace(ds, train_x=ds.train_x[kept], train_y=ds.train_y[kept])
 
 
 def natural_clients(ds: FederatedDataset, num_clients: int, seed: int) -> list[Tensor]:
