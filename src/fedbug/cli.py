@@ -111,6 +111,16 @@ def cmd_theory(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     from fedbug.data import DATASETS
 
+    if args.action == "download":
+        from fedbug.data.download import download
+
+        if not args.name:
+            raise FedbugError("name the data set to download: fedbug data download NAME")
+        dest = Path(args.dest).expanduser() if args.dest else None
+        path = download(args.name, dest)
+        print(f"{args.name}: ready in {path}")
+        return 0
+
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else None
     rows = []
     for name, spec in DATASETS.items():
@@ -167,7 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_theory)
 
-    d = sub.add_parser("data", help="which data sets are found where")
+    d = sub.add_parser(
+        "data", help="which data sets are found where; `data download NAME` fetches one"
+    )
+    d.add_argument("action", nargs="?", choices=["list", "download"], default="list")
+    d.add_argument("name", nargs="?", default=None, help="data set to download")
+    d.add_argument("--dest", default=None, help="download into DEST/<name> (~/.cache/fedbug)")
     d.add_argument("--data-dir", default=None)
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_data)

@@ -1,14 +1,21 @@
 """Data sets and their split over clients.
 
 Importing this package registers every data set in :data:`DATASETS`; :func:`load_dataset` loads
-one by name. :func:`partition` splits a training set over clients (IID or Dirichlet).
+one by name (:mod:`fedbug.data.download` fetches the standard ones, on request only).
+:func:`partition` splits a training set over clients (IID or Dirichlet).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fedbug.data import digits, fashion_mnist  # noqa: F401  (registers the data sets)
+from fedbug.data import (  # noqa: F401  (registers the data sets)
+    cifar,
+    digits,
+    fashion_mnist,
+    mnist,
+    tiny_imagenet,
+)
 from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
 from fedbug.data.partition import partition, partition_summary
 

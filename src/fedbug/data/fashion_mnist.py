@@ -33,7 +33,8 @@ NUM_CLASSES = 10
 IMAGE_SIZE = (28, 28)
 HOW_TO_GET = (
     "Install Debian's package (apt-get install dataset-fashion-mnist, which fills "
-    "/usr/share/datasets/fashion-mnist), or download the four IDX files "
+    "/usr/share/datasets/fashion-mnist), run `fedbug data download fashion_mnist`, or download "
+    "the four IDX files "
     "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
     "t10k-labels-idx1-ubyte.gz) from https://github.com/zalandoresearch/fashion-mnist into "
     "~/.cache/fedbug/fashion-mnist (or a folder passed as the data dir)."
