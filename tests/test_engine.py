@@ -161,3 +161,28 @@ def test_subsample_keeps_a_fixed_share_of_each_class():
     assert ((counts_half - counts_full / 2).abs() <= 1).all()
     assert torch.equal(half.dataset.train_x, again.dataset.train_x)  # the same for every seed
     assert sum(len(p) for p in half.parts) == len(half.dataset.train_y)
+
+
+def test_natural_clients_subset_cuts_the_test_set_to_their_samples():
+    import dataclasses
+
+    from tiny import blobs_dataset
+
+    from fedbug.engine import Experiment
+
+    ds = blobs_dataset(n=60)
+    ds = dataclasses.replace(
+        ds,
+        natural_clients=[torch.arange(i * 10, (i + 1) * 10) for i in range(6)],
+        natural_test_clients=[torch.arange(i * 5, (i + 1) * 5) for i in range(6)],
+    )
+    cfg = tiny_config(partition="natural", num_clients=3, model="mlp")
+    exp = Experiment(cfg, dataset=ds)
+    assert len(exp.parts) == 3
+    assert len(exp.dataset.test_y) == 15
+    chosen = [int(p[0]) // 10 for p in exp.parts]
+    expected = torch.cat([ds.test_y[c * 5 : (c + 1) * 5] for c in chosen])
+    assert torch.equal(exp.dataset.test_y, expected)
+    assert [len(t) for t in exp.dataset.natural_test_clients] == [5, 5, 5]
+    with pytest.raises(ConfigError, match="natural clients"):
+        Experiment(tiny_config(partition="natural", num_clients=7), dataset=ds)

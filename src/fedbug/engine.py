@@ -62,7 +62,8 @@ class Experiment:
             ds = subsample(ds, cfg.subsample)
         self.dataset = ds
         if cfg.partition == "natural":
-            self.parts = natural_clients(ds, cfg.num_clients, cfg.seed)
+            self.parts, ds = natural_clients(ds, cfg.num_clients, cfg.seed)
+            self.dataset = ds
         else:
             self.parts = partition(
                 ds.train_y,
@@ -157,9 +158,12 @@ def subsample(ds: FederatedDataset, share: float) -> FederatedDataset:
     return dataclasses.replace(ds, train_x=ds.train_x[kept], train_y=ds.train_y[kept])
 
 
-def natural_clients(ds: FederatedDataset, num_clients: int, seed: int) -> list[Tensor]:
-    """The data set's own clients (LEAF writers, speaking roles); a seeded subset of
-    ``num_clients`` of them when fewer are asked for."""
+def natural_clients(
+    ds: FederatedDataset, num_clients: int, seed: int
+) -> tuple[list[Tensor], FederatedDataset]:
+    """The data set's own clients (LEAF writers, speaking roles), a seeded subset of
+    ``num_clients`` of them when fewer are asked for, and the data set with its test set cut to
+    those clients' test samples (as LEAF evaluates on the users it sampled)."""
     if ds.natural_clients is None:
         raise ConfigError(
             f"data set {ds.name!r} has no natural clients; use partition: iid or dirichlet"
@@ -170,9 +174,23 @@ def natural_clients(ds: FederatedDataset, num_clients: int, seed: int) -> list[T
             f"num_clients={num_clients} but {ds.name!r} has {n} natural clients; use at most {n}"
         )
     if num_clients == n:
-        return list(ds.natural_clients)
-    chosen = numpy_rng(seed, "natural-clients").choice(n, size=num_clients, replace=False)
-    return [ds.natural_clients[i] for i in sorted(chosen)]
+        return list(ds.natural_clients), ds
+    chosen = sorted(numpy_rng(seed, "natural-clients").choice(n, size=num_clients, replace=False))
+    parts = [ds.natural_clients[i] for i in chosen]
+    if ds.natural_test_clients is None:
+        return parts, ds
+    tests = [ds.natural_test_clients[i] for i in chosen]
+    keep = torch.cat(tests) if tests else torch.zeros(0, dtype=torch.long)
+    starts = np.cumsum([0] + [len(t) for t in tests])
+    renumbered = [torch.arange(a, b) for a, b in zip(starts[:-1], starts[1:])]
+    cut = dataclasses.replace(
+        ds,
+        test_x=ds.test_x[keep],
+        test_y=ds.test_y[keep],
+        natural_clients=parts,
+        natural_test_clients=renumbered,
+    )
+    return parts, cut
 
 
 class ClientStates:

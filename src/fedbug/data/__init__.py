@@ -13,6 +13,7 @@ from fedbug.data import (  # noqa: F401  (registers the data sets)
     cifar,
     digits,
     fashion_mnist,
+    leaf,
     mnist,
     tiny_imagenet,
 )

@@ -10,6 +10,8 @@ from torch import nn
 
 from fedbug.errors import ConfigError
 from fedbug.models.cnn import DigitsCNN, StandardCNN
+from fedbug.models.leaf_cnn import FreezeFLCNN, LeafFemnistCNN
+from fedbug.models.lstm import ShakespeareLSTM
 from fedbug.models.mlp import MLP
 from fedbug.models.resnet import resnet18, resnet34
 from fedbug.models.tiny_cnn import FedSeqCNN, TinyImageNetCNN
@@ -25,6 +27,9 @@ MODELS.register("resnet18")(resnet18)
 MODELS.register("resnet34")(resnet34)
 MODELS.register("tiny_imagenet_cnn")(TinyImageNetCNN)
 MODELS.register("fedseq_cnn")(FedSeqCNN)
+MODELS.register("shakespeare_lstm")(ShakespeareLSTM)
+MODELS.register("leaf_cnn")(LeafFemnistCNN)
+MODELS.register("freezefl_cnn")(FreezeFLCNN)
 
 
 def build_model(
@@ -47,6 +52,9 @@ __all__ = [
     "DigitsCNN",
     "MLP",
     "FedSeqCNN",
+    "FreezeFLCNN",
+    "LeafFemnistCNN",
+    "ShakespeareLSTM",
     "TinyImageNetCNN",
     "resnet18",
     "resnet34",
