@@ -58,6 +58,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--samples", type=int, default=500, help="samples per client (500 = CIFAR-100 / 100)"
     )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds: start no new repetition after this (at least 2 run); for a loaded machine",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (torch default)")
     ap.add_argument(
         "--quick", action="store_true", help="K = 10, 3 repetitions, P in 0/0.1/0.5/0.8"
@@ -135,7 +141,13 @@ def build_runtimes(args: argparse.Namespace) -> tuple[Any, ...]:
             space,
             build_policy("bottom_up", gu_ratio=p),
             algorithm,
-            TrainSettings(local_steps=args.steps, batch_size=BATCH, count_flops=False),
+            TrainSettings(
+                local_steps=args.steps,
+                batch_size=BATCH,
+                optimizer="sgd",
+                weight_decay=WEIGHT_DECAY,
+                count_flops=False,
+            ),
             ds.prepare,
         )
         for p in args.p_values
@@ -179,7 +191,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     paired: dict[float, list[float]] = {p: [] for p in args.p_values}
     n = len(args.p_values)
     t_start = time.perf_counter()
+    loads: list[float] = []
+    reps_done = 0
     for rep in range(args.reps):
+        if args.budget is not None and rep >= 2 and time.perf_counter() - t_start > args.budget:
+            break
+        loads.append(round(os.getloadavg()[0], 2))
         order = [args.p_values[(rep + i) % n] for i in range(n)]
         this_rep: dict[float, float] = {}
         for p in order:
@@ -193,6 +210,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if rep > 0 and 0.0 in this_rep:
             for p, t in this_rep.items():
                 paired[p].append(this_rep[0.0] / t)
+        reps_done = rep + 1
+        print(
+            f"rep {rep + 1}/{args.reps}{' (warm-up)' if rep == 0 else ''}: "
+            f"{time.perf_counter() - t_start:.0f} s, load {loads[-1]}",
+            file=sys.stderr,
+            flush=True,
+        )
     elapsed = time.perf_counter() - t_start
 
     base = statistics.median(wall[0.0]) if 0.0 in wall else None
@@ -241,12 +265,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "batch_size": BATCH,
             "local_steps": args.steps,
             "samples_per_client": args.samples,
-            "reps": args.reps,
+            "reps": reps_done,
+            "reps_requested": args.reps,
+            "budget_s": args.budget,
             "warmup_reps": 1,
             "p_values": args.p_values,
             "seed": args.seed,
         },
         "elapsed_timed_s": elapsed,
+        "load_avg_1min_per_rep": loads,
         "results": results,
     }
 
@@ -262,7 +289,8 @@ def table(report: dict[str, Any]) -> str:
         f"command: {report['command']}",
         f"machine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), "
         f"torch {m['torch']}, {m['torch_threads']} threads, python {m['python']}; "
-        f"load avg start {m['load_avg_start']}, end {m['load_avg_end']}",
+        f"load avg start {m['load_avg_start']}, end {m['load_avg_end']}, "
+        f"1-min load at each repetition {report['load_avg_1min_per_rep']}",
         f"setup: {s['model']} {s['input_shape']} -> {s['num_classes']}, units {s['units']}, "
         f"SGD lr {s['lr']} wd {s['weight_decay']}, batch {s['batch_size']}, "
         f"K = {s['local_steps']} steps/client-round, {s['samples_per_client']} samples, "

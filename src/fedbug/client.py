@@ -124,6 +124,8 @@ class ClientRuntime:
 
     def set_trainable(self, units: range) -> slice:
         """requires_grad and a gradient view on the given units, None elsewhere; their slice."""
+        if len(units) == 0:
+            raise ValueError("a freeze policy returned no trainable unit")
         for u, params in enumerate(self.unit_params):
             on = u in units
             for p, g in params:
