@@ -117,26 +117,34 @@ class ClientRuntime:
             # pass calls (the engine passes its name; by default the last unit's last layer)
             head = model.get_submodule(classifier or space.units[-1].modules[-1])
             head.register_forward_pre_hook(self._capture)
-        self._flops: dict[tuple[int, int, int], int] = {}
+        self._flops: dict[tuple[tuple[int, ...], int], int] = {}
 
     def _capture(self, _m: nn.Module, inputs: tuple[Tensor, ...]) -> None:
         self._features = inputs[0]
 
-    def set_trainable(self, units: range) -> slice:
-        """requires_grad and a gradient view on the given units, None elsewhere; their slice."""
-        if len(units) == 0:
+    def set_trainable(self, units: tuple[int, ...]) -> list[slice]:
+        """requires_grad and a gradient view on the given units, None elsewhere; their slices
+        (one per run of consecutive units)."""
+        if not units:
             raise ValueError("a freeze policy returned no trainable unit")
+        on = set(units)
         for u, params in enumerate(self.unit_params):
-            on = u in units
             for p, g in params:
-                p.requires_grad_(on)
-                p.grad = g if on else None
+                p.requires_grad_(u in on)
+                p.grad = g if u in on else None
         sl = self.space.unit_slices
-        return slice(sl[units.start].start, sl[units.stop - 1].stop)
+        regions: list[slice] = []
+        for u in units:
+            if regions and regions[-1].stop == sl[u].start:
+                regions[-1] = slice(regions[-1].start, sl[u].stop)
+            else:
+                regions.append(slice(sl[u].start, sl[u].stop))
+        return regions
 
-    def flops(self, units: range, x: Tensor, y: Tensor) -> int:
+    def flops(self, units: tuple[int, ...] | range, x: Tensor, y: Tensor) -> int:
         """FLOPs of one forward+backward with ``units`` trainable, counted once and cached."""
-        key = (units.start, units.stop, len(y))
+        units = tuple(units)
+        key = (units, len(y))
         if key not in self._flops:
             m = self.flop_model
             for u, unit in enumerate(self.space.units):
@@ -172,8 +180,8 @@ def train_client(
     gen = torch_generator(task.seed, "client", task.round, task.client)
     opt = rt.make_optimizer(task.lr)
     trained = [False] * space.num_units
-    current: range | None = None
-    region = slice(0, 0)
+    current: tuple[int, ...] | None = None
+    regions: list[slice] = []
     ctx: LocalCtx | None = None
     loss_sum = torch.zeros(())
     flops = 0
@@ -187,35 +195,39 @@ def train_client(
         if rt.augment is not None:
             x = rt.augment(x, gen)
         x = rt.prepare(x)
-        units = rt.policy.trainable_units(
-            StepCtx(k, local_steps, space.num_units, task.round, task.client)
+        units = tuple(
+            rt.policy.trainable_units(
+                StepCtx(k, local_steps, space.num_units, task.round, task.client)
+            )
         )
         if units != current:
             current = units
-            region = rt.set_trainable(units)
+            regions = rt.set_trainable(units)
             for u in units:
                 trained[u] = True
             ctx = LocalCtx(
                 space=space,
-                weights=rt.flat[region],
-                grads=rt.grad[region],
-                received=weights[region],
-                region=region,
+                weights=rt.flat,
+                grads=rt.grad,
+                received=weights,
+                regions=regions,
                 state=state,
                 num_samples=n,
                 mean_samples=task.mean_samples,
                 payload=task.payload,
             )
-        rt.grad[region].zero_()
+        for r in regions:
+            rt.grad[r].zero_()
         loss = F.cross_entropy(rt.model(x), y)
         loss_sum += loss.detach()
         loss = rt.algorithm.extra_loss(ctx, loss, rt._features)
         loss.backward()
         rt.algorithm.adjust_grads(ctx)
         if settings.clip_grad_norm:
-            g = rt.grad[region]
-            scale = (settings.clip_grad_norm / (g.norm() + 1e-6)).clamp(max=1.0)
-            g.mul_(scale)
+            norm = torch.stack([rt.grad[r].norm() for r in regions]).norm()
+            scale = (settings.clip_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+            for r in regions:
+                rt.grad[r].mul_(scale)
         opt.step()
         if settings.count_flops:
             flops += rt.flops(units, x, y)
@@ -226,7 +238,7 @@ def train_client(
         weights=rt.flat,
         grads=rt.grad,
         received=weights,
-        region=slice(0, space.total),
+        regions=[slice(0, space.total)],
         state=state,
         num_samples=n,
         mean_samples=task.mean_samples,

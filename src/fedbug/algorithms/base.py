@@ -1,13 +1,13 @@
 """What an algorithm is: a local objective (client half) and a server update (server half).
 
-Both halves live in one class. The client half only ever sees the *trainable* slice of the flat
-weight vector (a freeze policy trains a contiguous block of units, which is a contiguous slice),
-so a frozen unit takes no proximal, dynamic or decay term: freezing reaches an algorithm only
-through that slice.
+Both halves live in one class. The client half only ever touches the *trainable* regions of the flat
+weight vector (the slices of the units a freeze policy lets train), so a frozen unit takes no
+proximal, dynamic or decay term: freezing reaches an algorithm only through those regions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -27,22 +27,28 @@ class Params(BaseModel):
 
 @dataclass
 class LocalCtx:
-    """What the client half sees during local training (views, never copies).
+    """What the client half sees during local training.
 
-    ``weights``/``grads``/``received`` are the trainable slice of the local weights, their
-    gradient and the received global weights; ``state`` is this client's persistent state
-    (e.g. FedDyn's lambda_i, full length); ``region`` is the slice itself.
+    ``weights``/``grads``/``received`` are the full flat local weights, their gradient and the
+    received global weights; ``regions`` the slices of the trainable units (one slice per run of
+    consecutive trainable units; usually one). Only those entries may be read as gradients:
+    use :meth:`trainable`. ``state`` is this client's persistent state (e.g. FedDyn's lambda_i).
     """
 
     space: ParamSpace
     weights: Tensor
     grads: Tensor
     received: Tensor
-    region: slice
+    regions: list[slice]
     state: dict[str, Tensor]
     num_samples: int
     mean_samples: float
     payload: dict[str, Tensor] = field(default_factory=dict)
+
+    def trainable(self) -> Iterator[tuple[Tensor, Tensor, Tensor, slice]]:
+        """(weights, grads, received, slice) views of each trainable region."""
+        for r in self.regions:
+            yield self.weights[r], self.grads[r], self.received[r], r
 
 
 @dataclass
@@ -63,8 +69,8 @@ class Algorithm:
     """FedAvg's behaviour; other algorithms override a hook or two.
 
     Client half: ``extra_loss`` (terms on the loss, e.g. FedDecorr) and ``adjust_grads`` (terms
-    whose gradient is known in closed form, added to the gradient of the trainable slice: exact
-    and cheaper than building them into the graph), ``finish_client`` (new client state).
+    whose gradient is known in closed form, added to the gradient of the trainable regions:
+    exact and cheaper than building them into the graph), ``finish_client`` (new client state).
     Server half: ``server_update`` from the aggregate of the round's updates.
     """
 

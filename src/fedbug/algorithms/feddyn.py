@@ -47,7 +47,9 @@ class FedDyn(FedAvg):
 
     def adjust_grads(self, ctx: LocalCtx) -> None:
         a = self._alpha_i(ctx)
-        ctx.grads.add_(ctx.weights - ctx.received + ctx.state["lambda"][ctx.region], alpha=a)
+        lam = ctx.state["lambda"]
+        for w, g, w0, r in ctx.trainable():
+            g.add_(w - w0 + lam[r], alpha=a)
 
     def finish_client(self, ctx: LocalCtx, delta: Tensor) -> dict[str, Tensor]:
         return {"lambda": ctx.state["lambda"] + delta}

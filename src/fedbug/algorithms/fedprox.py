@@ -26,6 +26,7 @@ class FedProx(FedAvg):
             warnings.warn("fedprox with mu=0 is FedAvg", stacklevel=2)
 
     def adjust_grads(self, ctx: LocalCtx) -> None:
-        """grad += mu * (w - w_t): the gradient of the proximal term, trainable slice only."""
+        """grad += mu * (w - w_t): the gradient of the proximal term, trainable units only."""
         if self.mu:
-            ctx.grads.add_(ctx.weights - ctx.received, alpha=self.mu)
+            for w, g, w0, _ in ctx.trainable():
+                g.add_(w - w0, alpha=self.mu)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,13 +21,24 @@ class StepCtx:
 
 
 class FreezePolicy(Protocol):
-    """Returns the trainable units (indices into the ordered units, input to output).
+    """Returns the trainable units (indices into the ordered units, input to output), ascending:
+    a ``range`` for the contiguous policies, a tuple in general."""
 
-    The result is a ``range``: every policy here trains a contiguous block of units, and two
-    ranges intersect to a range, so policies compose.
-    """
+    def trainable_units(self, ctx: StepCtx) -> Sequence[int]: ...
 
-    def trainable_units(self, ctx: StepCtx) -> range: ...
+
+@dataclass(frozen=True)
+class Intersection:
+    """Units that every one of several policies lets train (masks of several policies intersect,
+    e.g. FedBug's gradual unfreezing inside a FedSeq round schedule)."""
+
+    policies: tuple[FreezePolicy, ...]
+
+    def trainable_units(self, ctx: StepCtx) -> tuple[int, ...]:
+        allowed = set(range(ctx.num_units))
+        for p in self.policies:
+            allowed &= set(p.trainable_units(ctx))
+        return tuple(sorted(allowed))
 
 
 POLICIES: Registry[Any] = Registry("freeze policy")
