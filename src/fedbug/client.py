@@ -12,11 +12,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from math import ceil
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -50,6 +48,7 @@ class ClientTask:
     lr: float
     mean_samples: float
     payload: dict[str, Tensor] = field(default_factory=dict)
+    rounds: int = 1
 
 
 @dataclass
@@ -71,13 +70,11 @@ class ClientResult:
     trained: list[bool]
     state: dict[str, Tensor]
     metrics: dict[str, Any]
+    uploaded: list[bool] = field(default_factory=list)
 
-
-def local_step_count(num_samples: int, settings: TrainSettings) -> tuple[int, int]:
-    """(K, steps per epoch): K = epochs * ceil(n / batch), or ``local_steps`` when set."""
-    per_epoch = max(1, ceil(num_samples / settings.batch_size))
-    k = settings.local_steps if settings.local_steps else settings.local_epochs * per_epoch
-    return k, per_epoch
+    def __post_init__(self) -> None:
+        if not self.uploaded:
+            self.uploaded = list(self.trained)
 
 
 class ClientRuntime:
@@ -151,7 +148,7 @@ class ClientRuntime:
                 for name in unit.params:
                     m.get_parameter(name).requires_grad_(u in units)
             with FlopCounterMode(display=False) as counter:
-                F.cross_entropy(m(x), y).backward()
+                self.algorithm.loss(m(x), y).backward()
             m.zero_grad(set_to_none=True)
             self._flops[key] = int(counter.get_total_flops())
         return self._flops[key]
@@ -172,11 +169,12 @@ def train_client(
     runtime: ClientRuntime,
 ) -> ClientResult:
     """Local training of one client for one round (FedBug Algorithm 3, lines 5-11)."""
-    rt, settings, space = runtime, runtime.settings, runtime.space
+    rt, settings, space, alg = runtime, runtime.settings, runtime.space, runtime.algorithm
     rt.model.train()
     rt.flat.copy_(weights)
+    load_local_parts(rt.flat, state, space)
     n = len(data)
-    local_steps, per_epoch = local_step_count(n, settings)
+    local_steps, per_epoch = alg.local_step_count(n, settings)
     gen = torch_generator(task.seed, "client", task.round, task.client)
     opt = rt.make_optimizer(task.lr)
     trained = [False] * space.num_units
@@ -195,11 +193,11 @@ def train_client(
         if rt.augment is not None:
             x = rt.augment(x, gen)
         x = rt.prepare(x)
-        units = tuple(
-            rt.policy.trainable_units(
-                StepCtx(k, local_steps, space.num_units, task.round, task.client)
-            )
-        )
+        step = StepCtx(k, local_steps, space.num_units, task.round, task.client, task.rounds)
+        units = tuple(rt.policy.trainable_units(step))
+        allowed = alg.allowed_units(k, local_steps, per_epoch)
+        if allowed is not None:
+            units = tuple(u for u in units if u in set(allowed))
         if units != current:
             current = units
             regions = rt.set_trainable(units)
@@ -218,11 +216,11 @@ def train_client(
             )
         for r in regions:
             rt.grad[r].zero_()
-        loss = F.cross_entropy(rt.model(x), y)
+        loss = alg.loss(rt.model(x), y)
         loss_sum += loss.detach()
-        loss = rt.algorithm.extra_loss(ctx, loss, rt._features)
+        loss = alg.extra_loss(ctx, loss, rt._features)
         loss.backward()
-        rt.algorithm.adjust_grads(ctx)
+        alg.adjust_grads(ctx)
         if settings.clip_grad_norm:
             norm = torch.stack([rt.grad[r].norm() for r in regions]).norm()
             scale = (settings.clip_grad_norm / (norm + 1e-6)).clamp(max=1.0)
@@ -244,13 +242,35 @@ def train_client(
         mean_samples=task.mean_samples,
         payload=task.payload,
     )
-    new_state = rt.algorithm.finish_client(full_ctx, delta)
+    new_state = save_local_parts(alg.finish_client(full_ctx, delta), rt.flat, alg, space)
+    shared = set(alg.shared_units(space.num_units))
+    uploaded = [t and u in shared for u, t in enumerate(trained)]
     trained_params = sum(c for c, t in zip(space.unit_param_numel, trained) if t)
     metrics = {
         "train_loss": float(loss_sum) / local_steps,
         "steps": local_steps,
         "flops": flops,
         "trained_params": trained_params,
-        "bytes_up": space.bytes_of(trained),
+        "bytes_up": space.bytes_of(uploaded),
     }
-    return ClientResult(task.client, n, delta, trained, new_state, metrics)
+    return ClientResult(task.client, n, delta, trained, new_state, metrics, uploaded)
+
+
+def load_local_parts(flat: Tensor, state: dict[str, Tensor], space: ParamSpace) -> None:
+    """Overwrite the client's own units (``local.<unit>`` in its state) in ``flat``."""
+    for key, value in state.items():
+        if key.startswith("local."):
+            flat[space.unit_slices[int(key[6:])]] = value
+
+
+def save_local_parts(
+    state: dict[str, Tensor], flat: Tensor, alg: Algorithm, space: ParamSpace
+) -> dict[str, Tensor]:
+    """The state with the algorithm's local units' current values as ``local.<unit>``."""
+    local = alg.local_units(space.num_units)
+    if not local:
+        return state
+    out = dict(state)
+    for u in local:
+        out[f"local.{u}"] = flat[space.unit_slices[u]].clone()
+    return out

@@ -49,6 +49,10 @@ class BaseConfig(BaseModel):
         default_factory=dict, description="keyword options of the model builder"
     )
     units: list[str | list[str]] | None = None
+    head_units: int = Field(1, ge=0, le=10_000, description="the last units form the head")
+    sublayers: int | list[list[str]] | None = Field(
+        None, description="base sub-layers: one per base unit, K groups, or unit-name groups"
+    )
     # local training
     rounds: int = Field(30, ge=1, le=1_000_000)
     local_epochs: int = Field(5, ge=1, le=10_000)
@@ -247,7 +251,5 @@ def config_hash(cfg: BaseConfig) -> str:
     """A short hash of everything that changes the numbers (not sweep bookkeeping)."""
     # threads is left out so a run resumes on a machine with another core count (its numbers
     # then agree within float32 rounding, not bitwise); it is recorded in config.yaml.
-    d = cfg.model_dump(
-        mode="json", exclude={"grid", "seeds", "name", "count_flops", "threads"}
-    )
+    d = cfg.model_dump(mode="json", exclude={"grid", "seeds", "name", "count_flops", "threads"})
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]

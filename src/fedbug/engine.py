@@ -29,6 +29,7 @@ from fedbug.data.augment import AUGMENTATIONS
 from fedbug.errors import CheckpointError, ConfigError
 from fedbug.evaluate import Evaluator
 from fedbug.executors import SequentialExecutor
+from fedbug.layout import build_layout
 from fedbug.models import build_model
 from fedbug.policies import StepCtx, build_policy
 from fedbug.results import RunDir, environment, plot_run
@@ -75,16 +76,26 @@ class Experiment:
                 ds.num_classes,
             )
         self.num_clients = len(self.parts)
-        self.template = self._build_model(model)
+        blocks = {name: getattr(cfg, name) for name in type(cfg).model_fields}
+        self.algorithm: Algorithm = build_algorithm(cfg.algorithm, cfg.global_lr, blocks)
+        if cfg.evaluation == "global" and not self.algorithm.has_global_model:
+            raise ConfigError(
+                f"{cfg.algorithm} keeps part of every model on its client, so there is no global "
+                "model to evaluate; use evaluation: personalized"
+            )
         example = ds.prepare(ds.train_x[:2])
+        model = self._build_model(model)
+        self.classifier = traced_module_order(model, example)[-1]
+        self.template = self.algorithm.wrap_model(model, self.classifier)
         self.units = find_units(self.template, example, names=cfg.units)
-        self.classifier = traced_module_order(self.template, example)[-1]
         self.space = ParamSpace(self.template, self.units)
+        self.layout = build_layout(
+            self.units, cfg.head_units, cfg.sublayers, self.algorithm.extra_modules
+        )
+        self.algorithm.setup(self.layout)
         self.policy = build_policy(cfg.policy, gu_ratio=cfg.gu_ratio, fixed_units=cfg.fixed_units)
         if not len(self.policy.trainable_units(StepCtx(1, 1, self.space.num_units))):
             raise ConfigError(f"policy {cfg.policy!r} trains no unit of this model")
-        blocks = {name: getattr(cfg, name) for name in type(cfg).model_fields}
-        self.algorithm: Algorithm = build_algorithm(cfg.algorithm, cfg.global_lr, blocks)
         sel = cfg.resolved_selection()
         self.selection = (
             SELECTIONS.get(sel)(cfg.clients_per_round)
@@ -117,6 +128,12 @@ class Experiment:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(cfg.seed, "model"))
             return model()
+
+    @property
+    def keeps_client_state(self) -> bool:
+        return self.algorithm.stateful_clients or bool(
+            self.algorithm.local_units(self.space.num_units)
+        )
 
     def client_data(self, client: int) -> ClientData:
         idx = self.parts[client]
@@ -306,14 +323,16 @@ def run_experiment(
             )
     t_run = time.perf_counter()
     last_round = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
-    model_bytes = 4 * exp.space.total
+    shared = set(exp.algorithm.shared_units(exp.space.num_units))
+    model_bytes = exp.space.bytes_of([u in shared for u in range(exp.space.num_units)])
     try:
         for r in range(start, last_round + 1):
             t0 = time.perf_counter()
             clients = exp.selection.select(r, cfg.seed, exp.num_clients)
             payload = exp.algorithm.payload(server_state)
             tasks = [
-                ClientTask(r, i, cfg.seed, exp.lr_at(r), exp.mean_samples, payload) for i in clients
+                ClientTask(r, i, cfg.seed, exp.lr_at(r), exp.mean_samples, payload, cfg.rounds)
+                for i in clients
             ]
             client_states = {i: states.get(i) for i in clients}
             t_train = time.perf_counter()
@@ -321,8 +340,8 @@ def run_experiment(
             t_train = time.perf_counter() - t_train
             agg = Aggregate(exp.space, cfg.weighting)
             for res in results:
-                agg.add(res.delta, res.trained, res.num_samples)
-                if exp.algorithm.stateful_clients:
+                agg.add(res.delta, res.uploaded, res.num_samples)
+                if exp.keeps_client_state:
                     states.put(res.client, res.state)
                 if local_mean is not None:
                     local_mean.update(res.client, weights + res.delta)

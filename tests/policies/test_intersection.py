@@ -3,8 +3,8 @@
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from tiny import data, runtime, task
+from torch import nn
 
 from fedbug.client import TrainSettings, train_client
 from fedbug.policies import BottomUp, StepCtx, TopDown

@@ -7,14 +7,16 @@ proximal, dynamic or decay term: freezing reaches an algorithm only through thos
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
-from torch import Tensor
+from torch import Tensor, nn
 
+from fedbug.layout import Layout
 from fedbug.registry import Registry
 from fedbug.units import ParamSpace
 
@@ -78,12 +80,52 @@ class Algorithm:
     params_cls: ClassVar[type[Params] | None] = None
     needs_features: ClassVar[bool] = False
     stateful_clients: ClassVar[bool] = False
+    has_global_model: ClassVar[bool] = True
+    extra_modules: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, global_lr: float = 1.0, params: Params | None = None) -> None:
         self.global_lr = global_lr
         self.params = (
             params if params is not None else (self.params_cls() if self.params_cls else None)
         )
+        self.layout: Layout | None = None
+
+    def setup(self, layout: Layout) -> None:
+        """Learn the model's base/head layout (called once the units are known)."""
+        self.layout = layout
+
+    # -- which units are whose -----------------------------------------------------------
+    def shared_units(self, num_units: int) -> tuple[int, ...]:
+        """Units the server holds and averages; the rest never leave the client."""
+        return tuple(range(num_units))
+
+    def local_units(self, num_units: int) -> tuple[int, ...]:
+        """Units each client keeps as its own (personal parts), persisted between rounds."""
+        return ()
+
+    def allowed_units(self, step: int, local_steps: int, per_epoch: int) -> Sequence[int] | None:
+        """Units this algorithm lets train at a local step (None: all); the engine intersects
+        this with the freeze policy (FedBABU: never the head; FedRep: head, then base)."""
+        return None
+
+    def local_step_count(self, num_samples: int, settings: Any) -> tuple[int, int]:
+        """(K, steps per epoch) of local training; FedRep adds its head epochs."""
+        per_epoch = max(1, -(-num_samples // settings.batch_size))
+        k = settings.local_steps if settings.local_steps else settings.local_epochs * per_epoch
+        return k, per_epoch
+
+    # -- the model and its loss ----------------------------------------------------------
+    def wrap_model(self, model: nn.Module, classifier: str) -> nn.Module:
+        """A model with the algorithm's own parts added (FedROD's personal head)."""
+        return model
+
+    def loss(self, output: Any, y: Tensor) -> Tensor:
+        """The local training loss of the model's output (cross-entropy)."""
+        return F.cross_entropy(output, y)
+
+    def logits(self, output: Any) -> Tensor:
+        """The prediction scores in the model's output (FedROD: generic + personal)."""
+        return output
 
     # -- server half ---------------------------------------------------------------------
     def init_server_state(self, weights: Tensor, num_clients: int) -> dict[str, Tensor]:

@@ -11,13 +11,15 @@ from fedbug.registry import Registry
 
 @dataclass(frozen=True)
 class StepCtx:
-    """Where a client is in its local training: step ``step`` (1-based) of ``local_steps``."""
+    """Where a client is: local step ``step`` (1-based) of ``local_steps``, in global round
+    ``round`` (1-based) of ``rounds``."""
 
     step: int
     local_steps: int
     num_units: int
     round: int = 1
     client: int = 0
+    rounds: int = 1
 
 
 class FreezePolicy(Protocol):
