@@ -219,7 +219,7 @@ def test_validate_refuses_non_mappings(doc):
         (["seed=-1"], ["seed"]),
         (["name=a/b"], ["name"]),
         (["name="], ["name"]),
-        (["algorithm=fedbugg"], ["'fedbugg'", "fedavg, feddecorr"]),
+        (["algorithm=fedbugg"], ["'fedbugg'", "fedavg"]),
         (["policy=nope"], ["'nope'", "bottom_up", "top_down"]),
         (["num_clients=3", "clients_per_round=4"], ["clients_per_round=4", "num_clients=3"]),
         (["selection=uniform"], ["clients_per_round"]),

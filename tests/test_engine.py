@@ -21,7 +21,15 @@ def _strip(records):
 @pytest.mark.parametrize("algorithm", ALGORITHMS.names())
 @pytest.mark.parametrize("policy", POLICIES.names())
 def test_every_policy_algorithm_pair_runs_two_rounds(algorithm, policy):
-    cfg = tiny_config(algorithm=algorithm, policy=policy, gu_ratio=0.5, count_flops=False)
+    evaluation = "global" if ALGORITHMS.get(algorithm).has_global_model else "personalized"
+    cfg = tiny_config(
+        algorithm=algorithm,
+        policy=policy,
+        gu_ratio=0.5,
+        count_flops=False,
+        evaluation=evaluation,
+        finetune_epochs=1,
+    )
     res = run_experiment(cfg)
     assert [r["round"] for r in res.records] == [1, 2]
     for r in res.records:

@@ -167,6 +167,12 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cost(args: argparse.Namespace) -> int:
+    from fedbug.cost import cmd_cost as run_cost
+
+    return run_cost(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fedbug", description="Federated learning with layer freezing (FedBug, FreezeFL, ...)"
@@ -209,6 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data-dir", default=None)
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_data)
+
+    c = sub.add_parser("cost", help="training FLOPs and upload of freezing (FreezeFL, FedSeq)")
+    c.add_argument("config")
+    c.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--participants", action="store_true", help="count r*N clients a round")
+    c.add_argument("--samples-per-client", type=int, default=None, help="default: 500")
+    c.add_argument("--out", default=None, help="write DIR/cost.png and DIR/cost.json")
+    c.set_defaults(func=cmd_cost)
     return p
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from fedbug.algorithms import Algorithm, LocalCtx
+from fedbug.flops import training_flops
 from fedbug.policies import FreezePolicy, StepCtx
 from fedbug.seeding import torch_generator
 from fedbug.units import ParamSpace
@@ -100,6 +100,13 @@ class ClientRuntime:
         self.prepare = prepare
         self.augment = augment
         self.flat = space.bind(model)
+        layout = algorithm.layout
+        self.extra_units: tuple[int, ...] = layout.extra if layout is not None else ()
+        if self.extra_units and self.extra_units != tuple(
+            range(space.num_units - len(self.extra_units), space.num_units)
+        ):
+            raise ValueError("units an algorithm adds to the model must come last")
+        self.policy_units = space.num_units - len(self.extra_units)
         self.grad = torch.zeros(space.total)
         self.unit_params: list[list[tuple[nn.Parameter, Tensor]]] = [[] for _ in space.units]
         for name, is_param, off, n, shape, u in zip(
@@ -143,14 +150,8 @@ class ClientRuntime:
         units = tuple(units)
         key = (units, len(y))
         if key not in self._flops:
-            m = self.flop_model
-            for u, unit in enumerate(self.space.units):
-                for name in unit.params:
-                    m.get_parameter(name).requires_grad_(u in units)
-            with FlopCounterMode(display=False) as counter:
-                self.algorithm.loss(m(x), y).backward()
-            m.zero_grad(set_to_none=True)
-            self._flops[key] = int(counter.get_total_flops())
+            names = [name for u in units for name in self.space.units[u].params]
+            self._flops[key] = training_flops(self.flop_model, names, x, y, self.algorithm.loss)
         return self._flops[key]
 
     def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
@@ -174,6 +175,7 @@ def train_client(
     rt.flat.copy_(weights)
     load_local_parts(rt.flat, state, space)
     n = len(data)
+    alg.begin_client(data.y)
     local_steps, per_epoch = alg.local_step_count(n, settings)
     gen = torch_generator(task.seed, "client", task.round, task.client)
     opt = rt.make_optimizer(task.lr)
@@ -182,6 +184,7 @@ def train_client(
     regions: list[slice] = []
     ctx: LocalCtx | None = None
     loss_sum = torch.zeros(())
+    idle = 0
     flops = 0
     perm = torch.empty(0, dtype=torch.long)
     for k in range(1, local_steps + 1):
@@ -193,11 +196,16 @@ def train_client(
         if rt.augment is not None:
             x = rt.augment(x, gen)
         x = rt.prepare(x)
-        step = StepCtx(k, local_steps, space.num_units, task.round, task.client, task.rounds)
-        units = tuple(rt.policy.trainable_units(step))
+        # Freeze policies see the model's own units; units an algorithm adds (FedROD's personal
+        # head, traced last) are the algorithm's to freeze.
+        step = StepCtx(k, local_steps, rt.policy_units, task.round, task.client, task.rounds)
+        units = tuple(rt.policy.trainable_units(step)) + rt.extra_units
         allowed = alg.allowed_units(k, local_steps, per_epoch)
         if allowed is not None:
             units = tuple(u for u in units if u in set(allowed))
+        if not units:  # the policy and the algorithm leave nothing to train: an idle step
+            idle += 1
+            continue
         if units != current:
             current = units
             regions = rt.set_trainable(units)
@@ -247,7 +255,7 @@ def train_client(
     uploaded = [t and u in shared for u, t in enumerate(trained)]
     trained_params = sum(c for c, t in zip(space.unit_param_numel, trained) if t)
     metrics = {
-        "train_loss": float(loss_sum) / local_steps,
+        "train_loss": float(loss_sum) / max(1, local_steps - idle),
         "steps": local_steps,
         "flops": flops,
         "trained_params": trained_params,

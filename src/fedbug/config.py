@@ -39,7 +39,10 @@ class BaseConfig(BaseModel):
         1.0, gt=0.0, le=1.0, description="share of the training set kept (CPU-scale twins)"
     )
     num_clients: int = Field(20, ge=1, le=10_000_000)
-    partition: Literal["iid", "dirichlet", "natural"] = "dirichlet"
+    partition: Literal["iid", "dirichlet", "dirichlet_classwise", "natural"] = "dirichlet"
+    min_client_samples: int = Field(
+        10, ge=0, le=1_000_000, description="dirichlet_classwise redraws until each has this many"
+    )
     alpha: float = Field(0.3, gt=0.0, le=1e9, description="Dirichlet concentration")
     unbalanced_sigma: float = Field(0.0, ge=0.0, le=10.0)
     augment: str = Field("auto", description="auto (the data set's own), none, flip, crop_flip")
@@ -65,17 +68,33 @@ class BaseConfig(BaseModel):
     momentum: float = Field(0.0, ge=0.0, lt=1.0)
     clip_grad_norm: float | None = Field(None, gt=0.0)
     # federation
+    method: str | None = Field(None, description="a preset (see config.PRESETS) or algorithm")
     algorithm: str = "fedavg"
     global_lr: float = Field(1.0, gt=0.0, le=1e3)
     policy: str = "none"
     gu_ratio: float = Field(0.0, ge=0.0, le=1.0, description="FedBug's P")
     fixed_units: int = Field(1, ge=1, le=10_000)
+    schedule: Literal["none", "vanilla", "anti"] = Field(
+        "none", description="FedSeq round schedule of the base sub-layers"
+    )
+    unfreeze_rounds: list[int] | None = Field(
+        None, description="FedSeq's t_1..t_K (default floor((k-1)T/K))"
+    )
     participation: float = Field(0.1, gt=0.0, le=1.0)
     clients_per_round: int | None = Field(None, ge=1)
     selection: Literal["bernoulli", "uniform"] | None = None
     weighting: Literal["samples", "uniform"] = "samples"
     # evaluation and output
-    evaluation: Literal["global", "mean_of_local_models"] = "global"
+    evaluation: Literal["global", "mean_of_local_models", "personalized"] = "global"
+    pfl_test: Literal["matched", "holdout"] = Field(
+        "matched", description="personalized test sets: official test set dealt, or held out"
+    )
+    test_fraction: float = Field(
+        0.25, gt=0.0, lt=1.0, description="share of each client's train part held out (holdout)"
+    )
+    finetune_epochs: int = Field(10, ge=0, le=10_000, description="personalized: F")
+    finetune_lr: float | None = Field(None, gt=0.0, le=1e6, description="default: lr")
+    finetune_momentum: float = Field(0.0, ge=0.0, lt=1.0)
     eval_every: int = Field(1, ge=1)
     eval_batch_size: int = Field(500, ge=1, le=1_000_000)
     checkpoint_every: int = Field(10, ge=1)
@@ -198,9 +217,41 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), parse_value(value)
 
 
+# ``method:`` presets: a name -> the keys it sets. Keys the config sets itself win. A method that
+# is an algorithm's name just selects that algorithm.
+PRESETS: dict[str, dict[str, Any]] = {
+    "fedseq-vanilla": {"algorithm": "fedbabu", "schedule": "vanilla", "evaluation": "personalized"},
+    "fedseq-anti": {"algorithm": "fedbabu", "schedule": "anti", "evaluation": "personalized"},
+}
+
+
+def apply_method(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document with its ``method`` preset's keys filled in where the document is silent."""
+    method = doc.get("method")
+    if method is None:
+        return doc
+    if not isinstance(method, str):
+        raise ConfigError(f"method must be a name; got {method!r}")
+    if method in PRESETS:
+        preset = PRESETS[method]
+    elif method in ALGORITHMS:
+        preset = {"algorithm": method}
+    else:
+        raise ConfigError(_unknown("method", method, sorted([*PRESETS, *ALGORITHMS.names()])))
+    return _merge(preset, doc)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def validate(doc: Any) -> BaseConfig:
     if not isinstance(doc, dict):
         raise ConfigError(f"a config must be a mapping of keys to values, not {type(doc).__name__}")
+    doc = apply_method(doc)
     try:
         return Config.model_validate(doc)
     except ValidationError as e:

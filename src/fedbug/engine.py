@@ -26,13 +26,25 @@ from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings
 from fedbug.config import BaseConfig, config_hash, resolve
 from fedbug.data import FederatedDataset, load_dataset, partition, partition_summary
 from fedbug.data.augment import AUGMENTATIONS
+from fedbug.data.partition import client_test_split
+from fedbug.data.partition_plot import plot_partition
 from fedbug.errors import CheckpointError, ConfigError
 from fedbug.evaluate import Evaluator
 from fedbug.executors import SequentialExecutor
 from fedbug.layout import build_layout
 from fedbug.models import build_model
+from fedbug.pfl import (
+    FinetuneSettings,
+    PersonalizedEvaluator,
+    clients_csv,
+    pfl_summary,
+    plot_clients,
+)
+from fedbug.pfl import summarise as summarise_scores
 from fedbug.policies import StepCtx, build_policy
-from fedbug.results import RunDir, environment, plot_run
+from fedbug.policies.base import Intersection
+from fedbug.policies.schedule import RoundSchedule
+from fedbug.results import RunDir, atomic_write_text, environment, plot_run
 from fedbug.seeding import derive_seed, numpy_rng
 from fedbug.selection import SELECTIONS
 from fedbug.units import ParamSpace, find_units, traced_module_order
@@ -74,14 +86,21 @@ class Experiment:
                 cfg.seed,
                 cfg.unbalanced_sigma,
                 ds.num_classes,
+                cfg.min_client_samples,
             )
+        # Per-client test sets (personalized evaluation only): test_parts[i] indexes
+        # self.dataset.test_x / test_y. See personal_test_sets.
+        self.test_parts: list[Tensor] | None = None
+        if cfg.evaluation == "personalized":
+            self.parts, self.test_parts, ds = personal_test_sets(ds, self.parts, cfg)
+            self.dataset = ds
         self.num_clients = len(self.parts)
         blocks = {name: getattr(cfg, name) for name in type(cfg).model_fields}
         self.algorithm: Algorithm = build_algorithm(cfg.algorithm, cfg.global_lr, blocks)
-        if cfg.evaluation == "global" and not self.algorithm.has_global_model:
+        if cfg.evaluation != "personalized" and not self.algorithm.has_global_model:
             raise ConfigError(
                 f"{cfg.algorithm} keeps part of every model on its client, so there is no global "
-                "model to evaluate; use evaluation: personalized"
+                f"model to evaluate (evaluation: {cfg.evaluation}); use evaluation: personalized"
             )
         example = ds.prepare(ds.train_x[:2])
         model = self._build_model(model)
@@ -96,6 +115,19 @@ class Experiment:
         self.policy = build_policy(cfg.policy, gu_ratio=cfg.gu_ratio, fixed_units=cfg.fixed_units)
         if not len(self.policy.trainable_units(StepCtx(1, 1, self.space.num_units))):
             raise ConfigError(f"policy {cfg.policy!r} trains no unit of this model")
+        self.schedule: RoundSchedule | None = None
+        if cfg.schedule != "none":
+            self.schedule = RoundSchedule.build(
+                cfg.schedule, self.layout.sublayers, cfg.rounds, cfg.unfreeze_rounds
+            )
+            self.policy = Intersection((self.policy, self.schedule))
+            for t in sorted({t + 1 for t in self.schedule.unfreeze_rounds}):
+                ctx = StepCtx(1, 1, self.space.num_units, t, 0, cfg.rounds)
+                if not len(self.policy.trainable_units(ctx)):
+                    raise ConfigError(
+                        f"policy {cfg.policy!r} under schedule {cfg.schedule!r} trains no unit "
+                        f"in round {t}; use another policy or schedule"
+                    )
         sel = cfg.resolved_selection()
         self.selection = (
             SELECTIONS.get(sel)(cfg.clients_per_round)
@@ -116,6 +148,18 @@ class Experiment:
         self.sizes = sizes
         self.mean_samples = sum(sizes) / len(sizes)
         self.evaluator = Evaluator(self.template, self.space, ds, cfg.eval_batch_size)
+        self.personal: PersonalizedEvaluator | None = None
+        if self.test_parts is not None:
+            self.personal = PersonalizedEvaluator(
+                self.template,
+                self.space,
+                self.algorithm,
+                ds,
+                self.parts,
+                self.test_parts,
+                cfg.eval_batch_size,
+                self.augmentation(),
+            )
 
     def _build_model(self, model: ModelSource) -> nn.Module:
         ds, cfg = self.dataset, self.cfg
@@ -139,8 +183,11 @@ class Experiment:
         idx = self.parts[client]
         return ClientData(self.dataset.train_x[idx], self.dataset.train_y[idx])
 
-    def make_runtime(self) -> ClientRuntime:
+    def augmentation(self) -> Callable[[Tensor, torch.Generator], Tensor] | None:
         name = self.dataset.augmentation if self.cfg.augment == "auto" else self.cfg.augment
+        return AUGMENTATIONS.get(name)
+
+    def make_runtime(self) -> ClientRuntime:
         return ClientRuntime(
             copy.deepcopy(self.template),
             self.space,
@@ -148,7 +195,7 @@ class Experiment:
             self.algorithm,
             self.settings,
             self.dataset.prepare,
-            AUGMENTATIONS.get(name),
+            self.augmentation(),
             self.classifier,
         )
 
@@ -208,6 +255,36 @@ def natural_clients(
         natural_test_clients=renumbered,
     )
     return parts, cut
+
+
+def personal_test_sets(
+    ds: FederatedDataset, parts: list[Tensor], cfg: BaseConfig
+) -> tuple[list[Tensor], list[Tensor], FederatedDataset]:
+    """Each client's test set for ``evaluation: personalized``: (train parts, test parts, data
+    set), the test parts indexing the returned data set's ``test_x`` / ``test_y``.
+
+    * natural partitions with per-client test samples: the data set's ``natural_test_clients``;
+    * ``pfl_test: matched``: the official test set dealt after each client's train classes
+      (:func:`fedbug.data.partition.client_test_split`; test samples of classes no client holds
+      stay unused but remain in the data set's test set, which global evaluation still uses);
+    * ``pfl_test: holdout``: ``test_fraction`` of each client's train part, stratified per class,
+      moves to its test part, and the data set's test set BECOMES those held-out train samples
+      (concatenated client by client, so client i's are one contiguous block): the official test
+      set is not used at all. The train tensors are kept whole; held-out samples are in no train
+      part.
+    """
+    if cfg.partition == "natural" and ds.natural_test_clients is not None:
+        return parts, list(ds.natural_test_clients), ds
+    split = client_test_split(
+        ds.train_y, parts, ds.test_y, cfg.pfl_test, cfg.seed, cfg.test_fraction, ds.num_classes
+    )
+    if split.test_source == "test":
+        return split.train_parts, split.test_parts, ds
+    held = torch.cat(split.test_parts) if split.test_parts else torch.zeros(0, dtype=torch.long)
+    starts = np.cumsum([0] + [len(t) for t in split.test_parts])
+    renumbered = [torch.arange(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+    out = dataclasses.replace(ds, test_x=ds.train_x[held], test_y=ds.train_y[held])
+    return split.train_parts, renumbered, out
 
 
 class ClientStates:
@@ -319,7 +396,26 @@ def run_experiment(
                         exp.parts, exp.dataset.train_y, exp.dataset.num_classes
                     ),
                     "clients": [p.tolist() for p in exp.parts],
+                    **(
+                        {
+                            "test_summary": partition_summary(
+                                exp.test_parts, exp.dataset.test_y, exp.dataset.num_classes
+                            ),
+                            "test_clients": [p.tolist() for p in exp.test_parts],
+                        }
+                        if exp.test_parts is not None
+                        else {}
+                    ),
                 },
+            )
+            plot_partition(
+                exp.parts,
+                exp.dataset.train_y,
+                exp.dataset.num_classes,
+                rd.path / "partition.png",
+                f"{cfg.name}: {cfg.partition} partition (seed {cfg.seed})",
+                test_parts=exp.test_parts,
+                test_labels=exp.dataset.test_y if exp.test_parts is not None else None,
             )
     t_run = time.perf_counter()
     last_round = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
@@ -347,30 +443,23 @@ def run_experiment(
                     local_mean.update(res.client, weights + res.delta)
             step = exp.algorithm.server_update(weights, agg, server_state, r, exp.num_clients)
             weights, server_state = step.weights, step.state
-            test_acc = test_loss = None
-            extra_eval: dict[str, Any] = {}
+            evaluated: dict[str, Any] = {"test_acc": None, "test_loss": None}
             t_eval = 0.0
             if r % cfg.eval_every == 0 or r == cfg.rounds:
                 t_eval = time.perf_counter()
-                if local_mean is not None:
-                    test_acc, test_loss = exp.evaluator.evaluate(local_mean.mean())
-                    acc_s, loss_s = exp.evaluator.evaluate(step.eval_weights)
-                    extra_eval = {"test_acc_server": acc_s, "test_loss_server": loss_s}
-                else:
-                    test_acc, test_loss = exp.evaluator.evaluate(step.eval_weights)
+                evaluated = evaluate_round(exp, step.eval_weights, local_mean, states)
                 t_eval = time.perf_counter() - t_eval
             n = len(results)
             record: dict[str, Any] = {
                 "round": r,
-                "test_acc": test_acc,
-                "test_loss": test_loss,
-                **extra_eval,
+                **evaluated,
                 "train_loss": sum(x.metrics["train_loss"] for x in results) / n,
                 "clients": [x.client for x in results],
                 "num_clients": n,
                 "lr": exp.lr_at(r),
                 "trained_params": sum(x.metrics["trained_params"] for x in results) / n,
-                "bytes_down": n * model_bytes,
+                "bytes_down": n * round_bytes(exp, shared, r, model_bytes),
+                "trained_sublayers": trained_sublayers(exp, r),
                 "bytes_up": sum(x.metrics["bytes_up"] for x in results),
                 "flops": sum(x.metrics["flops"] for x in results),
                 "client_drift": agg.client_drift(),
@@ -398,11 +487,80 @@ def run_experiment(
     finally:
         executor.close()
     summary = make_summary(cfg, records, chash, time.perf_counter() - t_run, exp)
-    if rd is not None and (not records or records[-1]["round"] == cfg.rounds):
+    completed = bool(records) and records[-1]["round"] == cfg.rounds
+    if completed and exp.personal is not None:
+        summary["pfl"] = personalize(exp, weights, states, rd)
+    if rd is not None and (not records or completed):
         rd.write_json("summary.json", summary)
         if records:
             plot_run(records, rd.path / "accuracy.png", f"{cfg.name} (seed {cfg.seed})")
     return RunResult(rd.path if rd else None, records, summary, weights)
+
+
+def evaluate_round(
+    exp: Experiment, eval_weights: Tensor, local_mean: LocalModelMean | None, states: ClientStates
+) -> dict[str, Any]:
+    """The round's test figures for the config's ``evaluation``."""
+    if exp.personal is not None:
+        scores = exp.personal.evaluate(eval_weights, states.get)
+        figures = summarise_scores(scores)
+        return {
+            "test_acc": figures["mean"],
+            "test_loss": None,
+            "acc_client_mean": figures["mean"],
+            "acc_client_std": figures["std"],
+            "acc_client_weighted": figures["weighted"],
+        }
+    if local_mean is not None:
+        acc, loss = exp.evaluator.evaluate(local_mean.mean())
+        acc_s, loss_s = exp.evaluator.evaluate(eval_weights)
+        return {
+            "test_acc": acc,
+            "test_loss": loss,
+            "test_acc_server": acc_s,
+            "test_loss_server": loss_s,
+        }
+    acc, loss = exp.evaluator.evaluate(eval_weights)
+    return {"test_acc": acc, "test_loss": loss}
+
+
+def personalize(
+    exp: Experiment, weights: Tensor, states: ClientStates, rd: RunDir | None
+) -> dict[str, Any]:
+    """After the last round: every client's accuracy before and after fine-tuning on its own
+    data (FedSeq Algorithm 1, lines 20-26); writes clients.csv and clients.png."""
+    cfg = exp.cfg
+    before = exp.personal.evaluate(weights, states.get)
+    settings = FinetuneSettings(
+        epochs=cfg.finetune_epochs,
+        lr=cfg.finetune_lr if cfg.finetune_lr is not None else cfg.lr,
+        momentum=cfg.finetune_momentum,
+        weight_decay=cfg.weight_decay,
+        batch_size=cfg.batch_size,
+    )
+    after = exp.personal.finetune(weights, states.get, settings, cfg.seed)
+    block = pfl_summary(before, after)
+    if rd is not None:
+        atomic_write_text(rd.path / "clients.csv", clients_csv(block))
+        plot_clients(block, rd.path / "clients.png", f"{cfg.name}: each client's own accuracy")
+    return block
+
+
+def round_bytes(exp: Experiment, shared: set[int], round: int, model_bytes: int) -> int:
+    """Bytes a client downloads: the shared units, less (under a FedSeq schedule) the base
+    sub-layers not yet unfrozen, whose initial values every client already holds."""
+    if exp.schedule is None:
+        return model_bytes
+    sent = set(exp.schedule.round_units(round)) | (shared - exp.schedule.base_units)
+    return exp.space.bytes_of([u in shared and u in sent for u in range(exp.space.num_units)])
+
+
+def trained_sublayers(exp: Experiment, round: int) -> list[int]:
+    """The base sub-layers (1-based, input to output) scheduled in ``round``: all without a
+    schedule."""
+    if exp.schedule is None:
+        return list(range(1, len(exp.layout.sublayers) + 1))
+    return exp.schedule.trained_sublayers(round)
 
 
 def make_summary(

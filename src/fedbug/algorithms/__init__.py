@@ -1,6 +1,17 @@
 """Algorithms, one file each; importing this package registers them all."""
 
-from fedbug.algorithms import fedavg, feddecorr, feddyn, fedexp, fedprox  # noqa: F401
+from fedbug.algorithms import (  # noqa: F401  (registration)
+    fedavg,
+    fedbabu,
+    feddecorr,
+    feddyn,
+    fedexp,
+    fedper,
+    fedprox,
+    fedrep,
+    fedrod,
+    lg_fedavg,
+)
 from fedbug.algorithms.base import (
     ALGORITHMS,
     Algorithm,

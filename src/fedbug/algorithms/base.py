@@ -114,6 +114,11 @@ class Algorithm:
         k = settings.local_steps if settings.local_steps else settings.local_epochs * per_epoch
         return k, per_epoch
 
+    def begin_client(self, y: Tensor) -> None:
+        """Called before a client's local training with the labels of its training samples
+        (FedROD counts its classes); nothing by default."""
+        return None
+
     # -- the model and its loss ----------------------------------------------------------
     def wrap_model(self, model: nn.Module, classifier: str) -> nn.Module:
         """A model with the algorithm's own parts added (FedROD's personal head)."""

@@ -6,6 +6,9 @@ Follows Acar et al.'s FedDyn code (which FedBug builds on), seeded and vectorise
   ``unbalanced_sigma > 0``, ``lognormal(log(n / N), sigma)`` scaled to sum to ``n`` with every
   client holding at least one sample;
 * ``"iid"``: a random permutation cut into those sizes;
+* ``"dirichlet_classwise"`` (PFLlib's and FedSeq's ``dir``): per class, shares over the clients
+  from ``Dir(alpha * ones(N))``, clients already holding ``n / N`` samples closed, the whole
+  draw repeated until every client holds ``min_client_samples`` (:func:`_classwise_counts`);
 * ``"dirichlet"``: every client draws class priors from ``Dir(alpha * ones(C))``; samples are
   dealt one at a time to a uniformly random client that still has room, the class drawn from
   that client's priors. When a class runs out it is removed from every prior and the priors are
@@ -19,12 +22,16 @@ draws for full clients discarded, generated a block at a time; between two class
 the class draws are i.i.d. given the client, so each block of them is drawn at once and cut at
 the first exhaustion (at most ``C`` blocks). All randomness comes from
 ``fedbug.seeding.numpy_rng(seed, "partition")``.
+
+:func:`client_test_split` gives each client its own test set for personalized evaluation
+(``matched``: the official test set dealt after the clients' train distributions; ``holdout``:
+a stratified share of each client's own train part).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -33,8 +40,10 @@ from torch import Tensor
 from fedbug.errors import ConfigError
 from fedbug.seeding import numpy_rng
 
-Scheme = Literal["iid", "dirichlet"]
-SCHEMES: tuple[str, ...] = ("iid", "dirichlet")
+Scheme = Literal["iid", "dirichlet", "dirichlet_classwise"]
+SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "dirichlet_classwise")
+#: Whole-partition redraws ``"dirichlet_classwise"`` tries before giving up.
+CLASSWISE_MAX_TRIES = 1000
 
 
 def _labels_array(labels: Tensor | np.ndarray) -> np.ndarray:
@@ -139,6 +148,75 @@ def _group(owner: np.ndarray, samples: np.ndarray, num_clients: int) -> list[Ten
     return [torch.from_numpy(part) for part in np.split(sorted_samples, bounds)]
 
 
+def _classwise_counts(
+    class_counts: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    min_size: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Client x class sample counts of ``"dirichlet_classwise"`` (PFLlib's ``dir`` split).
+
+    Classes are dealt in label order. Class ``c``'s shares over the clients are drawn from
+    ``Dir(alpha * ones(N))``; a client already holding ``>= n / N`` samples is closed (share
+    zero, the others renormalised) and the class's ``n_c`` samples are cut at
+    ``floor(cumsum(shares) * n_c)``, as PFLlib does. (Should every open client's share underflow
+    to zero, the class is shared evenly over the open clients; some client is always open, as
+    the samples dealt so far number fewer than ``n``.) A client is therefore open before the
+    last class it receives, so it ends with **fewer than** ``n / N + max_c n_c`` samples.
+    The whole draw is repeated, with fresh draws from ``rng``, until every client holds at least
+    ``min_size`` samples; after :data:`CLASSWISE_MAX_TRIES` tries it is a ``ConfigError``.
+    """
+    num_classes = len(class_counts)
+    cap = int(class_counts.sum()) / num_clients
+    for _ in range(CLASSWISE_MAX_TRIES):
+        shares = np.nan_to_num(
+            rng.dirichlet(np.full(num_clients, float(alpha)), size=num_classes), nan=0.0
+        )
+        counts = np.zeros((num_clients, num_classes), dtype=np.int64)
+        held = np.zeros(num_clients, dtype=np.int64)
+        for c in range(num_classes):
+            k = int(class_counts[c])
+            if k == 0:
+                continue
+            open_ = held < cap
+            p = shares[c] * open_
+            total = p.sum()
+            if not total > 0:
+                p, total = open_.astype(np.float64), float(open_.sum())
+            cuts = np.minimum(np.floor(np.cumsum(p / total) * k).astype(np.int64), k)
+            cuts[np.flatnonzero(p > 0)[-1] :] = k  # rounding never hands a closed client more
+            got = np.diff(cuts, prepend=0)
+            counts[:, c] = got
+            held += got
+        if held.min() >= min_size:
+            return counts
+    raise ConfigError(
+        f"dirichlet_classwise gave some client fewer than min_client_samples={min_size} samples "
+        f"in {CLASSWISE_MAX_TRIES} draws; lower min_client_samples or raise alpha (now {alpha})"
+    )
+
+
+def _deal_counts(y: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> list[Tensor]:
+    """Index tensors with ``counts[i, c]`` samples of class ``c`` for client ``i``, which samples
+    of a class go to which client uniformly at random (a seeded shuffle, then cut in order)."""
+    num_clients = counts.shape[0]
+    perm = rng.permutation(len(y))
+    by_class = perm[np.argsort(y[perm], kind="stable")]
+    owner = np.repeat(np.tile(np.arange(num_clients), counts.shape[1]), counts.T.ravel())
+    return _group(owner, by_class, num_clients)
+
+
+def _group_indices(owner: np.ndarray, samples: np.ndarray, num_clients: int) -> list[Tensor]:
+    """Like :func:`_group` for any distinct non-negative ``samples`` (not only a permutation)."""
+    order = np.lexsort((samples, owner))
+    bounds = np.cumsum(np.bincount(owner, minlength=num_clients))[:-1]
+    return [
+        torch.from_numpy(np.ascontiguousarray(part, dtype=np.int64))
+        for part in np.split(samples[order], bounds)
+    ]
+
+
 def partition(
     labels: Tensor,
     num_clients: int,
@@ -147,12 +225,15 @@ def partition(
     seed: int,
     unbalanced_sigma: float = 0.0,
     num_classes: int | None = None,
+    min_client_samples: int = 10,
 ) -> list[Tensor]:
     """Split ``range(len(labels))`` over ``num_clients`` clients; see the module docstring.
 
     Returns one sorted int64 index tensor per client; every sample belongs to exactly one
     client. ``alpha`` is the Dirichlet concentration (ignored for ``"iid"``); ``num_classes``
-    defaults to ``max(labels) + 1``. Invalid arguments raise ``ConfigError``.
+    defaults to ``max(labels) + 1``. ``min_client_samples`` applies to
+    ``"dirichlet_classwise"`` only (see :func:`_classwise_counts`), which sizes clients itself and
+    so refuses ``unbalanced_sigma > 0``. Invalid arguments raise ``ConfigError``.
     """
     y = _labels_array(labels)
     n = len(y)
@@ -167,7 +248,7 @@ def partition(
         )
     if not math.isfinite(unbalanced_sigma) or unbalanced_sigma < 0:
         raise ConfigError(f"unbalanced_sigma must be >= 0, got {unbalanced_sigma}")
-    if scheme == "dirichlet" and not (math.isfinite(alpha) and alpha > 0):
+    if scheme != "iid" and not (math.isfinite(alpha) and alpha > 0):
         raise ConfigError(f"dirichlet alpha must be a positive number, got {alpha}")
     observed = int(y.max()) + 1 if n else 0
     if num_classes is None:
@@ -178,6 +259,23 @@ def partition(
         )
 
     rng = numpy_rng(seed, "partition")
+    if scheme == "dirichlet_classwise":
+        if unbalanced_sigma != 0:
+            raise ConfigError(
+                "unbalanced_sigma does not apply to dirichlet_classwise (its Dirichlet draws set "
+                "the client sizes); set unbalanced_sigma: 0 or use partition: dirichlet"
+            )
+        if isinstance(min_client_samples, bool) or int(min_client_samples) != min_client_samples:
+            raise ConfigError(f"min_client_samples must be an integer, got {min_client_samples!r}")
+        if not 0 <= min_client_samples <= n // num_clients:
+            raise ConfigError(
+                f"min_client_samples={min_client_samples} cannot hold: {num_clients} clients "
+                f"share {n} samples; use a value between 0 and {n // num_clients}"
+            )
+        counts = _classwise_counts(
+            np.bincount(y, minlength=num_classes), num_clients, alpha, int(min_client_samples), rng
+        )
+        return _deal_counts(y, counts, rng)
     sizes = client_sizes(n, num_clients, unbalanced_sigma, rng)
     if scheme == "iid":
         owner = np.repeat(np.arange(num_clients), sizes)
@@ -231,3 +329,132 @@ def partition_summary(
             "classes_per_client_mean": float(classes_held.mean()) if len(sizes) else 0.0,
         },
     }
+
+
+TestScheme = Literal["matched", "holdout"]
+TEST_SCHEMES: tuple[str, ...] = ("matched", "holdout")
+
+
+class ClientTestSplit(NamedTuple):
+    """Per-client train and test index tensors (sorted int64), from :func:`client_test_split`.
+
+    ``train_parts[i]`` always indexes the TRAIN tensors. ``test_parts[i]`` indexes the tensors
+    named by ``test_source``: ``"test"`` (scheme ``matched``: the official test set, i.e. the
+    ``test_labels`` given) or ``"train"`` (scheme ``holdout``: the train tensors, the samples
+    held out of the client's own train part).
+    """
+
+    train_parts: list[Tensor]
+    test_parts: list[Tensor]
+    test_source: Literal["test", "train"]
+
+
+def _add_largest_remainders(
+    base: np.ndarray, frac: np.ndarray, totals: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """``base`` (rows x cols) plus one in each row's ``totals - base.sum(1)`` entries with the
+    largest ``frac`` (ties in a random order): the largest-remainder rounding of ``base + frac``."""
+    rows, cols = base.shape
+    extra = np.clip(totals - base.sum(axis=1), 0, cols)
+    row = np.repeat(np.arange(rows), cols)
+    order = np.lexsort((rng.random(rows * cols), -frac.ravel(), row))
+    rank = np.empty(rows * cols, dtype=np.int64)
+    rank[order] = np.arange(rows * cols) % max(cols, 1)
+    return base + (rank < extra[row]).reshape(rows, cols)
+
+
+def client_test_split(
+    train_labels: Tensor,
+    parts: list[Tensor],
+    test_labels: Tensor | None,
+    scheme: TestScheme,
+    seed: int,
+    test_fraction: float = 0.25,
+    num_classes: int | None = None,
+) -> ClientTestSplit:
+    """Each client's own test set, for personalized evaluation; never merges train and test.
+
+    * ``"matched"``: the official test set (``test_labels``) dealt to the clients after their
+      train distributions. Class ``c``'s ``m_c`` test samples are shared in proportion to the
+      clients' class-``c`` train counts ``a_ic``, rounded by largest remainder (ties at random),
+      so client ``i`` gets ``floor`` or ``ceil`` of ``m_c * a_ic / sum_j a_jc`` of them: within
+      one of its exact share. Each test sample goes to at most one client. Every test sample of
+      a class some client trains on is used; those of a class no client holds (a class absent
+      from the train set, or a subset of natural clients) are left unused. Train parts are
+      returned unchanged; ``test_source == "test"``.
+    * ``"holdout"``: no official split is used. Each client's train part is split per class:
+      of its ``k_c`` samples of class ``c``, ``floor`` or ``ceil`` of ``test_fraction * k_c``
+      (largest remainder within the client, ties at random) move to its test part, which holds
+      ``round(test_fraction * n_i)`` samples in all but at most ``n_i - 1`` (a client keeps one
+      training sample; a tiny client may get an empty test part). Which samples of a class move
+      is uniformly random. The train parts shrink; ``test_source == "train"``.
+
+    Randomness comes from ``numpy_rng(seed, "client-test-split", scheme)``.
+    """
+    if scheme not in TEST_SCHEMES:
+        raise ConfigError(f"unknown pfl_test {scheme!r}; use one of {', '.join(TEST_SCHEMES)}")
+    if not (math.isfinite(test_fraction) and 0 < test_fraction < 1):
+        raise ConfigError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction}")
+    y = _labels_array(train_labels)
+    yt = _labels_array(test_labels) if test_labels is not None else np.zeros(0, dtype=np.int64)
+    if scheme == "matched" and test_labels is None:
+        raise ConfigError("pfl_test: matched needs the test labels; use pfl_test: holdout")
+    if num_classes is None:
+        num_classes = int(max(y.max(initial=-1), yt.max(initial=-1))) + 1
+    for name, lab in (("train", y), ("test", yt)):
+        if lab.size and (lab.min() < 0 or lab.max() >= num_classes):
+            raise ConfigError(f"{name} labels must lie in 0..{num_classes - 1}")
+    num_clients = len(parts)
+    sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    samples = (
+        np.concatenate([np.asarray(p, dtype=np.int64).reshape(-1) for p in parts])
+        if num_clients
+        else np.zeros(0, dtype=np.int64)
+    )
+    if samples.size and (samples.min() < 0 or samples.max() >= len(y)):
+        raise ConfigError(f"client parts must index the {len(y)} training samples")
+    if samples.size and np.bincount(samples).max() > 1:
+        raise ConfigError("client parts overlap; each training sample may belong to one client")
+    owner = np.repeat(np.arange(num_clients), sizes)
+    train_counts = np.bincount(
+        owner * num_classes + y[samples], minlength=num_clients * num_classes
+    ).reshape(num_clients, num_classes)
+    rng = numpy_rng(seed, "client-test-split", scheme)
+
+    if scheme == "matched":
+        held = train_counts.sum(axis=0)  # per class
+        m = np.bincount(yt, minlength=num_classes)
+        num = (m[:, None] * train_counts.T).astype(np.int64)  # classes x clients
+        safe = np.maximum(held, 1)[:, None]
+        deal = _add_largest_remainders(
+            num // safe, (num % safe) / safe, np.where(held > 0, m, 0), rng
+        )
+        perm = rng.permutation(len(yt))
+        by_class = perm[np.argsort(yt[perm], kind="stable")]
+        used = by_class[held[yt[by_class]] > 0]
+        test_owner = np.repeat(np.tile(np.arange(num_clients), num_classes), deal.ravel())
+        test_parts = _group_indices(test_owner, used, num_clients)
+        return ClientTestSplit([p.clone() for p in _as_long(parts)], test_parts, "test")
+
+    quota = test_fraction * train_counts
+    base = np.floor(quota + 1e-9).astype(np.int64)
+    totals = np.minimum(
+        np.floor(test_fraction * sizes + 0.5 + 1e-9).astype(np.int64), np.maximum(sizes - 1, 0)
+    )
+    deal = np.minimum(
+        _add_largest_remainders(base, np.clip(quota - base, 0.0, None), totals, rng),
+        train_counts,
+    )
+    key = owner * num_classes + y[samples]
+    perm = rng.permutation(len(samples))
+    order = perm[np.argsort(key[perm], kind="stable")]
+    group_count = np.bincount(key, minlength=num_clients * num_classes)
+    rank = np.arange(len(order)) - (np.cumsum(group_count) - group_count)[key[order]]
+    is_test = rank < deal.ravel()[key[order]]
+    train_parts = _group_indices(owner[order][~is_test], samples[order][~is_test], num_clients)
+    test_parts = _group_indices(owner[order][is_test], samples[order][is_test], num_clients)
+    return ClientTestSplit(train_parts, test_parts, "train")
+
+
+def _as_long(parts: list[Tensor]) -> list[Tensor]:
+    return [torch.as_tensor(p, dtype=torch.int64).reshape(-1) for p in parts]

@@ -1,0 +1,215 @@
+"""Personalized evaluation (FedSeq Sec. 3, Algorithm 1 lines 20-26; FedBABU).
+
+Every client (all N, not only the round's participants) is evaluated on its own test split with
+its own model: the current shared parts plus its local parts (initial until first selected).
+After the last round each client alone fine-tunes ALL its parameters for ``finetune_epochs``
+epochs on its train split, touching no other client nor the global model, and is evaluated again.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedbug.algorithms import Algorithm
+from fedbug.client import load_local_parts
+from fedbug.data import FederatedDataset
+from fedbug.seeding import torch_generator
+from fedbug.units import ParamSpace
+
+
+@dataclass(frozen=True)
+class FinetuneSettings:
+    epochs: int = 10
+    lr: float = 0.005
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    batch_size: int = 10
+
+
+@dataclass
+class ClientScore:
+    client: int
+    n_train: int
+    n_test: int
+    correct: int
+
+    @property
+    def acc(self) -> float | None:
+        return self.correct / self.n_test if self.n_test else None
+
+
+def summarise(scores: list[ClientScore]) -> dict[str, float | None]:
+    """mean and std over clients with test samples; weighted = sum correct / sum n_test."""
+    accs = [s.acc for s in scores if s.acc is not None]
+    total = sum(s.n_test for s in scores)
+    return {
+        "mean": statistics.fmean(accs) if accs else None,
+        "std": statistics.pstdev(accs) if len(accs) > 1 else (0.0 if accs else None),
+        "weighted": sum(s.correct for s in scores) / total if total else None,
+    }
+
+
+class PersonalizedEvaluator:
+    """Evaluates and fine-tunes each client's own model on one reusable bound model."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        space: ParamSpace,
+        algorithm: Algorithm,
+        dataset: FederatedDataset,
+        train_parts: list[Tensor],
+        test_parts: list[Tensor],
+        batch_size: int = 500,
+        augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+    ) -> None:
+        self.model = copy.deepcopy(model)
+        self.space = space
+        self.flat = space.bind(self.model)
+        self.algorithm = algorithm
+        self.dataset = dataset
+        self.train_parts = train_parts
+        self.test_parts = test_parts
+        self.batch_size = batch_size
+        self.augment = augment
+
+    def client_weights(self, weights: Tensor, state: dict[str, Tensor]) -> Tensor:
+        """Client i's model: the shared weights with its local parts in place."""
+        w = weights.clone()
+        load_local_parts(w, state, self.space)
+        return w
+
+    @torch.inference_mode()
+    def _score(self, client: int) -> int:
+        ds, idx = self.dataset, self.test_parts[client]
+        self.model.eval()
+        correct = 0
+        for start in range(0, len(idx), self.batch_size):
+            b = idx[start : start + self.batch_size]
+            out = self.algorithm.logits(self.model(ds.prepare(ds.test_x[b])))
+            correct += int((out.argmax(1) == ds.test_y[b]).sum())
+        return correct
+
+    def evaluate(
+        self, weights: Tensor, states: Callable[[int], dict[str, Tensor]]
+    ) -> list[ClientScore]:
+        """Every client's accuracy on its own test split with its own current model."""
+        scores = []
+        for i in range(len(self.train_parts)):
+            self.flat.copy_(self.client_weights(weights, states(i)))
+            scores.append(
+                ClientScore(i, len(self.train_parts[i]), len(self.test_parts[i]), self._score(i))
+            )
+        return scores
+
+    def finetune(
+        self,
+        weights: Tensor,
+        states: Callable[[int], dict[str, Tensor]],
+        settings: FinetuneSettings,
+        seed: int,
+    ) -> list[ClientScore]:
+        """Each client alone fine-tunes all its parameters, then is scored; the global weights
+        and every other client are untouched (each starts from its own copy)."""
+        scores = []
+        ds = self.dataset
+        for i in range(len(self.train_parts)):
+            self.flat.copy_(self.client_weights(weights, states(i)))
+            params = [p for p in self.model.parameters()]
+            for p in params:
+                p.requires_grad_(True)
+            opt = torch.optim.SGD(
+                params,
+                lr=settings.lr,
+                momentum=settings.momentum,
+                weight_decay=settings.weight_decay,
+            )
+            gen = torch_generator(seed, "finetune", i)
+            idx = self.train_parts[i]
+            self.model.train()
+            for _ in range(settings.epochs if len(idx) else 0):
+                perm = idx[torch.randperm(len(idx), generator=gen)]
+                for start in range(0, len(perm), settings.batch_size):
+                    b = perm[start : start + settings.batch_size]
+                    x = ds.train_x[b]
+                    if self.augment is not None:
+                        x = self.augment(x, gen)
+                    out = self.algorithm.logits(self.model(ds.prepare(x)))
+                    loss = F.cross_entropy(out, ds.train_y[b])
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+            scores.append(
+                ClientScore(i, len(self.train_parts[i]), len(self.test_parts[i]), self._score(i))
+            )
+        return scores
+
+
+def pfl_summary(before: list[ClientScore], after: list[ClientScore]) -> dict[str, Any]:
+    """summary.json's ``pfl`` block: before/after fine-tuning and one row per client."""
+    rows = []
+    for b, a in zip(before, after):
+        rows.append(
+            {
+                "client": b.client,
+                "n_train": b.n_train,
+                "n_test": b.n_test,
+                "acc_before_ft": b.acc,
+                "acc_after_ft": a.acc,
+            }
+        )
+    return {
+        "before_ft": summarise(before),
+        "after_ft": summarise(after),
+        "clients_without_test": [b.client for b in before if b.n_test == 0],
+        "clients": rows,
+    }
+
+
+def clients_csv(summary: dict[str, Any]) -> str:
+    lines = ["client,n_train,n_test,acc_before_ft,acc_after_ft"]
+    for r in summary["clients"]:
+        fmt = [
+            ("" if v is None else (f"{v:.6f}" if isinstance(v, float) else str(v)))
+            for v in (r["client"], r["n_train"], r["n_test"], r["acc_before_ft"], r["acc_after_ft"])
+        ]
+        lines.append(",".join(fmt))
+    return "\n".join(lines) + "\n"
+
+
+def plot_clients(summary: dict[str, Any], path: Any, title: str) -> None:
+    """Per-client accuracy before and after fine-tuning (FedSeq Figs. 6-7)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedbug.results import atomic_write_bytes
+
+    rows = [r for r in summary["clients"] if r["acc_before_ft"] is not None]
+    xs = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(max(6, min(18, 0.12 * len(rows) + 4)), 3.8))
+    ax.bar([x - 0.2 for x in xs], [100 * r["acc_before_ft"] for r in rows], 0.4, label="before FT")
+    ax.bar([x + 0.2 for x in xs], [100 * r["acc_after_ft"] for r in rows], 0.4, label="after FT")
+    ax.set_xlabel("client")
+    ax.set_ylabel("own test accuracy (%)")
+    ax.set_title(title)
+    if len(rows) <= 40:
+        ax.set_xticks(xs, [str(r["client"]) for r in rows], fontsize=7)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

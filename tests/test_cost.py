@@ -1,0 +1,216 @@
+"""``fedbug cost``: FreezeFL Fig. 2 and FedSeq Table 6, computed without loading data.
+
+The FedSeq numbers are the paper's (Sec. 5.2: 873.039 / 865.344 / 314.912 / 838.880 billion)
+and what torch.utils.flop_counter counts for FedSeq's CNN on a batch of 10 (torch 2.13)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from fedbug.config import load_config
+from fedbug.cost import (
+    FlopCache,
+    cost_report,
+    format_cost_report,
+    freeze_rows,
+    schedule_phases,
+    training_flops,
+)
+from fedbug.units import ParamSpace, find_units
+
+ROOT = Path(__file__).parent.parent
+FEDSEQ = ROOT / "configs" / "paper" / "fedseq-cost.yaml"
+SMALL = {
+    "dataset": "digits",
+    "model": "digits_cnn",
+    "num_clients": 10,
+    "clients_per_round": 2,
+    "rounds": 6,
+    "local_epochs": 1,
+    "batch_size": 10,
+}
+
+
+@pytest.fixture(scope="module")
+def fedseq() -> dict:
+    return cost_report(load_config(FEDSEQ))
+
+
+def _write(tmp_path: Path, doc: dict) -> str:
+    path = tmp_path / "cost.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_fedseq_table6_proxy_matches_the_paper(fedseq):
+    m = fedseq["methods"]
+    assert [[ph["params"] for ph in m[k]["phases"]] for k in m] == [
+        [582_026],
+        [576_896],
+        [832, 52_096, 576_896],
+        [524_800, 576_064, 576_896],
+        [587_156],
+    ]
+    assert {k: v["paper_flops"] for k, v in m.items()} == {
+        "fedavg": 873_039_000_000,
+        "fedbabu": 865_344_000_000,
+        "fedseq-vanilla": 314_912_000_000,
+        "fedseq-anti": 838_880_000_000,
+        "fedrod": 880_734_000_000,
+    }
+    assert m["fedavg"]["upload_params"] == 174_607_800
+    assert m["fedseq-vanilla"]["upload_params"] == 62_982_400
+    assert [ph["rounds"] for ph in m["fedseq-anti"]["phases"]] == [[1, 100], [101, 200], [201, 300]]
+    assert [ph["units"] for ph in m["fedseq-vanilla"]["phases"]] == [
+        ["conv1"],
+        ["conv1", "conv2"],
+        ["conv1", "conv2", "fc1"],
+    ]
+
+
+def test_fedseq_measured_flops_reverse_the_proxy(fedseq):
+    m = fedseq["methods"]
+    per = {k: [ph["flops_batch"] for ph in v["phases"]] for k, v in m.items()}
+    assert per["fedavg"] == [246_804_480]
+    assert per["fedseq-vanilla"] == [170_680_320, 236_216_320, 246_702_080]
+    assert per["fedseq-anti"] == [95_928_320, 171_950_080, 246_702_080]
+    # 300 rounds x 50 batches x 100 clients, 100 rounds a phase
+    assert m["fedavg"]["flops"] == 246_804_480 * 300 * 50 * 100
+    assert m["fedseq-anti"]["flops"] == sum(per["fedseq-anti"]) * 100 * 50 * 100
+    ratio = {k: v["flops"] / m["fedavg"]["flops"] for k, v in m.items()}
+    proxy = {k: v["paper_flops"] / m["fedavg"]["paper_flops"] for k, v in m.items()}
+    assert round(ratio["fedseq-anti"], 3) == 0.695 and round(ratio["fedseq-vanilla"], 3) == 0.883
+    assert round(proxy["fedseq-vanilla"], 3) == 0.361 and round(proxy["fedseq-anti"], 3) == 0.961
+    text = format_cost_report(fedseq)
+    for s in ["873.039 billion", "314.912 billion", "838.880 billion", "880.734 billion",
+              "832 / 52,096 / 576,896", "174,607,800", "62,982,400", "246,804,480",
+              "reversing the parameter proxy", "0.695x", "0.883x", "0.361x", "0.961x"]:  # fmt: skip
+        assert s in text
+
+
+def test_fedseq_fig2_rows(fedseq):
+    rows = fedseq["rows"]
+    assert [r["n_frozen"] for r in rows] == [0, 1, 2, 3]
+    assert rows[0]["compute_ratio"] == 1.0 and rows[0]["comm_ratio"] == 1.0
+    # conv1 frozen: conv2, fc1 and the head train (backward stops at conv2's input)
+    assert rows[1]["flops_sample"] * 10 == 172_052_480
+    assert rows[1]["compute_ratio"] == 172_052_480 / 246_804_480
+    assert rows[3]["upload_bytes"] == 4 * 5_130
+    assert rows[3]["comm_ratio"] == pytest.approx(5_130 / 582_026)
+
+
+def test_fig2_rows_on_two_linear_layers_by_hand():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    b = 5
+    x, y = torch.randn(b, 4), torch.tensor([0, 1, 0, 1, 1])
+    units = find_units(model, x)
+    space = ParamSpace(model, units)
+    rows = freeze_rows(units, space, FlopCache(model, units, x, y, _ce), b)
+    # a matmul of (m x k)(k x n) is 2mkn FLOPs; bias adds are not counted.
+    forward = 2 * 4 * 3 + 2 * 3 * 2  # a sample
+    # layer 2: weight grad and input grad; layer 1: weight grad only (x needs no grad)
+    full = forward + 2 * 3 * 2 + 2 * 2 * 3 + 2 * 4 * 3
+    head_only = forward + 2 * 3 * 2
+    assert [r["flops_sample"] for r in rows] == [full, head_only]
+    assert [r["compute_ratio"] for r in rows] == [1.0, head_only / full]
+    assert [r["upload_bytes"] for r in rows] == [4 * (15 + 8), 4 * 8]
+    assert rows[1]["comm_ratio"] == 8 / 23
+    assert rows[1]["frozen"] == ["0"]
+
+
+def _ce(out, y):
+    return nn.functional.cross_entropy(out, y)
+
+
+def test_lstm_flops_are_counted():
+    """oneDNN's fused CPU LSTM is invisible to the counter; training_flops turns it off."""
+    model = nn.Sequential(nn.Embedding(5, 2))
+    lstm = nn.LSTM(2, 3, batch_first=True)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lstm, self.fc = model[0], lstm, nn.Linear(3, 5)
+
+        def forward(self, x):
+            return self.fc(self.lstm(self.emb(x))[0][:, -1])
+
+    net = Net()
+    x, y = torch.randint(0, 5, (4, 6)), torch.randint(0, 5, (4,))
+    names = [n for n, _ in net.named_parameters()]
+    all_flops = training_flops(net, names, x, y, _ce)
+    fc_only = training_flops(net, ["fc.weight", "fc.bias"], x, y, _ce)
+    assert fc_only > 2 * (2 * 4 * 3 * 5)  # more than fc's forward and weight grad: the LSTM's
+    assert all_flops > fc_only
+
+
+def test_schedule_phases_follow_t_k_below_t():
+    subs = [(0,), (1,), (2,)]
+    assert schedule_phases("vanilla", subs, (0, 100, 200), 300) == [
+        (1, 100, (0,)),
+        (101, 200, (0, 1)),
+        (201, 300, (0, 1, 2)),
+    ]
+    assert schedule_phases("anti", subs, (0, 0, 2), 3) == [(1, 2, (1, 2)), (3, 3, (0, 1, 2))]
+
+
+def test_cli_json_shape_participants_and_plot(tmp_path, capsys):
+    from fedbug.cli import main
+
+    cfg = _write(tmp_path, SMALL)
+    assert main(["cost", cfg, "--json", "--samples-per-client", "40"]) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert set(every) >= {"rows", "methods"}
+    assert list(every["methods"]) == [
+        "fedavg",
+        "fedbabu",
+        "fedseq-vanilla",
+        "fedseq-anti",
+        "fedrod",
+    ]
+    for m in every["methods"].values():
+        assert set(m) == {"paper_flops", "flops", "upload_params", "phases"}
+    assert len(every["rows"]) == 5  # digits_cnn's units
+    assert set(every["rows"][0]) >= {"n_frozen", "compute_ratio", "comm_ratio"}
+    fedavg = every["methods"]["fedavg"]
+    assert fedavg["paper_flops"] == 17_866 * 6 * 4 * 10  # params x rounds x batches x clients
+    out = tmp_path / "out"
+    assert main(["cost", cfg, "--json", "--samples-per-client", "40", "--participants",
+                 "--out", str(out)]) == 0  # fmt: skip
+    some = json.loads(capsys.readouterr().out)
+    for k, m in some["methods"].items():  # 2 of 10 clients a round
+        assert m["paper_flops"] * 5 == every["methods"][k]["paper_flops"]
+        assert m["upload_params"] == round(every["methods"][k]["upload_params"] / 5)
+    assert (out / "cost.png").stat().st_size > 1000
+    assert json.loads((out / "cost.json").read_text()) == some
+
+
+@pytest.mark.parametrize(
+    "doc, needle",
+    [
+        ({**SMALL, "lrr": 0.1}, "unknown key 'lrr'"),
+        ({**SMALL, "unfreeze_rounds": [0, 2]}, "unfreeze_rounds has 2 entries"),
+        ({**SMALL, "unfreeze_rounds": [0, 2, 6, 7]}, "only 6 rounds"),
+        ({**SMALL, "head_units": 5}, "head_units=5"),
+        ({**SMALL, "model": "fedseq_cnn"}, "cannot be built"),
+    ],
+)
+def test_cli_bad_config_is_one_line_and_exit_2(tmp_path, capsys, doc, needle):
+    from fedbug.cli import main
+
+    assert main(["cost", _write(tmp_path, doc)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fedbug: error:") and needle in err
+
+
+def test_cli_missing_file_exit_2(tmp_path, capsys):
+    from fedbug.cli import main
+
+    assert main(["cost", str(tmp_path / "nope.yaml")]) == 2
+    assert "not found" in capsys.readouterr().err
