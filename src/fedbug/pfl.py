@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,11 +99,15 @@ class PersonalizedEvaluator:
         return correct
 
     def evaluate(
-        self, weights: Tensor, states: Callable[[int], dict[str, Tensor]]
+        self,
+        weights: Tensor,
+        states: Callable[[int], dict[str, Tensor]],
+        clients: Sequence[int] | None = None,
     ) -> list[ClientScore]:
-        """Every client's accuracy on its own test split with its own current model."""
+        """Each client's accuracy (all clients by default) on its own test split with its own
+        current model."""
         scores = []
-        for i in range(len(self.train_parts)):
+        for i in clients if clients is not None else range(len(self.train_parts)):
             self.flat.copy_(self.client_weights(weights, states(i)))
             scores.append(
                 ClientScore(i, len(self.train_parts[i]), len(self.test_parts[i]), self._score(i))
@@ -116,12 +120,13 @@ class PersonalizedEvaluator:
         states: Callable[[int], dict[str, Tensor]],
         settings: FinetuneSettings,
         seed: int,
+        clients: Sequence[int] | None = None,
     ) -> list[ClientScore]:
         """Each client alone fine-tunes all its parameters, then is scored; the global weights
         and every other client are untouched (each starts from its own copy)."""
         scores = []
         ds = self.dataset
-        for i in range(len(self.train_parts)):
+        for i in clients if clients is not None else range(len(self.train_parts)):
             self.flat.copy_(self.client_weights(weights, states(i)))
             params = [p for p in self.model.parameters()]
             for p in params:

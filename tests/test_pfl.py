@@ -1,0 +1,71 @@
+"""Personalized evaluation and fine-tuning (FedSeq Algorithm 1, lines 20-26)."""
+
+import pytest
+import torch
+from tiny import tiny_config
+
+from fedbug.algorithms import ALGORITHMS
+from fedbug.engine import ClientStates, Experiment, run_experiment
+from fedbug.pfl import ClientScore, FinetuneSettings, summarise
+
+PFL = {"evaluation": "personalized", "partition": "dirichlet_classwise", "finetune_epochs": 1}
+
+
+def test_summary_leaves_out_clients_without_test_samples():
+    scores = [ClientScore(0, 10, 4, 3), ClientScore(1, 10, 0, 0), ClientScore(2, 10, 2, 1)]
+    s = summarise(scores)
+    assert s["mean"] == pytest.approx((0.75 + 0.5) / 2)
+    assert s["std"] == pytest.approx(0.125)
+    assert s["weighted"] == pytest.approx(4 / 6)
+
+
+def test_finetuning_touches_no_other_client_and_not_the_global_model():
+    exp = Experiment(tiny_config(algorithm="fedper", num_clients=5, **PFL))
+    weights = exp.initial_weights()
+    before = weights.clone()
+    states = ClientStates(exp.algorithm, exp.space)
+    head = exp.layout.head[0]
+    for i in range(5):  # give every client its own head
+        states.put(i, {f"local.{head}": torch.full((exp.space.unit_numel[head],), 0.01 * i)})
+    snapshot = {i: {k: v.clone() for k, v in states.get(i).items()} for i in range(5)}
+    settings = FinetuneSettings(epochs=2, lr=0.05, batch_size=8)
+    forward = exp.personal.finetune(weights, states.get, settings, seed=0)
+    backward = exp.personal.finetune(weights, states.get, settings, seed=0, clients=[4, 2, 0, 3, 1])
+    by_client = {s.client: s.correct for s in backward}
+    assert [s.correct for s in forward] == [by_client[i] for i in range(5)]
+    assert torch.equal(weights, before)
+    for i in range(5):
+        for k, v in states.get(i).items():
+            assert torch.equal(v, snapshot[i][k])
+
+
+def test_same_seed_same_per_client_accuracies_before_and_after(tmp_path):
+    cfg = tiny_config(method="fedseq-anti", rounds=3, num_clients=6, **PFL)
+    a = run_experiment(cfg, tmp_path / "a")
+    b = run_experiment(cfg)
+    assert a.summary["pfl"]["clients"] == b.summary["pfl"]["clients"]
+    rows = a.summary["pfl"]["clients"]
+    assert len(rows) == 6 and {"acc_before_ft", "acc_after_ft", "n_train", "n_test"} <= set(rows[0])
+    assert (tmp_path / "a" / "clients.csv").read_text().count("\n") == 7
+    assert (tmp_path / "a" / "clients.png").exists()
+    assert a.records[-1]["acc_client_mean"] == pytest.approx(a.summary["pfl"]["before_ft"]["mean"])
+
+
+@pytest.mark.parametrize("schedule", ["none", "vanilla", "anti"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS.names())
+def test_every_algorithm_and_schedule_runs_two_rounds_and_finetunes(algorithm, schedule):
+    cfg = tiny_config(algorithm=algorithm, schedule=schedule, count_flops=False, **PFL)
+    res = run_experiment(cfg)
+    assert len(res.records) == 2
+    pfl = res.summary["pfl"]
+    assert 0.0 <= pfl["before_ft"]["mean"] <= 1.0 and 0.0 <= pfl["after_ft"]["mean"] <= 1.0
+    assert torch.isfinite(res.weights).all()
+
+
+def test_fedbabu_head_is_its_init_on_the_server_under_every_schedule():
+    for schedule in ("vanilla", "anti"):
+        exp_cfg = tiny_config(method=f"fedseq-{schedule}", rounds=3, **PFL)
+        res = run_experiment(exp_cfg)
+        exp = Experiment(exp_cfg)
+        head = exp.space.unit_slices[exp.layout.head[0]]
+        assert torch.equal(res.weights[head], exp.initial_weights()[head])
