@@ -50,6 +50,30 @@ def _run_one(cfg: Any, run_dir: Path, resume: bool, quiet: bool, label: str) -> 
     return {"run_dir": result.run_dir, "records": result.records, "summary": result.summary}
 
 
+def format_pfl(pfl: dict[str, Any]) -> str:
+    """Each client's own test accuracy before and after fine-tuning, then mean +- std."""
+
+    def pct(x: float | None) -> str:
+        return "   -  " if x is None else f"{100 * x:6.2f}"
+
+    lines = ["client  n_train  n_test  before FT  after FT"]
+    for r in pfl["clients"]:
+        lines.append(
+            f"{r['client']:6d}  {r['n_train']:7d}  {r['n_test']:6d}  {pct(r['acc_before_ft'])}%"
+            f"   {pct(r['acc_after_ft'])}%"
+        )
+    for key, name in (("before_ft", "before fine-tuning"), ("after_ft", "after fine-tuning")):
+        b = pfl[key]
+        if b["mean"] is not None:
+            lines.append(
+                f"{name}: mean {100 * b['mean']:.2f}% +- {100 * b['std']:.2f} over clients, "
+                f"weighted {100 * b['weighted']:.2f}%"
+            )
+    if pfl["clients_without_test"]:
+        lines.append(f"clients without test samples (left out): {pfl['clients_without_test']}")
+    return "\n".join(lines)
+
+
 def run_dir_for(cfg: Any, out: Path) -> Path:
     from fedbug.config import config_hash
 
@@ -64,8 +88,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_dir = run_dir_for(cfg, out)
     res = _run_one(cfg, run_dir, args.resume, args.quiet, f"{cfg.name} seed {cfg.seed}")
     s = res["summary"]
+    if "pfl" in s:
+        print(format_pfl(s["pfl"]))
     acc = "n/a" if s["final_acc"] is None else f"{100 * s['final_acc']:.2f}%"
-    print(f"final test accuracy {acc} after {s['rounds']} rounds ({s['seconds']:.1f} s)")
+    what = "client mean accuracy (before fine-tuning)" if "pfl" in s else "test accuracy"
+    print(f"final {what} {acc} after {s['rounds']} rounds ({s['seconds']:.1f} s)")
     print(f"run folder: {run_dir}")
     return 0
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedbug.config import BaseConfig, set_dotted, validate
+from fedbug.config import BaseConfig, Config, set_dotted, validate
 from fedbug.errors import ConfigError
 from fedbug.results import atomic_write_bytes, atomic_write_text
 
@@ -24,14 +24,27 @@ class Cell:
 
     values: dict[str, Any]
 
+    def items(self) -> list[tuple[str, Any]]:
+        """(key, value) pairs, a variant group's keys in place of the group."""
+        out: list[tuple[str, Any]] = []
+        for k, v in self.values.items():
+            out += list(v.items()) if is_variant_group(k, v) else [(k, v)]
+        return out
+
     @property
     def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.values.items()) or "base"
+        return ", ".join(f"{k}={v}" for k, v in self.items()) or "base"
 
     @property
     def slug(self) -> str:
-        text = "_".join(f"{k.split('.')[-1]}-{v}" for k, v in self.values.items()) or "base"
+        text = "_".join(f"{k.split('.')[-1]}-{v}" for k, v in self.items()) or "base"
         return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:100]
+
+
+def is_variant_group(key: str, value: Any) -> bool:
+    """A grid key that is not a config key and whose value is a mapping sets several keys at
+    once: ``grid: {data: [{dataset: digits}, {dataset: fashion_mnist, subsample: 0.1}]}``."""
+    return isinstance(value, dict) and key.split(".")[0] not in Config.model_fields
 
 
 def parse_grid_arg(text: str) -> tuple[str, list[Any]]:
@@ -56,7 +69,7 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
         doc = copy.deepcopy(base_doc)
         doc.pop("grid", None)
         values = dict(zip(keys, combo))
-        for k, v in values.items():
+        for k, v in Cell(values).items():
             set_dotted(doc, k, v)
         try:
             cfg = validate(doc)
