@@ -99,24 +99,51 @@ def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[s
         secs = [r["summary"]["seconds"] for r in runs]
         fm, fs = mean_std(final)
         bm, bs = mean_std(best)
-        rows.append(
-            {
-                "cell": cell.values,
-                "label": cell.label,
-                "seeds": [r["summary"]["seed"] for r in runs],
-                "final_acc_mean": fm,
-                "final_acc_std": fs,
-                "best_acc_mean": bm,
-                "best_acc_std": bs,
-                "seconds_mean": statistics.fmean(secs) if secs else math.nan,
-                "runs": [str(r["run_dir"]) for r in runs],
-            }
-        )
+        row = {
+            "cell": cell.values,
+            "label": cell.label,
+            "seeds": [r["summary"]["seed"] for r in runs],
+            "final_acc_mean": fm,
+            "final_acc_std": fs,
+            "best_acc_mean": bm,
+            "best_acc_std": bs,
+            "seconds_mean": statistics.fmean(secs) if secs else math.nan,
+            "runs": [str(r["run_dir"]) for r in runs],
+        }
+        pfl = [r["summary"]["pfl"] for r in runs if "pfl" in r["summary"]]
+        for key in ("before_ft", "after_ft") if pfl else ():
+            # over seeds: the client mean (as FedSeq Table 4), and the spread over clients
+            means = [p[key]["mean"] for p in pfl if p[key]["mean"] is not None]
+            spreads = [p[key]["std"] for p in pfl if p[key]["std"] is not None]
+            m, sd = mean_std(means)
+            row[f"{key}_mean"], row[f"{key}_std"] = m, sd
+            row[f"{key}_client_std"] = statistics.fmean(spreads) if spreads else math.nan
+        rows.append(row)
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """A Markdown table: cell, final accuracy mean +- std, best accuracy, seconds per run."""
+    """A Markdown table: cell, final accuracy mean +- std, best accuracy, seconds per run; for
+    personalized runs the client-mean accuracy before and after fine-tuning, mean +- std over
+    seeds with the std over clients in brackets (FedSeq Table 4)."""
+    if any("before_ft_mean" in r for r in rows):
+        lines = [
+            "| cell | seeds | before FT (%) | after FT (%) | s/run |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for r in rows:
+            cols = [
+                f"{100 * r[f'{k}_mean']:.2f} ± {100 * r[f'{k}_std']:.2f} "
+                f"({100 * r[f'{k}_client_std']:.2f})"
+                if f"{k}_mean" in r
+                else f"global {100 * r['final_acc_mean']:.2f} ± {100 * r['final_acc_std']:.2f}"
+                for k in ("before_ft", "after_ft")
+            ]
+            lines.append(
+                f"| {r['label']} | {len(r['seeds'])} | {cols[0]} | {cols[1]} | "
+                f"{r['seconds_mean']:.1f} |"
+            )
+        return "\n".join(lines)
     lines = [
         "| cell | seeds | final acc (%) | best acc (%) | s/run |",
         "| --- | --- | --- | --- | --- |",
