@@ -124,6 +124,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedbug.sweep import format_table, report
+
+    out = Path(args.out) if args.out else None
+    rows = report([Path(d) for d in args.dirs], out)
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+    else:
+        print(format_table(rows))
+        if out is not None:
+            print(f"written: {out / 'report.md'}, {out / 'report.json'}, {out / 'accuracy.png'}")
+    return 0
+
+
 def cmd_theory(args: argparse.Namespace) -> int:
     from fedbug.theory import format_theory_report, theory_report
 
@@ -223,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", action="store_true", help="continue unfinished runs")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_sweep)
+
+    rp = sub.add_parser("report", help="re-print the comparison table of finished runs")
+    rp.add_argument("dirs", nargs="+", help="run or sweep folders")
+    rp.add_argument("--out", default=None, help="write report.md, report.json, accuracy.png")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=cmd_report)
 
     t = sub.add_parser("theory", help="the two-client analysis of FedBug Sec. 4, computed")
     t.add_argument("--eta", type=float, nargs="+", default=[0.1, 0.5, 0.9])

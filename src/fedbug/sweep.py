@@ -214,3 +214,50 @@ def run_sweep(
     atomic_write_text(out / "sweep.md", f"# {name}\n\n" + format_table(rows) + "\n")
     plot_sweep(cell_runs, out / "accuracy.png", f"{name}: accuracy over rounds")
     return rows
+
+
+def collect_runs(dirs: list[Path]) -> list[dict[str, Any]]:
+    """Every finished run folder (with summary.json) under the given folders."""
+    from fedbug.results import RunDir
+
+    runs = []
+    for d in dirs:
+        if not d.exists():
+            raise ConfigError(f"{str(d)!r} does not exist; give run or sweep folders")
+        for summary_path in sorted(d.rglob("summary.json")):
+            rd = RunDir(summary_path.parent)
+            summary = json.loads(summary_path.read_text(encoding="utf-8"))
+            runs.append({"run_dir": rd.path, "summary": summary, "records": rd.read_metrics()})
+    if not runs:
+        raise ConfigError(f"no finished runs (summary.json) under {', '.join(map(str, dirs))}")
+    return runs
+
+
+def group_runs(runs: list[dict[str, Any]]) -> list[tuple[Cell, list[dict[str, Any]]]]:
+    """Runs grouped by the config keys that vary between them (seeds pooled)."""
+    configs = [r["summary"]["config"] for r in runs]
+    ignore = {"seed", "name", "grid", "seeds", "threads", "count_flops"}
+    keys = sorted(
+        k
+        for k in configs[0]
+        if k not in ignore and len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1
+    )
+    groups: dict[str, tuple[Cell, list[dict[str, Any]]]] = {}
+    for run, c in zip(runs, configs):
+        values = {k: c.get(k) for k in keys}
+        key = json.dumps(values, sort_keys=True)
+        groups.setdefault(key, (Cell(values), []))[1].append(run)
+    return list(groups.values())
+
+
+def report(dirs: list[Path], out: Path | None = None) -> list[dict[str, Any]]:
+    """Re-print the comparison table of finished runs; with ``out``, write report.md,
+    report.json and accuracy.png there."""
+    cell_runs = group_runs(collect_runs(dirs))
+    rows = summarise(cell_runs)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "report.json", json.dumps({"rows": rows}, indent=1))
+        atomic_write_text(out / "report.md", "# report\n\n" + format_table(rows) + "\n")
+        plot_sweep(cell_runs, out / "accuracy.png", "accuracy over rounds")
+    return rows
