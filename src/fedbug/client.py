@@ -49,6 +49,29 @@ class ClientTask:
     mean_samples: float
     payload: dict[str, Tensor] = field(default_factory=dict)
     rounds: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)  # per-client round config (FreezeFL's T_r)
+
+
+@dataclass
+class EpochCtx:
+    """What a policy sees at the end of a local epoch (``end_of_epoch`` hook, FreezeFL's probe):
+    epochs done and planned, the task, the local and received weights (flat, unit by unit)."""
+
+    epoch: int
+    epochs: int
+    task: ClientTask
+    space: ParamSpace
+    local: Tensor
+    received: Tensor
+
+
+@dataclass(frozen=True)
+class EpochAction:
+    """A policy's answer at the end of an epoch: units to put back to the received weights (and
+    freeze, as the policy then says), or start the round over (``restart``)."""
+
+    restore: tuple[int, ...] = ()
+    restart: bool = False
 
 
 @dataclass
@@ -186,8 +209,12 @@ def train_client(
     loss_sum = torch.zeros(())
     idle = 0
     flops = 0
+    probe_steps = 0
+    end_of_epoch = getattr(rt.policy, "end_of_epoch", None)
     perm = torch.empty(0, dtype=torch.long)
-    for k in range(1, local_steps + 1):
+    k = 0
+    while k < local_steps:
+        k += 1
         pos = (k - 1) % per_epoch
         if pos == 0:
             perm = torch.randperm(n, generator=gen)
@@ -237,6 +264,24 @@ def train_client(
         opt.step()
         if settings.count_flops:
             flops += rt.flops(units, x, y)
+        if end_of_epoch is not None and k % per_epoch == 0 and k < local_steps:
+            action = end_of_epoch(
+                EpochCtx(k // per_epoch, local_steps // per_epoch, task, space, rt.flat, weights)
+            )
+            if action is not None and action.restart:
+                # start the round over from the received weights (the probe is not kept)
+                probe_steps += k
+                rt.flat.copy_(weights)
+                load_local_parts(rt.flat, state, space)
+                opt = rt.make_optimizer(task.lr)
+                trained = [False] * space.num_units
+                current = None
+                k = 0
+            elif action is not None:
+                for u in action.restore:  # back to the received weights, optimiser state kept
+                    rt.flat[space.unit_slices[u]] = weights[space.unit_slices[u]]
+                    trained[u] = False
+                current = None
     rt._features = None
     delta = rt.flat - weights
     full_ctx = LocalCtx(
@@ -255,12 +300,16 @@ def train_client(
     uploaded = [t and u in shared for u, t in enumerate(trained)]
     trained_params = sum(c for c, t in zip(space.unit_param_numel, trained) if t)
     metrics = {
-        "train_loss": float(loss_sum) / max(1, local_steps - idle),
+        "train_loss": float(loss_sum) / max(1, local_steps + probe_steps - idle),
         "steps": local_steps,
+        "probe_steps": probe_steps,
         "flops": flops,
         "trained_params": trained_params,
         "bytes_up": space.bytes_of(uploaded),
     }
+    policy_metrics = getattr(rt.policy, "client_metrics", None)
+    if policy_metrics is not None:
+        metrics.update(policy_metrics(task))
     return ClientResult(task.client, n, delta, trained, new_state, metrics, uploaded)
 
 

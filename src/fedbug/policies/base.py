@@ -42,6 +42,15 @@ class Intersection:
             allowed &= set(p.trainable_units(ctx))
         return tuple(sorted(allowed))
 
+    def __getattr__(self, name: str) -> Any:
+        # the optional client hooks (end_of_epoch, client_metrics) of the one member having them
+        if name in ("end_of_epoch", "client_metrics"):
+            for p in self.policies:
+                hook = getattr(p, name, None)
+                if hook is not None:
+                    return hook
+        raise AttributeError(name)
+
 
 POLICIES: Registry[Any] = Registry("freeze policy")
 
