@@ -210,6 +210,7 @@ def train_client(
     idle = 0
     flops = 0
     probe_steps = 0
+    probe_flops = 0
     end_of_epoch = getattr(rt.policy, "end_of_epoch", None)
     perm = torch.empty(0, dtype=torch.long)
     k = 0
@@ -271,6 +272,7 @@ def train_client(
             if action is not None and action.restart:
                 # start the round over from the received weights (the probe is not kept)
                 probe_steps += k
+                probe_flops = flops
                 rt.flat.copy_(weights)
                 load_local_parts(rt.flat, state, space)
                 opt = rt.make_optimizer(task.lr)
@@ -303,6 +305,7 @@ def train_client(
         "train_loss": float(loss_sum) / max(1, local_steps + probe_steps - idle),
         "steps": local_steps,
         "probe_steps": probe_steps,
+        "probe_flops": probe_flops,
         "flops": flops,
         "trained_params": trained_params,
         "bytes_up": space.bytes_of(uploaded),
