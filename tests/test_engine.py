@@ -194,3 +194,24 @@ def test_natural_clients_subset_cuts_the_test_set_to_their_samples():
     assert [len(t) for t in exp.dataset.natural_test_clients] == [5, 5, 5]
     with pytest.raises(ConfigError, match="natural clients"):
         Experiment(tiny_config(partition="natural", num_clients=7), dataset=ds)
+
+
+def test_full_aggregation_counts_unsent_units_as_unchanged():
+    """FreezeFL Fig. 5: layerwise averages a unit over its senders; full over everyone."""
+    from fedbug.aggregate import Aggregate
+    from fedbug.engine import Experiment
+
+    space = Experiment(tiny_config()).space
+    d1 = torch.ones(space.total)
+    d2 = torch.ones(space.total).masked_fill(space.unit_mask([0]), 0.0)  # unit 0 frozen
+    layerwise, full = Aggregate(space, "uniform"), Aggregate(space, "uniform")
+    layerwise.add(d1, [True, True, True], 1)
+    layerwise.add(d2, [False, True, True], 1)
+    full.add(d1, [True, True, True], 1)
+    full.add(d2, [True, True, True], 1)
+    s0 = space.unit_slices[0]
+    assert torch.equal(layerwise.mean_delta()[s0], torch.ones(space.unit_numel[0]))
+    assert torch.equal(full.mean_delta()[s0], torch.full((space.unit_numel[0],), 0.5))
+    res_full = run_experiment(tiny_config(policy="fixed_head", aggregation="full", upload="full"))
+    res_part = run_experiment(tiny_config(policy="fixed_head"))
+    assert res_full.records[-1]["bytes_up"] > res_part.records[-1]["bytes_up"]

@@ -84,6 +84,14 @@ class BaseConfig(BaseModel):
     clients_per_round: int | None = Field(None, ge=1)
     selection: Literal["bernoulli", "uniform"] | None = None
     weighting: Literal["samples", "uniform"] = "samples"
+    aggregation: Literal["layerwise", "full"] = Field(
+        "layerwise",
+        description="layerwise: each unit averaged over the clients that sent it (FreezeFL Eq. 4);"
+        " full: over all participants, an unsent unit counting as unchanged",
+    )
+    upload: Literal["partial", "full"] = Field(
+        "partial", description="partial: only trained units are sent; full: every shared unit"
+    )
     # evaluation and output
     evaluation: Literal["global", "mean_of_local_models", "personalized"] = "global"
     pfl_test: Literal["matched", "holdout"] = Field(

@@ -420,7 +420,8 @@ def run_experiment(
     t_run = time.perf_counter()
     last_round = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
     shared = set(exp.algorithm.shared_units(exp.space.num_units))
-    model_bytes = exp.space.bytes_of([u in shared for u in range(exp.space.num_units)])
+    shared_mask = [u in shared for u in range(exp.space.num_units)]
+    model_bytes = exp.space.bytes_of(shared_mask)
     try:
         for r in range(start, last_round + 1):
             t0 = time.perf_counter()
@@ -436,7 +437,12 @@ def run_experiment(
             t_train = time.perf_counter() - t_train
             agg = Aggregate(exp.space, cfg.weighting)
             for res in results:
-                agg.add(res.delta, res.uploaded, res.num_samples)
+                sent = res.uploaded if cfg.upload == "partial" else shared_mask
+                agg.add(
+                    res.delta,
+                    sent if cfg.aggregation == "layerwise" else shared_mask,
+                    res.num_samples,
+                )
                 if exp.keeps_client_state:
                     states.put(res.client, res.state)
                 if local_mean is not None:
@@ -460,7 +466,10 @@ def run_experiment(
                 "trained_params": sum(x.metrics["trained_params"] for x in results) / n,
                 "bytes_down": n * round_bytes(exp, shared, r, model_bytes),
                 "trained_sublayers": trained_sublayers(exp, r),
-                "bytes_up": sum(x.metrics["bytes_up"] for x in results),
+                "bytes_up": sum(
+                    x.metrics["bytes_up"] if cfg.upload == "partial" else model_bytes
+                    for x in results
+                ),
                 "flops": sum(x.metrics["flops"] for x in results),
                 "client_drift": agg.client_drift(),
                 **step.metrics,
