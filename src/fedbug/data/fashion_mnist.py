@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
-from fedbug.data.idx import read_idx_pair
-from fedbug.data.locate import candidate_dirs, find_files, missing_files_error
-from fedbug.errors import DataError
+from fedbug.data.idx import load_idx_dataset
+from fedbug.data.locate import candidate_dirs, find_files
 
 SUBDIR = "fashion-mnist"
 SYSTEM_DIRS: list[Path] = [Path("/usr/share/datasets/fashion-mnist")]
@@ -55,30 +54,7 @@ def locate(data_dir: Path | None = None) -> str | None:
 def load(data_dir: Path | None = None) -> FederatedDataset:
     """Load Fashion-MNIST; ``DataError`` naming every folder searched when it is missing."""
     dirs = candidate_dirs(data_dir, SUBDIR, SYSTEM_DIRS)
-    hit = find_files(dirs, FILES)
-    if hit is None:
-        raise missing_files_error("fashion_mnist", dirs, FILES, HOW_TO_GET)
-    folder, paths = hit
-    train_x, train_y = read_idx_pair(paths["train_images"], paths["train_labels"], NUM_CLASSES)
-    test_x, test_y = read_idx_pair(paths["test_images"], paths["test_labels"], NUM_CLASSES)
-    for x, key in ((train_x, "train_images"), (test_x, "test_images")):
-        if tuple(x.shape[1:]) != IMAGE_SIZE:
-            raise DataError(
-                f"IDX file {paths[key]} holds {x.shape[1]}x{x.shape[2]} images where "
-                "Fashion-MNIST's are 28x28."
-            )
-    return FederatedDataset(
-        name="fashion_mnist",
-        train_x=train_x.unsqueeze(1),
-        train_y=train_y,
-        test_x=test_x.unsqueeze(1),
-        test_y=test_y,
-        num_classes=NUM_CLASSES,
-        scale=255.0,
-        mean=MEAN,
-        std=STD,
-        source=str(folder),
-    )
+    return load_idx_dataset("fashion_mnist", "Fashion-MNIST", dirs, FILES, HOW_TO_GET, MEAN, STD)
 
 
 SPEC = DATASETS.register("fashion_mnist")(

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedbug.data.base import FederatedDataset
 from fedbug.errors import DataError
 
 IDX_TYPES: dict[int, tuple[str, np.dtype]] = {
@@ -154,3 +155,42 @@ def write_idx(path: str | Path, array: np.ndarray | Tensor, compress: bool | Non
         compress = path.suffix == ".gz"
     path.write_bytes(gzip.compress(payload, mtime=0) if compress else payload)
     return path
+
+
+def load_idx_dataset(
+    name: str,
+    title: str,
+    dirs: list[Path],
+    files: dict[str, tuple[str, ...]],
+    how_to_get: str,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+) -> FederatedDataset:
+    """A 28x28, 10-class IDX data set (MNIST's four-file layout) from the first folder of
+    ``dirs`` holding all ``files``; ``DataError`` naming every folder searched otherwise."""
+    from fedbug.data.locate import find_files, missing_files_error
+
+    hit = find_files(dirs, files)
+    if hit is None:
+        raise missing_files_error(name, dirs, files, how_to_get)
+    folder, paths = hit
+    train_x, train_y = read_idx_pair(paths["train_images"], paths["train_labels"], 10)
+    test_x, test_y = read_idx_pair(paths["test_images"], paths["test_labels"], 10)
+    for x, key in ((train_x, "train_images"), (test_x, "test_images")):
+        if tuple(x.shape[1:]) != (28, 28):
+            raise DataError(
+                f"IDX file {paths[key]} holds {x.shape[1]}x{x.shape[2]} images where "
+                f"{title}'s are 28x28."
+            )
+    return FederatedDataset(
+        name=name,
+        train_x=train_x.unsqueeze(1),
+        train_y=train_y,
+        test_x=test_x.unsqueeze(1),
+        test_y=test_y,
+        num_classes=10,
+        scale=255.0,
+        mean=mean,
+        std=std,
+        source=str(folder),
+    )
