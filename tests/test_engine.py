@@ -26,9 +26,10 @@ def test_every_policy_algorithm_pair_runs_two_rounds(algorithm, policy):
         algorithm=algorithm,
         policy=policy,
         gu_ratio=0.5,
-        count_flops=False,
+        count_flops=policy == "freezefl",
         evaluation=evaluation,
         finetune_epochs=1,
+        system={"abilities": "uniform"} if policy == "freezefl" else None,
     )
     res = run_experiment(cfg)
     assert [r["round"] for r in res.records] == [1, 2]

@@ -23,6 +23,10 @@ from fedbug.data.augment import AUGMENTATIONS
 from fedbug.errors import ConfigError
 from fedbug.models import MODELS
 from fedbug.policies import POLICIES
+from fedbug.policies.freezefl import FreezeFLParams
+from fedbug.rbcsf import RbcsfParams
+from fedbug.reputation import ReputationParams
+from fedbug.system import SystemParams
 
 
 class BaseConfig(BaseModel):
@@ -82,7 +86,11 @@ class BaseConfig(BaseModel):
     )
     participation: float = Field(0.1, gt=0.0, le=1.0)
     clients_per_round: int | None = Field(None, ge=1)
-    selection: Literal["bernoulli", "uniform"] | None = None
+    selection: Literal["bernoulli", "uniform", "reputation", "rbcsf"] | None = None
+    reputation: ReputationParams = Field(default_factory=ReputationParams)
+    rbcsf: RbcsfParams = Field(default_factory=RbcsfParams)
+    system: SystemParams | None = Field(None, description="simulated devices (FreezeFL Sec. V-A)")
+    freezefl: FreezeFLParams = Field(default_factory=FreezeFLParams)
     weighting: Literal["samples", "uniform"] = "samples"
     aggregation: Literal["layerwise", "full"] = Field(
         "layerwise",
@@ -130,8 +138,12 @@ class BaseConfig(BaseModel):
                 f"clients_per_round={self.clients_per_round} exceeds num_clients="
                 f"{self.num_clients}; lower it or add clients"
             )
-        if self.selection == "uniform" and self.clients_per_round is None:
-            raise ValueError("selection: uniform needs clients_per_round")
+        if self.selection not in (None, "bernoulli") and self.clients_per_round is None:
+            raise ValueError(f"selection: {self.selection} needs clients_per_round")
+        if self.policy == "freezefl" and self.system is None:
+            raise ValueError("policy: freezefl needs a system: block (the simulated devices)")
+        if self.system is not None and not self.count_flops:
+            raise ValueError("a system: block times clients from their FLOPs; keep count_flops")
         return self
 
     def resolved_selection(self) -> str:
@@ -227,7 +239,13 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 # ``method:`` presets: a name -> the keys it sets. Keys the config sets itself win. A method that
 # is an algorithm's name just selects that algorithm.
+_FREEZING = {"policy": "freezefl", "aggregation": "layerwise", "upload": "partial"}
 PRESETS: dict[str, dict[str, Any]] = {
+    # FreezeFL Table III (the system: block comes from the config)
+    "freezing": _FREEZING,
+    "freezing_cs": {**_FREEZING, "selection": "reputation", "reputation": {"warm_restart": 0}},
+    "freezefl": {**_FREEZING, "selection": "reputation"},
+    "rbcsf": {"algorithm": "fedavg", "selection": "rbcsf"},
     "fedseq-vanilla": {"algorithm": "fedbabu", "schedule": "vanilla", "evaluation": "personalized"},
     "fedseq-anti": {"algorithm": "fedbabu", "schedule": "anti", "evaluation": "personalized"},
 }

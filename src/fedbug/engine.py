@@ -20,9 +20,11 @@ import torch
 import yaml
 from torch import Tensor, nn
 
+from fedbug import rbcsf as _rbcsf  # noqa: F401  (registers the selection)
+from fedbug import reputation as _reputation  # noqa: F401  (registers the selection)
 from fedbug.aggregate import Aggregate
 from fedbug.algorithms import Algorithm, build_algorithm
-from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings
+from fedbug.client import ClientData, ClientResult, ClientRuntime, ClientTask, TrainSettings
 from fedbug.config import BaseConfig, config_hash, resolve
 from fedbug.data import FederatedDataset, load_dataset, partition, partition_summary
 from fedbug.data.augment import AUGMENTATIONS
@@ -46,7 +48,8 @@ from fedbug.policies.base import Intersection
 from fedbug.policies.schedule import RoundSchedule
 from fedbug.results import RunDir, atomic_write_text, environment, plot_run
 from fedbug.seeding import derive_seed, numpy_rng
-from fedbug.selection import SELECTIONS
+from fedbug.selection import SELECTIONS, SelectionFeedback
+from fedbug.system import Clock, SoftDeadline, SystemModel, per_sample_costs
 from fedbug.units import ParamSpace, find_units, traced_module_order
 
 ModelSource = nn.Module | Callable[[], nn.Module] | None
@@ -112,7 +115,9 @@ class Experiment:
             self.units, cfg.head_units, cfg.sublayers, self.algorithm.extra_modules
         )
         self.algorithm.setup(self.layout)
-        self.policy = build_policy(cfg.policy, gu_ratio=cfg.gu_ratio, fixed_units=cfg.fixed_units)
+        self.policy = build_policy(
+            cfg.policy, gu_ratio=cfg.gu_ratio, fixed_units=cfg.fixed_units, freezefl=cfg.freezefl
+        )
         if not len(self.policy.trainable_units(StepCtx(1, 1, self.space.num_units))):
             raise ConfigError(f"policy {cfg.policy!r} trains no unit of this model")
         self.schedule: RoundSchedule | None = None
@@ -128,12 +133,6 @@ class Experiment:
                         f"policy {cfg.policy!r} under schedule {cfg.schedule!r} trains no unit "
                         f"in round {t}; use another policy or schedule"
                     )
-        sel = cfg.resolved_selection()
-        self.selection = (
-            SELECTIONS.get(sel)(cfg.clients_per_round)
-            if sel == "uniform"
-            else SELECTIONS.get(sel)(cfg.participation)
-        )
         self.settings = TrainSettings(
             local_epochs=cfg.local_epochs,
             local_steps=cfg.local_steps,
@@ -147,6 +146,24 @@ class Experiment:
         sizes = [len(p) for p in self.parts]
         self.sizes = sizes
         self.mean_samples = sum(sizes) / len(sizes)
+        self.system: SystemModel | None = None
+        self.deadline: SoftDeadline | None = None
+        if cfg.system is not None:
+            self.algorithm.begin_client(ds.train_y[: min(2, len(ds.train_y))])
+            costs = per_sample_costs(
+                cfg.system,
+                copy.deepcopy(self.template),
+                self.units,
+                example[: min(2, len(example))],
+                ds.train_y[: min(2, len(ds.train_y))],
+                self.algorithm.loss,
+            )
+            self.system = SystemModel(
+                cfg.system, self.space, costs, sizes, cfg.local_epochs, self.num_clients, cfg.seed
+            )
+            if cfg.policy == "freezefl":
+                self.deadline = SoftDeadline(cfg.freezefl.T0, cfg.freezefl.deadline_ema)
+        self.selection = SELECTIONS.get(cfg.resolved_selection()).from_experiment(self)
         self.evaluator = Evaluator(self.template, self.space, ds, cfg.eval_batch_size)
         self.personal: PersonalizedEvaluator | None = None
         if self.test_parts is not None:
@@ -287,6 +304,116 @@ def personal_test_sets(
     return split.train_parts, renumbered, out
 
 
+class Simulation:
+    """Simulated devices and stateful selection around one round (FreezeFL Sec. IV-V): the
+    per-client round config (soft deadline, the time each freezing choice would be charged),
+    the clients' times, round length and clock, the deadline update and the selection's
+    feedback. Everything it keeps is in :meth:`state_dict` for an exact resume."""
+
+    def __init__(self, exp: Experiment) -> None:
+        self.exp = exp
+        self.clock = Clock()
+        self.participations = [0] * exp.num_clients
+
+    def client_extra(self, client: int) -> dict[str, Any]:
+        exp = self.exp
+        if exp.deadline is None or exp.system is None:
+            return {}
+        return {
+            "deadline": exp.deadline.value,
+            "tau": exp.system.tau(client, exp.cfg.freezefl.probe),
+        }
+
+    def charged_time(self, res: ClientResult, bytes_down: int) -> float:
+        """What client ``res.client`` is charged: the freezing policy's own figure, else its
+        counted FLOPs and bytes (or its full-model time when costs are measured)."""
+        system = self.exp.system
+        if "charged_time" in res.metrics:
+            return float(res.metrics["charged_time"])
+        if self.exp.cfg.system.cost == "measured":
+            return system.full_time(res.client)
+        work = res.metrics["flops"] - res.metrics.get("probe_flops", 0)
+        return system.time(res.client, work, bytes_down, res.metrics["bytes_up"])
+
+    def finish(
+        self, r: int, results: list[ClientResult], bytes_down: int, delta_global: Tensor
+    ) -> dict[str, Any]:
+        exp = self.exp
+        for res in results:
+            self.participations[res.client] += 1
+        fields: dict[str, Any] = {}
+        times: dict[int, float] = {}
+        if exp.system is not None:
+            times = {res.client: self.charged_time(res, bytes_down) for res in results}
+            sent = exp.deadline.value if exp.deadline is not None else None
+            fields["round_length"] = self.clock.advance(list(times.values()))
+            fields["sim_clock"] = self.clock.now
+            fields["soft_deadline"] = sent
+            if exp.deadline is not None:
+                exp.deadline.update(list(times.values()))
+        update = getattr(exp.selection, "update", None)
+        if update is not None:
+            update(
+                SelectionFeedback(
+                    round=r,
+                    clients=[res.client for res in results],
+                    num_clients=exp.num_clients,
+                    n_frozen={res.client: int(res.metrics.get("n_frozen", 0)) for res in results},
+                    num_units=exp.space.num_units - len(exp.layout.extra),
+                    space=exp.space,
+                    local_deltas={res.client: res.delta for res in results},
+                    trained={res.client: res.trained for res in results},
+                    global_delta=delta_global,
+                    times=times,
+                )
+            )
+        if exp.system is not None:
+            utility = getattr(exp.selection, "utility", None)
+            fields["per_client"] = [
+                {
+                    "id": res.client,
+                    "ability": float(exp.system.ability(res.client)),
+                    "n_frozen": int(res.metrics.get("n_frozen", 0)),
+                    "width": None,
+                    "bytes_down": bytes_down,
+                    "bytes_up": res.metrics["bytes_up"],
+                    "flops": res.metrics["flops"],
+                    "time": times[res.client],
+                    "utility": None if utility is None else float(utility[res.client]),
+                }
+                for res in results
+            ]
+        return fields
+
+    def state_dict(self) -> dict[str, Any]:
+        exp = self.exp
+        sel = getattr(exp.selection, "state_dict", None)
+        return {
+            "clock": self.clock.state_dict(),
+            "deadline": exp.deadline.state_dict() if exp.deadline is not None else {},
+            "selection": sel() if sel is not None else {},
+            "participations": torch.tensor(self.participations),
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        exp = self.exp
+        self.clock.load_state_dict(d["clock"])
+        if exp.deadline is not None:
+            exp.deadline.load_state_dict(d["deadline"])
+        if hasattr(exp.selection, "load_state_dict"):
+            exp.selection.load_state_dict(d["selection"])
+        self.participations = [int(x) for x in d["participations"]]
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"participations": list(self.participations)}
+        system = self.exp.system
+        if system is not None:
+            out["abilities"] = [float(system.ability(k)) for k in range(self.exp.num_clients)]
+            out["full_model_time"] = [system.full_time(k) for k in range(self.exp.num_clients)]
+            out["sim_clock"] = self.clock.now
+        return out
+
+
 class ClientStates:
     """Per-client algorithm state (FedDyn's lambda_i), created on first use."""
 
@@ -356,6 +483,7 @@ def run_experiment(
     weights = exp.initial_weights()
     server_state = exp.algorithm.init_server_state(weights, exp.num_clients)
     states = ClientStates(exp.algorithm, exp.space)
+    sim = Simulation(exp)
     local_mean = (
         LocalModelMean(weights, exp.num_clients)
         if cfg.evaluation == "mean_of_local_models"
@@ -378,6 +506,7 @@ def run_experiment(
             states.load_state_dict(ck["client_states"])
             if local_mean is not None:
                 local_mean.load_state_dict(ck["local_models"])
+            sim.load_state_dict(ck["simulation"])
             start = int(ck["round"]) + 1
             records = rd.truncate_metrics(start - 1)
         elif rd.exists_with_results() and not resume:
@@ -428,7 +557,16 @@ def run_experiment(
             clients = exp.selection.select(r, cfg.seed, exp.num_clients)
             payload = exp.algorithm.payload(server_state)
             tasks = [
-                ClientTask(r, i, cfg.seed, exp.lr_at(r), exp.mean_samples, payload, cfg.rounds)
+                ClientTask(
+                    r,
+                    i,
+                    cfg.seed,
+                    exp.lr_at(r),
+                    exp.mean_samples,
+                    payload,
+                    cfg.rounds,
+                    sim.client_extra(i),
+                )
                 for i in clients
             ]
             client_states = {i: states.get(i) for i in clients}
@@ -448,6 +586,8 @@ def run_experiment(
                 if local_mean is not None:
                     local_mean.update(res.client, weights + res.delta)
             step = exp.algorithm.server_update(weights, agg, server_state, r, exp.num_clients)
+            down_each = round_bytes(exp, shared, r, model_bytes)
+            simulated = sim.finish(r, results, down_each, step.weights - weights)
             weights, server_state = step.weights, step.state
             evaluated: dict[str, Any] = {"test_acc": None, "test_loss": None}
             t_eval = 0.0
@@ -464,7 +604,7 @@ def run_experiment(
                 "num_clients": n,
                 "lr": exp.lr_at(r),
                 "trained_params": sum(x.metrics["trained_params"] for x in results) / n,
-                "bytes_down": n * round_bytes(exp, shared, r, model_bytes),
+                "bytes_down": n * down_each,
                 "trained_sublayers": trained_sublayers(exp, r),
                 "bytes_up": sum(
                     x.metrics["bytes_up"] if cfg.upload == "partial" else model_bytes
@@ -473,6 +613,7 @@ def run_experiment(
                 "flops": sum(x.metrics["flops"] for x in results),
                 "client_drift": agg.client_drift(),
                 **step.metrics,
+                **simulated,
                 "time_train": t_train,
                 "time_eval": t_eval,
                 "wall_time": time.perf_counter() - t0,
@@ -488,6 +629,7 @@ def run_experiment(
                             "server_state": server_state,
                             "client_states": states.state_dict(),
                             "local_models": local_mean.state_dict() if local_mean else {},
+                            "simulation": sim.state_dict(),
                             "config_hash": chash,
                         }
                     )
@@ -496,6 +638,7 @@ def run_experiment(
     finally:
         executor.close()
     summary = make_summary(cfg, records, chash, time.perf_counter() - t_run, exp)
+    summary["clients"] = sim.summary()
     completed = bool(records) and records[-1]["round"] == cfg.rounds
     if completed and exp.personal is not None:
         summary["pfl"] = personalize(exp, weights, states, rd)

@@ -99,6 +99,13 @@ class Rbcsf:
                 raise ValueError("rbcsf full_times must be one finite time per client")
             self.queues = np.zeros(len(self.times))
 
+    @classmethod
+    def from_experiment(cls, exp: Any) -> Rbcsf:
+        if exp.system is None:
+            raise ConfigError("selection: rbcsf needs a system: block (its clients' round times)")
+        times = [exp.system.full_time(k) for k in range(exp.num_clients)]
+        return cls(exp.cfg.clients_per_round, full_times=times, params=exp.cfg.rbcsf)
+
     def rate(self, num_clients: int) -> float:
         """rho: ``rbcsf.rate``, or K/N."""
         if self.params.rate is not None:

@@ -109,6 +109,11 @@ class Reputation:
         if num_clients is not None:
             self._ensure(num_clients)
 
+    @classmethod
+    def from_experiment(cls, exp: Any) -> Reputation:
+        cfg = exp.cfg
+        return cls(cfg.clients_per_round, params=cfg.reputation, num_clients=exp.num_clients)
+
     # --- state -------------------------------------------------------------------------------
 
     def _ensure(self, num_clients: int) -> None:

@@ -70,6 +70,10 @@ class Bernoulli:
 
     participation: float
 
+    @classmethod
+    def from_experiment(cls, exp: Any) -> Bernoulli:
+        return cls(exp.cfg.participation)
+
     def select(self, round: int, seed: int, num_clients: int) -> list[int]:
         rng = numpy_rng(seed, "select", round)
         while True:
@@ -84,6 +88,10 @@ class UniformCount:
     """Exactly ``clients_per_round`` clients, uniformly without replacement."""
 
     clients_per_round: int
+
+    @classmethod
+    def from_experiment(cls, exp: Any) -> UniformCount:
+        return cls(exp.cfg.clients_per_round)
 
     def select(self, round: int, seed: int, num_clients: int) -> list[int]:
         rng = numpy_rng(seed, "select", round)
