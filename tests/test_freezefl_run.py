@@ -100,3 +100,10 @@ def test_bad_settings_are_config_errors(override):
 
     with pytest.raises(ConfigError):
         load_config("configs/cpu/freezefl-digits.yaml", [override])
+
+
+def test_client_accuracy_beside_the_global_model():
+    res = run_experiment(_cfg(method="freezefl", pfl_test="holdout", test_fraction=0.1))
+    r = res.records[-1]
+    assert 0.0 <= r["acc_client_mean"] <= 1.0 and r["test_acc"] is not None
+    assert "pfl" not in res.summary  # no fine-tuning without personalized evaluation

@@ -125,17 +125,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from fedbug.sweep import format_table, report
+    from fedbug.report import cmd_report as run_report
 
-    out = Path(args.out) if args.out else None
-    rows = report([Path(d) for d in args.dirs], out)
-    if args.json:
-        print(json.dumps(rows, indent=1, default=str))
-    else:
-        print(format_table(rows))
-        if out is not None:
-            print(f"written: {out / 'report.md'}, {out / 'report.json'}, {out / 'accuracy.png'}")
-    return 0
+    return run_report(args)
 
 
 def cmd_theory(args: argparse.Namespace) -> int:
@@ -240,8 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="re-print the comparison table of finished runs")
     rp.add_argument("dirs", nargs="+", help="run or sweep folders")
-    rp.add_argument("--out", default=None, help="write report.md, report.json, accuracy.png")
+    rp.add_argument("--out", default=None, help="write report.md, report.json and the PNGs")
     rp.add_argument("--json", action="store_true")
+    rp.add_argument(
+        "--target", default=None, help="simulated runs: accuracy to reach (0.75, 75%%) or auto"
+    )
+    rp.add_argument("--metric", default=None, help="record key (acc_client_mean, else test_acc)")
     rp.set_defaults(func=cmd_report)
 
     t = sub.add_parser("theory", help="the two-client analysis of FedBug Sec. 4, computed")

@@ -102,8 +102,11 @@ class BaseConfig(BaseModel):
     )
     # evaluation and output
     evaluation: Literal["global", "mean_of_local_models", "personalized"] = "global"
-    pfl_test: Literal["matched", "holdout"] = Field(
-        "matched", description="personalized test sets: official test set dealt, or held out"
+    pfl_test: Literal["matched", "holdout"] | None = Field(
+        None,
+        description="client test sets: the official test set dealt (matched, the default of "
+        "personalized evaluation) or a holdout of each client's train part; when set with global "
+        "evaluation, acc_client_mean is recorded too",
     )
     test_fraction: float = Field(
         0.25, gt=0.0, lt=1.0, description="share of each client's train part held out (holdout)"

@@ -91,10 +91,12 @@ class Experiment:
                 ds.num_classes,
                 cfg.min_client_samples,
             )
-        # Per-client test sets (personalized evaluation only): test_parts[i] indexes
-        # self.dataset.test_x / test_y. See personal_test_sets.
+        # Per-client test sets: test_parts[i] indexes self.dataset.test_x / test_y (see
+        # personal_test_sets); for personalized evaluation, and for acc_client_mean beside a
+        # global model when clients have their own test samples (LEAF) or pfl_test is set.
         self.test_parts: list[Tensor] | None = None
-        if cfg.evaluation == "personalized":
+        natural_tests = cfg.partition == "natural" and ds.natural_test_clients is not None
+        if cfg.evaluation == "personalized" or cfg.pfl_test is not None or natural_tests:
             self.parts, self.test_parts, ds = personal_test_sets(ds, self.parts, cfg)
             self.dataset = ds
         self.num_clients = len(self.parts)
@@ -292,8 +294,9 @@ def personal_test_sets(
     """
     if cfg.partition == "natural" and ds.natural_test_clients is not None:
         return parts, list(ds.natural_test_clients), ds
+    scheme = cfg.pfl_test or "matched"
     split = client_test_split(
-        ds.train_y, parts, ds.test_y, cfg.pfl_test, cfg.seed, cfg.test_fraction, ds.num_classes
+        ds.train_y, parts, ds.test_y, scheme, cfg.seed, cfg.test_fraction, ds.num_classes
     )
     if split.test_source == "test":
         return split.train_parts, split.test_parts, ds
@@ -640,7 +643,7 @@ def run_experiment(
     summary = make_summary(cfg, records, chash, time.perf_counter() - t_run, exp)
     summary["clients"] = sim.summary()
     completed = bool(records) and records[-1]["round"] == cfg.rounds
-    if completed and exp.personal is not None:
+    if completed and cfg.evaluation == "personalized":
         summary["pfl"] = personalize(exp, weights, states, rd)
     if rd is not None and (not records or completed):
         rd.write_json("summary.json", summary)
@@ -652,28 +655,35 @@ def run_experiment(
 def evaluate_round(
     exp: Experiment, eval_weights: Tensor, local_mean: LocalModelMean | None, states: ClientStates
 ) -> dict[str, Any]:
-    """The round's test figures for the config's ``evaluation``."""
-    if exp.personal is not None:
-        scores = exp.personal.evaluate(eval_weights, states.get)
-        figures = summarise_scores(scores)
-        return {
-            "test_acc": figures["mean"],
-            "test_loss": None,
-            "acc_client_mean": figures["mean"],
-            "acc_client_std": figures["std"],
-            "acc_client_weighted": figures["weighted"],
-        }
+    """The round's test figures for the config's ``evaluation`` (plus each client's own test
+    accuracy under the global model where clients have test sets: FreezeFL's acc_client_mean)."""
+    if exp.cfg.evaluation == "personalized":
+        figures = client_figures(exp, eval_weights, states.get)
+        return {"test_acc": figures["acc_client_mean"], "test_loss": None, **figures}
+    out: dict[str, Any]
     if local_mean is not None:
         acc, loss = exp.evaluator.evaluate(local_mean.mean())
         acc_s, loss_s = exp.evaluator.evaluate(eval_weights)
-        return {
-            "test_acc": acc,
-            "test_loss": loss,
-            "test_acc_server": acc_s,
-            "test_loss_server": loss_s,
-        }
-    acc, loss = exp.evaluator.evaluate(eval_weights)
-    return {"test_acc": acc, "test_loss": loss}
+        out = {"test_acc": acc, "test_loss": loss, "test_acc_server": acc_s}
+        out["test_loss_server"] = loss_s
+    else:
+        acc, loss = exp.evaluator.evaluate(eval_weights)
+        out = {"test_acc": acc, "test_loss": loss}
+    if exp.personal is not None:
+        out.update(client_figures(exp, eval_weights, lambda _client: {}))
+    return out
+
+
+def client_figures(
+    exp: Experiment, weights: Tensor, states: Callable[[int], dict[str, Tensor]]
+) -> dict[str, Any]:
+    """Mean, std (over clients) and weighted accuracy of every client on its own test set."""
+    figures = summarise_scores(exp.personal.evaluate(weights, states))
+    return {
+        "acc_client_mean": figures["mean"],
+        "acc_client_std": figures["std"],
+        "acc_client_weighted": figures["weighted"],
+    }
 
 
 def personalize(

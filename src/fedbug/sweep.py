@@ -250,10 +250,12 @@ def group_runs(runs: list[dict[str, Any]]) -> list[tuple[Cell, list[dict[str, An
     return list(groups.values())
 
 
-def report(dirs: list[Path], out: Path | None = None) -> list[dict[str, Any]]:
-    """Re-print the comparison table of finished runs; with ``out``, write report.md,
-    report.json and accuracy.png there."""
-    cell_runs = group_runs(collect_runs(dirs))
+def report(
+    dirs: list[Path], out: Path | None = None, runs: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Re-print the comparison table of finished runs (``runs``, else those under ``dirs``);
+    with ``out``, write report.md, report.json and accuracy.png there."""
+    cell_runs = group_runs(runs if runs is not None else collect_runs(dirs))
     rows = summarise(cell_runs)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
