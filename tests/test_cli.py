@@ -511,3 +511,30 @@ def test_data_text(capsys):
     assert rc == 0
     assert re.search(r"^digits\s+found: ", stdout, re.M)
     assert re.search(r"^fashion_mnist\s+(found|missing)", stdout, re.M)
+
+
+def test_data_dir_option_is_searched_first(tmp_path, capsys):
+    import numpy as np
+
+    from fedbug.data.idx import write_idx
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for prefix, n in (("train", 60), ("t10k", 20)):
+        write_idx(
+            folder / f"{prefix}-images-idx3-ubyte", rng.integers(0, 255, (n, 28, 28), np.uint8)
+        )
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte", (np.arange(n) % 10).astype(np.uint8))
+    cfg = tmp_path / "f.yaml"
+    cfg.write_text(
+        "dataset: fashion_mnist\nmodel: mlp\nnum_clients: 3\nclients_per_round: 2\n"
+        "rounds: 1\nlocal_steps: 1\nbatch_size: 8\n"
+    )
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--data-dir", str(folder), "--out", str(out), "-q"]) == 0
+    (run,) = list(out.iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["config"]["data_dir"] == str(folder)
+    part = json.loads((run / "partition.json").read_text())
+    assert part["summary"]["num_samples"] == 60

@@ -74,6 +74,11 @@ def format_pfl(pfl: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def data_dir_override(args: argparse.Namespace) -> list[str]:
+    """``--data-dir DIR`` as the override ``data_dir=DIR`` (an explicit ``-s`` still wins)."""
+    return [f"data_dir={json.dumps(args.data_dir)}"] if args.data_dir else []
+
+
 def run_dir_for(cfg: Any, out: Path) -> Path:
     from fedbug.config import config_hash
 
@@ -83,7 +88,7 @@ def run_dir_for(cfg: Any, out: Path) -> Path:
 def cmd_run(args: argparse.Namespace) -> int:
     from fedbug.config import load_config
 
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, [*data_dir_override(args), *args.set])
     out = Path(args.out)
     run_dir = run_dir_for(cfg, out)
     res = _run_one(cfg, run_dir, args.resume, args.quiet, f"{cfg.name} seed {cfg.seed}")
@@ -103,7 +108,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedbug.sweep import format_table, parse_grid_arg, run_sweep
 
     doc = read_config_doc(args.config)
-    for text in args.set:
+    for text in [*data_dir_override(args), *args.set]:
         set_dotted(doc, *parse_set(text))
     base = load_config(None, doc=doc)  # validates the base before any run
     grid = dict(base.grid or {})
@@ -216,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("config")
     r.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
     r.add_argument("--out", default="runs", help="folder for run folders (default: runs)")
+    r.add_argument("--data-dir", default=None, help="look for data files here first")
     r.add_argument("--resume", action="store_true", help="continue the run from its checkpoint")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
@@ -226,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-g", "--grid", action="append", default=[], metavar="KEY=V1,V2")
     s.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: config)")
     s.add_argument("--out", default="runs")
+    s.add_argument("--data-dir", default=None, help="look for data files here first")
     s.add_argument("--resume", action="store_true", help="continue unfinished runs")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_sweep)
