@@ -69,3 +69,28 @@ def test_fedbabu_head_is_its_init_on_the_server_under_every_schedule():
         exp = Experiment(exp_cfg)
         head = exp.space.unit_slices[exp.layout.head[0]]
         assert torch.equal(res.weights[head], exp.initial_weights()[head])
+
+
+def test_fedrod_client_accuracy_beside_the_global_model_uses_the_generic_head():
+    cfg = tiny_config(
+        algorithm="fedrod",
+        partition="dirichlet_classwise",
+        pfl_test="matched",
+        rounds=3,
+        num_clients=6,
+    )
+    r = run_experiment(cfg).records[-1]
+    exp = Experiment(cfg)
+    assert sum(len(t) for t in exp.test_parts) == len(exp.dataset.test_y)  # tests cover it all
+    assert r["acc_client_weighted"] == pytest.approx(r["test_acc"])
+
+
+def test_measured_costs_travel_in_the_checkpoint():
+    from fedbug.engine import Simulation
+
+    cfg = tiny_config(system={"abilities": "uniform", "cost": "measured"})
+    exp = Experiment(cfg)
+    saved = Simulation(exp).state_dict()
+    other = Experiment(cfg)  # measures again: other numbers
+    Simulation(other).load_state_dict(saved)
+    assert other.system.tau(0, "rollback") == exp.system.tau(0, "rollback")

@@ -75,3 +75,25 @@ def test_same_seed_same_init():
     c = build_model("digits_cnn", (1, 8, 8), 10, seed=4)
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
     assert not torch.equal(a.conv1.weight, c.conv1.weight)
+
+
+def test_each_float_buffer_is_laid_out_once_in_its_own_unit():
+    class RootScaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(1))
+            self.fc = nn.Linear(4, 3)
+            self.bn = nn.BatchNorm1d(3)
+            self.out = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.out(self.bn(self.fc(x * self.scale)))
+
+    m = RootScaled()
+    units = find_units(m, torch.zeros(2, 4))
+    space = ParamSpace(m, units)
+    assert len(space.names) == len(set(space.names))
+    expected = sum(p.numel() for p in m.parameters()) + 3 + 3  # running mean and var
+    assert space.total == expected
+    bn_unit = next(i for i, u in enumerate(units) if "bn" in u.modules)
+    assert space.unit_of[space.names.index("bn.running_mean")] == bn_unit

@@ -23,6 +23,7 @@ class Aggregate:
         self._wsum = torch.zeros(space.total)
         self._raw = torch.zeros(space.total)
         self._unit_w = [0.0] * space.num_units
+        self._unit_n = [0] * space.num_units
         self.sq_norm_sum = 0.0
         self.count = 0
         self.num_samples = 0
@@ -36,18 +37,20 @@ class Aggregate:
                 self._wsum[s].add_(delta[s], alpha=w)
                 self._raw[s].add_(delta[s])
                 self._unit_w[u] += w
-        d = delta.double()
-        self.sq_norm_sum += float(torch.dot(d, d))
+                self._unit_n[u] += 1
+                d = delta[s].double()
+                self.sq_norm_sum += float(torch.dot(d, d))  # what was sent, nothing else
         self.count += 1
         self.num_samples += num_samples
 
-    def mean_delta(self) -> Tensor:
-        """Per unit: sum_i w_i Delta_i / sum_i w_i over the clients that trained the unit."""
+    def mean_delta(self, uniform: bool = False) -> Tensor:
+        """Per unit: sum_i w_i Delta_i / sum_i w_i over the clients that sent the unit
+        (``uniform``: the plain mean over them, whatever the weighting)."""
         out = torch.zeros(self.space.total)
-        for u, w in enumerate(self._unit_w):
-            if w > 0:
+        for u, (w, n) in enumerate(zip(self._unit_w, self._unit_n)):
+            if n > 0:
                 s = self.space.unit_slices[u]
-                out[s] = self._wsum[s] / w
+                out[s] = self._raw[s] / n if uniform else self._wsum[s] / w
         return out
 
     def delta_sum(self) -> Tensor:

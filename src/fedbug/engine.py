@@ -393,6 +393,7 @@ class Simulation:
         sel = getattr(exp.selection, "state_dict", None)
         return {
             "clock": self.clock.state_dict(),
+            "system": exp.system.state_dict() if exp.system is not None else {},
             "deadline": exp.deadline.state_dict() if exp.deadline is not None else {},
             "selection": sel() if sel is not None else {},
             "participations": torch.tensor(self.participations),
@@ -401,6 +402,8 @@ class Simulation:
     def load_state_dict(self, d: dict[str, Any]) -> None:
         exp = self.exp
         self.clock.load_state_dict(d["clock"])
+        if exp.system is not None:
+            exp.system.load_state_dict(d["system"])  # measured costs are not re-timed
         if exp.deadline is not None:
             exp.deadline.load_state_dict(d["deadline"])
         if hasattr(exp.selection, "load_state_dict"):
@@ -670,15 +673,19 @@ def evaluate_round(
         acc, loss = exp.evaluator.evaluate(eval_weights)
         out = {"test_acc": acc, "test_loss": loss}
     if exp.personal is not None:
-        out.update(client_figures(exp, eval_weights, lambda _client: {}))
+        out.update(client_figures(exp, eval_weights, lambda _client: {}, generic=True))
     return out
 
 
 def client_figures(
-    exp: Experiment, weights: Tensor, states: Callable[[int], dict[str, Tensor]]
+    exp: Experiment,
+    weights: Tensor,
+    states: Callable[[int], dict[str, Tensor]],
+    generic: bool = False,
 ) -> dict[str, Any]:
-    """Mean, std (over clients) and weighted accuracy of every client on its own test set."""
-    figures = summarise_scores(exp.personal.evaluate(weights, states))
+    """Mean, std (over clients) and weighted accuracy of every client on its own test set
+    (``generic``: the global model's own output, without any personal part)."""
+    figures = summarise_scores(exp.personal.evaluate(weights, states, generic=generic))
     return {
         "acc_client_mean": figures["mean"],
         "acc_client_std": figures["std"],

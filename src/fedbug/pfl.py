@@ -88,13 +88,15 @@ class PersonalizedEvaluator:
         return w
 
     @torch.inference_mode()
-    def _score(self, client: int) -> int:
+    def _score(self, client: int, generic: bool = False) -> int:
         ds, idx = self.dataset, self.test_parts[client]
         self.model.eval()
         correct = 0
         for start in range(0, len(idx), self.batch_size):
             b = idx[start : start + self.batch_size]
-            out = self.algorithm.logits(self.model(ds.prepare(ds.test_x[b])))
+            out = self.model(ds.prepare(ds.test_x[b]))
+            if not generic:
+                out = self.algorithm.logits(out)
             correct += int((out.argmax(1) == ds.test_y[b]).sum())
         return correct
 
@@ -103,14 +105,16 @@ class PersonalizedEvaluator:
         weights: Tensor,
         states: Callable[[int], dict[str, Tensor]],
         clients: Sequence[int] | None = None,
+        generic: bool = False,
     ) -> list[ClientScore]:
         """Each client's accuracy (all clients by default) on its own test split with its own
-        current model."""
+        current model (``generic``: the model's own output, e.g. FedROD's generic head only)."""
         scores = []
         for i in clients if clients is not None else range(len(self.train_parts)):
             self.flat.copy_(self.client_weights(weights, states(i)))
+            correct = self._score(i, generic)
             scores.append(
-                ClientScore(i, len(self.train_parts[i]), len(self.test_parts[i]), self._score(i))
+                ClientScore(i, len(self.train_parts[i]), len(self.test_parts[i]), correct)
             )
         return scores
 

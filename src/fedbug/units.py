@@ -146,6 +146,23 @@ def _check_cover(model: nn.Module, units: list[Unit]) -> None:
         )
 
 
+def _buffer_units(units: list[Unit], buffers: dict[str, Tensor]) -> dict[str, int]:
+    """Each float buffer's unit: the unit of the module that owns it, else of its nearest
+    ancestor module that a unit lists; buffers outside every unit are left out."""
+    unit_of_module = {m: i for i, u in enumerate(units) for m in u.modules}
+    out: dict[str, int] = {}
+    for name in buffers:
+        path = name.rpartition(".")[0]
+        while True:
+            if path in unit_of_module:
+                out[name] = unit_of_module[path]
+                break
+            if not path:
+                break
+            path = path.rpartition(".")[0]
+    return out
+
+
 class ParamSpace:
     """All of a model's parameters and float buffers laid out unit by unit in one flat vector."""
 
@@ -159,17 +176,12 @@ class ParamSpace:
         self.is_param: list[bool] = []
         self.shapes: list[tuple[int, ...]] = []
         self.unit_of: list[int] = []
+        buffer_unit = _buffer_units(units, named_buffers)
         bounds = []
         offset = 0
         for ui, unit in enumerate(units):
             start = offset
-            entries = list(unit.params)
-            for mod_name in unit.modules:
-                prefix = f"{mod_name}." if mod_name else ""
-                sub = model.get_submodule(mod_name) if mod_name else model
-                entries += [
-                    prefix + n for n, _ in sub.named_buffers() if prefix + n in named_buffers
-                ]
+            entries = list(unit.params) + [b for b, u in buffer_unit.items() if u == ui]
             for name in entries:
                 t = named_params[name] if name in named_params else named_buffers[name]
                 self.names.append(name)

@@ -34,3 +34,13 @@ def test_client_drift_is_spread_around_the_mean():
     agg.add(torch.full((12,), 3.0), [True, True], 1)
     # each update is 1 from the mean in every entry: sqrt(12)
     assert abs(agg.client_drift() - 12**0.5) < 1e-9
+
+
+def test_client_drift_counts_only_what_was_sent():
+    space = runtime(TwoLayer()).space
+    agg = Aggregate(space, "uniform")
+    a = torch.cat([torch.ones(6), torch.full((6,), 5.0)])
+    b = torch.cat([torch.ones(6), torch.full((6,), -5.0)])
+    agg.add(a, [True, False], 1)  # a local head (FedPer): not sent, not part of the spread
+    agg.add(b, [True, False], 1)
+    assert agg.client_drift() == 0.0

@@ -61,3 +61,16 @@ def test_running_sum_equals_mean_of_all_client_states():
     exp = Experiment(tiny_config(algorithm="feddyn", rounds=1))
     states = ClientStates(exp.algorithm, exp.space)
     assert torch.equal(states.get(3)["lambda"], torch.zeros(exp.space.total))
+
+
+def test_server_averages_participants_plainly_whatever_their_sizes():
+    space = runtime(TwoLayer()).space
+    alg = FedDyn(params=FedDynParams(alpha=0.01))
+    w = torch.zeros(12)
+    state = alg.init_server_state(w, num_clients=2)
+    agg = Aggregate(space, "samples")
+    agg.add(torch.full((12,), 1.0), [True, True], 10)
+    agg.add(torch.full((12,), 3.0), [True, True], 90)  # size-weighted would give 2.8
+    step = alg.server_update(w, agg, state, round=1, num_clients=2)
+    # plain mean 2.0, plus the mean over all clients of lambda (1 + 3) / 2 = 2.0
+    torch.testing.assert_close(step.weights, torch.full((12,), 4.0))

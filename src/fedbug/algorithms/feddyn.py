@@ -36,7 +36,8 @@ class FedDyn(FedAvg):
         self, weights: Tensor, agg: Any, state: dict[str, Tensor], round: int, num_clients: int
     ) -> ServerStep:
         lambda_sum = state["lambda_sum"] + agg.delta_sum()
-        new = weights + self.global_lr * agg.mean_delta() + lambda_sum / num_clients
+        # the plain mean of the participants' models, as the authors' code (not size-weighted)
+        new = weights + self.global_lr * agg.mean_delta(uniform=True) + lambda_sum / num_clients
         return ServerStep(new, new, {"lambda_sum": lambda_sum})
 
     def init_client_state(self, space: ParamSpace) -> dict[str, Tensor]:
