@@ -87,9 +87,11 @@ def run_dir_for(cfg: Any, out: Path) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedbug.config import load_config
+    from fedbug.results import check_writable
 
     cfg = load_config(args.config, [*data_dir_override(args), *args.set])
     out = Path(args.out)
+    check_writable(out)
     run_dir = run_dir_for(cfg, out)
     res = _run_one(cfg, run_dir, args.resume, args.quiet, f"{cfg.name} seed {cfg.seed}")
     s = res["summary"]
@@ -105,6 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedbug.config import load_config, read_config_doc, set_dotted
     from fedbug.config import parse_override as parse_set
+    from fedbug.results import check_writable
     from fedbug.sweep import format_table, parse_grid_arg, run_sweep
 
     doc = read_config_doc(args.config)
@@ -116,6 +119,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         key, values = parse_grid_arg(text)
         grid[key] = values
     seeds = args.seeds if args.seeds is not None else base.seeds
+    check_writable(Path(args.out))
     out = Path(args.out) / f"{base.name}-sweep"
 
     def run_one(cfg: Any, run_dir: Path) -> dict[str, Any]:

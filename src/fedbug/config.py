@@ -120,6 +120,13 @@ class BaseConfig(BaseModel):
     count_flops: bool = True
     threads: int | None = Field(None, ge=1, le=1024)
     executor: Literal["sequential"] = "sequential"
+    # reliability
+    on_divergence: Literal["stop", "skip_client"] = Field(
+        "stop", description="a non-finite loss or update: stop the run, or drop that client"
+    )
+    min_results: int = Field(
+        1, ge=1, le=10_000_000, description="fewer valid updates: the round is not aggregated"
+    )
     # sweeps
     grid: dict[str, list[Any]] | None = None
     seeds: int = Field(1, ge=1, le=1000)
@@ -327,9 +334,16 @@ def resolve(cfg: BaseConfig) -> BaseConfig:
     return cfg
 
 
+_LATER_KEYS = ("on_divergence", "min_results")
+
+
 def config_hash(cfg: BaseConfig) -> str:
     """A short hash of everything that changes the numbers (not sweep bookkeeping)."""
     # threads is left out so a run resumes on a machine with another core count (its numbers
     # then agree within float32 rounding, not bitwise); it is recorded in config.yaml.
     d = cfg.model_dump(mode="json", exclude={"grid", "seeds", "name", "count_flops", "threads"})
+    # keys added after run folders existed count only when set, so older folders still resume
+    for key in _LATER_KEYS:
+        if d.get(key) == BaseConfig.model_fields[key].default:
+            d.pop(key, None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]

@@ -3,10 +3,17 @@
 One round: select clients -> send weights and round config -> each client trains (executor) ->
 aggregate per unit over the clients that trained it -> algorithm's server update -> evaluate ->
 one metrics record -> checkpoint every N rounds.
+
+Every update passes :func:`fedbug.checks.check_update` before aggregation: a malformed one is
+dropped (``dropped`` in the round's record), a non-finite one stops the run with a
+:class:`~fedbug.errors.DivergenceError` (or is dropped with ``on_divergence: skip_client``); a
+round with fewer than ``min_results`` valid updates is not aggregated. The run folder is locked
+(``.lock``) while the run writes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import time
@@ -24,13 +31,15 @@ from fedbug import rbcsf as _rbcsf  # noqa: F401  (registers the selection)
 from fedbug import reputation as _reputation  # noqa: F401  (registers the selection)
 from fedbug.aggregate import Aggregate
 from fedbug.algorithms import Algorithm, build_algorithm
+from fedbug.algorithms.base import ServerStep
+from fedbug.checks import check_update, divergence_hint, is_divergence
 from fedbug.client import ClientData, ClientResult, ClientRuntime, ClientTask, TrainSettings
 from fedbug.config import BaseConfig, config_hash, resolve
 from fedbug.data import FederatedDataset, load_dataset, partition, partition_summary
 from fedbug.data.augment import AUGMENTATIONS
 from fedbug.data.partition import client_test_split
 from fedbug.data.partition_plot import plot_partition
-from fedbug.errors import CheckpointError, ConfigError
+from fedbug.errors import CheckpointError, ConfigError, DivergenceError
 from fedbug.evaluate import Evaluator
 from fedbug.executors import SequentialExecutor
 from fedbug.layout import build_layout
@@ -482,10 +491,43 @@ def run_experiment(
     """Run (or resume) one experiment; write its run folder when ``run_dir`` is given.
 
     ``stop_after`` ends the run after that round (as a kill would, for tests of ``resume``).
+    While it runs, the run folder holds a lock (``.lock``, removed at the end, even on errors);
+    a second run on the same folder raises :class:`~fedbug.errors.RunFolderBusy`. A run whose
+    loss or weights stop being finite raises :class:`~fedbug.errors.DivergenceError` after
+    writing ``summary.json`` with ``"status": "diverged"``.
     """
+    if run_dir is None:
+        return _run(cfg, None, resume, dataset, model, on_round, stop_after)
+    rd = RunDir(Path(run_dir))
+    created = not rd.path.exists()
+    rd.create()
+    try:
+        rd.acquire_lock()
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                rd.path.rmdir()
+        raise
+    try:
+        return _run(cfg, rd, resume, dataset, model, on_round, stop_after)
+    finally:
+        rd.release_lock()
+        if created:
+            with contextlib.suppress(OSError):  # only an empty folder: the run wrote nothing
+                rd.path.rmdir()
+
+
+def _run(
+    cfg: BaseConfig,
+    rd: RunDir | None,
+    resume: bool,
+    dataset: FederatedDataset | None,
+    model: ModelSource,
+    on_round: RoundCallback | None,
+    stop_after: int | None,
+) -> RunResult:
     exp = Experiment(cfg, dataset, model)
     cfg = exp.cfg
-    rd = RunDir(Path(run_dir)) if run_dir is not None else None
     weights = exp.initial_weights()
     server_state = exp.algorithm.init_server_state(weights, exp.num_clients)
     states = ClientStates(exp.algorithm, exp.space)
@@ -557,6 +599,7 @@ def run_experiment(
     shared = set(exp.algorithm.shared_units(exp.space.num_units))
     shared_mask = [u in shared for u in range(exp.space.num_units)]
     model_bytes = exp.space.bytes_of(shared_mask)
+    diverged: DivergenceError | None = None
     try:
         for r in range(start, last_round + 1):
             t0 = time.perf_counter()
@@ -579,21 +622,27 @@ def run_experiment(
             t_train = time.perf_counter()
             results = executor.run_round(weights, tasks, client_states)
             t_train = time.perf_counter() - t_train
+            results, dropped = screen_updates(exp, r, results)
+            aggregated = len(results) >= cfg.min_results
             agg = Aggregate(exp.space, cfg.weighting)
-            for res in results:
-                sent = res.uploaded if cfg.upload == "partial" else shared_mask
-                agg.add(
-                    res.delta,
-                    sent if cfg.aggregation == "layerwise" else shared_mask,
-                    res.num_samples,
-                )
-                if exp.keeps_client_state:
-                    states.put(res.client, res.state)
-                if local_mean is not None:
-                    local_mean.update(res.client, weights + res.delta)
-            step = exp.algorithm.server_update(weights, agg, server_state, r, exp.num_clients)
+            if aggregated:
+                for res in results:
+                    sent = res.uploaded if cfg.upload == "partial" else shared_mask
+                    agg.add(
+                        res.delta,
+                        sent if cfg.aggregation == "layerwise" else shared_mask,
+                        res.num_samples,
+                    )
+                    if exp.keeps_client_state:
+                        states.put(res.client, res.state)
+                    if local_mean is not None:
+                        local_mean.update(res.client, weights + res.delta)
+                step = exp.algorithm.server_update(weights, agg, server_state, r, exp.num_clients)
+                check_weights(exp, r, step.weights)
+            else:
+                step = ServerStep(weights, weights, server_state)
             down_each = round_bytes(exp, shared, r, model_bytes)
-            simulated = sim.finish(r, results, down_each, step.weights - weights)
+            simulated = sim.finish(r, results, down_each, step.weights - weights) if results else {}
             weights, server_state = step.weights, step.state
             evaluated: dict[str, Any] = {"test_acc": None, "test_loss": None}
             t_eval = 0.0
@@ -605,11 +654,13 @@ def run_experiment(
             record: dict[str, Any] = {
                 "round": r,
                 **evaluated,
-                "train_loss": sum(x.metrics["train_loss"] for x in results) / n,
+                "train_loss": sum(x.metrics["train_loss"] for x in results) / n if n else None,
                 "clients": [x.client for x in results],
                 "num_clients": n,
                 "lr": exp.lr_at(r),
-                "trained_params": sum(x.metrics["trained_params"] for x in results) / n,
+                "trained_params": (
+                    sum(x.metrics["trained_params"] for x in results) / n if n else None
+                ),
                 "bytes_down": n * down_each,
                 "trained_sublayers": trained_sublayers(exp, r),
                 "bytes_up": sum(
@@ -624,6 +675,10 @@ def run_experiment(
                 "time_eval": t_eval,
                 "wall_time": time.perf_counter() - t0,
             }
+            if dropped:
+                record["dropped"] = dropped
+            if not aggregated:
+                record["aggregated"] = False
             records.append(record)
             if rd is not None:
                 rd.append_metrics(record)
@@ -641,10 +696,24 @@ def run_experiment(
                     )
             if on_round is not None:
                 on_round(record)
+    except DivergenceError as e:
+        diverged = e
     finally:
         executor.close()
     summary = make_summary(cfg, records, chash, time.perf_counter() - t_run, exp)
     summary["clients"] = sim.summary()
+    if diverged is not None:
+        summary["status"] = "diverged"
+        summary["divergence"] = {
+            "round": diverged.round,
+            "client": diverged.client,
+            "reason": diverged.reason,
+        }
+        if rd is not None:
+            rd.write_json("summary.json", summary)
+            if records:
+                plot_run(records, rd.path / "accuracy.png", f"{cfg.name} (seed {cfg.seed})")
+        raise diverged
     completed = bool(records) and records[-1]["round"] == cfg.rounds
     if completed and cfg.evaluation == "personalized":
         summary["pfl"] = personalize(exp, weights, states, rd)
@@ -653,6 +722,48 @@ def run_experiment(
         if records:
             plot_run(records, rd.path / "accuracy.png", f"{cfg.name} (seed {cfg.seed})")
     return RunResult(rd.path if rd else None, records, summary, weights)
+
+
+def screen_updates(
+    exp: Experiment, round: int, results: list[ClientResult]
+) -> tuple[list[ClientResult], list[dict[str, Any]]]:
+    """The updates that may be aggregated, and ``{"client", "reason"}`` for each one dropped.
+
+    A malformed update is always dropped; a non-finite one (loss or delta) raises
+    :class:`DivergenceError` under ``on_divergence: stop`` and is dropped under ``skip_client``.
+    """
+    kept: list[ClientResult] = []
+    dropped: list[dict[str, Any]] = []
+    for res in results:
+        reason = check_update(res, exp.space)
+        if reason is None:
+            kept.append(res)
+            continue
+        if is_divergence(reason) and exp.cfg.on_divergence == "stop":
+            raise DivergenceError(
+                f"training diverged in round {round}: client {res.client}'s update has {reason}; "
+                f"{divergence_hint(exp.cfg)}",
+                round,
+                res.client,
+                reason,
+            )
+        dropped.append({"client": res.client, "reason": reason})
+    return kept, dropped
+
+
+def check_weights(exp: Experiment, round: int, weights: Tensor) -> None:
+    """Stop when the aggregated weights are not finite (whatever ``on_divergence`` says: no
+    single client can be dropped for it)."""
+    if bool(torch.isfinite(weights).all()):
+        return
+    bad = int((~torch.isfinite(weights)).sum())
+    reason = f"non-finite global weights after aggregation ({bad} of {weights.numel()} entries)"
+    raise DivergenceError(
+        f"training diverged in round {round}: {reason}; {divergence_hint(exp.cfg)}",
+        round,
+        None,
+        reason,
+    )
 
 
 def evaluate_round(

@@ -1,4 +1,5 @@
-"""Errors that fedbug reports to the user as one line (exit code 2 on the command line)."""
+"""Errors that fedbug reports to the user as one line (exit code 2 on the command line, 3 for
+a diverged run)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,19 @@ class DataError(FedbugError):
 
 class CheckpointError(FedbugError):
     """A checkpoint or run folder cannot be used."""
+
+
+class DivergenceError(FedbugError):
+    """Training produced non-finite numbers (a loss or weights); exit code 3."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, round: int, client: int | None, reason: str) -> None:
+        super().__init__(message)
+        self.round = round
+        self.client = client
+        self.reason = reason
+
+
+class RunFolderBusy(FedbugError):
+    """Another live process holds the run folder's lock."""

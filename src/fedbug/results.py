@@ -4,10 +4,13 @@ Every write that matters is atomic: a temporary file in the same folder, flushed
 renamed over the target. A checkpoint carries a SHA-256 of its payload, checked on load, and
 loads with ``torch.load(weights_only=True)`` only. ``metrics.jsonl`` gets one whole line per
 round; on resume a torn last line is dropped and the rounds after the checkpoint are redone.
+While a run writes its folder it holds ``.lock`` (its pid, created with O_CREAT|O_EXCL); a lock
+whose process is gone is taken over.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -15,14 +18,50 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedbug.errors import CheckpointError
+from fedbug.errors import CheckpointError, FedbugError, RunFolderBusy
 
 CHECKPOINT_MAGIC = b"FEDBUG-CHECKPOINT-1 "
+LOCK_NAME = ".lock"
+#: a lock file without a pid (its writer was killed between create and write) younger than this
+#: is taken as held
+LOCK_GRACE_S = 10.0
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (on this machine)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    except OSError:
+        return False
+    return True
+
+
+def check_writable(folder: Path | str, what: str = "--out") -> None:
+    """Refuse, before any work, an output folder that cannot be written: the folder or, when it
+    does not exist yet, the nearest existing folder above it must be a writable folder."""
+    folder = Path(folder)
+    probe = folder
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise FedbugError(f"{what} {str(folder)!r} cannot be created: {str(probe)!r} is a file")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        where = "" if probe == folder else f" ({str(probe)!r} is not writable)"
+        raise FedbugError(f"{what} {str(folder)!r} is read-only{where}; choose a writable folder")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -106,6 +145,61 @@ class RunDir:
     def create(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
 
+    # -- lock ------------------------------------------------------------------------
+    @property
+    def lock_path(self) -> Path:
+        return self.path / LOCK_NAME
+
+    def _lock_holder(self) -> int | None:
+        """The pid in the lock file; None when it holds none (or cannot be read)."""
+        try:
+            text = self.lock_path.read_text(encoding="ascii", errors="replace").strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def acquire_lock(self) -> None:
+        """Take the folder's lock or raise :class:`RunFolderBusy` naming the live holder; a lock
+        left by a process that no longer exists is taken over. The folder must exist."""
+        for _ in range(3):
+            try:
+                fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pid = self._lock_holder()
+                if pid is not None and pid_alive(pid):
+                    raise RunFolderBusy(
+                        f"run folder {str(self.path)!r} is in use by another fedbug run "
+                        f"(pid {pid}); wait for it to finish or choose another --out"
+                    ) from None
+                if pid is None:
+                    try:
+                        age = time.time() - self.lock_path.stat().st_mtime
+                    except FileNotFoundError:
+                        continue
+                    if age < LOCK_GRACE_S:
+                        raise RunFolderBusy(
+                            f"run folder {str(self.path)!r} is being locked by another fedbug "
+                            "run (pid not written yet); try again in a few seconds"
+                        ) from None
+                with contextlib.suppress(FileNotFoundError):  # stale: its process is gone
+                    self.lock_path.unlink()
+                continue
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(f"{os.getpid()}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            return
+        raise RunFolderBusy(
+            f"run folder {str(self.path)!r}: could not take its lock ({LOCK_NAME}); another run "
+            "keeps taking it"
+        )
+
+    def release_lock(self) -> None:
+        """Remove the lock if this process holds it."""
+        if self._lock_holder() == os.getpid():
+            with contextlib.suppress(FileNotFoundError):
+                self.lock_path.unlink()
+
     def write_json(self, name: str, obj: Any) -> None:
         atomic_write_text(self.path / name, json.dumps(obj, indent=1, sort_keys=False) + "\n")
 
@@ -185,7 +279,8 @@ def plot_run(records: list[dict[str, Any]], path: Path, title: str) -> None:
     ax1.set_xlabel("round")
     ax1.set_ylabel("test accuracy (%)")
     ax1.grid(alpha=0.3)
-    ax2.plot([r["round"] for r in records], [r["train_loss"] for r in records], color="C1")
+    trained = [r for r in records if r.get("train_loss") is not None]
+    ax2.plot([r["round"] for r in trained], [r["train_loss"] for r in trained], color="C1")
     ax2.set_xlabel("round")
     ax2.set_ylabel("mean train loss")
     ax2.grid(alpha=0.3)

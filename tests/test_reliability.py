@@ -1,0 +1,356 @@
+"""Reliability: divergence, malformed updates, the run-folder lock, an unwritable --out."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from fedbug.checks import check_update, is_divergence
+from fedbug.cli import main
+from fedbug.client import ClientResult
+from fedbug.config import config_hash
+from fedbug.engine import run_experiment
+from fedbug.errors import DivergenceError, RunFolderBusy
+from fedbug.executors import SequentialExecutor
+from fedbug.results import RunDir
+from tests.tiny import TwoLayer, runtime, tiny_config
+
+
+@pytest.fixture(autouse=True)
+def _fast(monkeypatch: pytest.MonkeyPatch):
+    """No plots (most of a tiny run's time); torch's thread count given back afterwards."""
+
+    def stub(*_args, **_kwargs) -> None:
+        return None
+
+    monkeypatch.setattr("fedbug.engine.plot_run", stub)
+    monkeypatch.setattr("fedbug.engine.plot_partition", stub)
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def cfg(**overrides):
+    return tiny_config(count_flops=False, threads=1, **overrides)
+
+
+def corrupt_round(monkeypatch: pytest.MonkeyPatch, round: int, change) -> None:
+    """Make the executor hand back ``change(result)`` for the first client of ``round``."""
+
+    class Corrupting(SequentialExecutor):
+        def run_round(self, weights, tasks, states):
+            results = super().run_round(weights, tasks, states)
+            if tasks and tasks[0].round == round:
+                change(results[0])
+            return results
+
+    monkeypatch.setattr("fedbug.engine.SequentialExecutor", Corrupting)
+
+
+def nan_delta(res: ClientResult) -> None:
+    res.delta[0] = float("nan")
+
+
+def read_metrics(rd: Path) -> list[dict]:
+    return [json.loads(line) for line in (rd / "metrics.jsonl").read_text().splitlines()]
+
+
+def write_yaml(tmp_path: Path, **overrides) -> Path:
+    doc = {
+        "name": "tiny",
+        "dataset": "digits",
+        "model": "mlp",
+        "num_clients": 4,
+        "clients_per_round": 2,
+        "rounds": 2,
+        "local_steps": 2,
+        "batch_size": 16,
+        "eval_batch_size": 512,
+        "count_flops": False,
+        "threads": 1,
+        **overrides,
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+# -- check_update ---------------------------------------------------------------------------
+
+
+def good_result() -> tuple[ClientResult, object]:
+    space = runtime(TwoLayer()).space
+    res = ClientResult(
+        client=3,
+        num_samples=5,
+        delta=torch.zeros(space.total),
+        trained=[True] * space.num_units,
+        state={},
+        metrics={"train_loss": 0.5},
+    )
+    return res, space
+
+
+def test_check_update_accepts_a_well_formed_update():
+    res, space = good_result()
+    assert check_update(res, space) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "words", "divergence"),
+    [
+        (lambda r, s: setattr(r, "delta", torch.zeros(s.total + 1)), "shape", False),
+        (lambda r, s: setattr(r, "delta", torch.zeros(s.total, 2)), "shape", False),
+        (lambda r, s: setattr(r, "delta", [0.0] * s.total), "not a tensor", False),
+        (lambda r, s: setattr(r, "uploaded", [True]), "uploaded has 1", False),
+        (lambda r, s: setattr(r, "trained", [True] * (s.num_units + 1)), "trained has", False),
+        (lambda r, s: setattr(r, "num_samples", 0), "num_samples", False),
+        (lambda r, s: setattr(r, "num_samples", -3), "num_samples", False),
+        (lambda r, s: r.metrics.update(train_loss=float("inf")), "train loss", True),
+        (lambda r, s: r.delta.__setitem__(1, float("nan")), "weights", True),
+    ],
+    ids=["long", "2d", "list", "uploaded", "trained", "zero-n", "neg-n", "inf-loss", "nan-delta"],
+)
+def test_check_update_names_each_fault(change, words, divergence):
+    res, space = good_result()
+    change(res, space)
+    reason = check_update(res, space)
+    assert reason is not None and words in reason
+    assert is_divergence(reason) is divergence
+
+
+# -- divergence ----------------------------------------------------------------------------
+
+
+def test_high_lr_exits_3_naming_round_client_and_cause(tmp_path, capsys):
+    path = write_yaml(tmp_path, lr=1e6)
+    out = tmp_path / "out"
+    code = main(["run", str(path), "--out", str(out), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert code == 3
+    assert len(err.splitlines()) == 1
+    m = re.search(r"diverged in round (\d+): client (\d+)'s update", err)
+    assert m and "learning rate is likely too high" in err, err
+    r, client = int(m[1]), int(m[2])
+    (rd,) = list(out.iterdir())
+    summary = json.loads((rd / "summary.json").read_text())
+    assert summary["status"] == "diverged"
+    assert summary["divergence"]["round"] == r
+    assert summary["divergence"]["client"] == client
+    assert [x["round"] for x in read_metrics(rd)] == list(range(1, r))  # the rounds before
+    assert not (rd / ".lock").exists()
+
+
+def test_divergence_keeps_the_rounds_before(tmp_path, monkeypatch):
+    corrupt_round(monkeypatch, 2, nan_delta)
+    rd = tmp_path / "run"
+    with pytest.raises(DivergenceError) as info:
+        run_experiment(cfg(rounds=3), rd)
+    assert info.value.exit_code == 3
+    assert info.value.round == 2 and info.value.client is not None
+    assert "round 2" in str(info.value)
+    assert [r["round"] for r in read_metrics(rd)] == [1]
+    summary = json.loads((rd / "summary.json").read_text())
+    assert summary["status"] == "diverged"
+    assert summary["divergence"]["round"] == 2
+    assert summary["divergence"]["client"] == info.value.client
+    assert summary["rounds"] == 1
+    assert not (rd / ".lock").exists()
+
+
+def test_skip_client_drops_the_diverged_update_and_goes_on(tmp_path, monkeypatch):
+    corrupt_round(monkeypatch, 1, nan_delta)
+    res = run_experiment(cfg(on_divergence="skip_client"), tmp_path / "run")
+    first = res.records[0]
+    (dropped,) = first["dropped"]
+    assert "non-finite" in dropped["reason"]
+    assert dropped["client"] not in first["clients"]
+    assert first["num_clients"] == 2
+    assert res.summary["status"] == "completed"
+    assert torch.isfinite(res.weights).all()
+    assert [r["round"] for r in read_metrics(tmp_path / "run")] == [1, 2]
+
+
+def test_non_finite_global_weights_stop_even_with_skip_client(monkeypatch):
+    import fedbug.engine as engine
+    from fedbug.algorithms.base import ServerStep
+
+    real = engine.Experiment.__init__
+
+    def init(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        update = self.algorithm.server_update
+
+        def poisoned(weights, agg, state, r, n):
+            step = update(weights, agg, state, r, n)
+            w = step.weights.clone()
+            w[-1] = float("inf")
+            return ServerStep(w, w, step.state, step.metrics)
+
+        self.algorithm.server_update = poisoned
+
+    monkeypatch.setattr(engine.Experiment, "__init__", init)
+    with pytest.raises(DivergenceError) as info:
+        run_experiment(cfg(on_divergence="skip_client"))
+    assert info.value.round == 1 and info.value.client is None
+    assert "global weights" in str(info.value)
+
+
+# -- malformed updates ---------------------------------------------------------------------
+
+
+def test_malformed_update_is_dropped_and_the_round_goes_on(monkeypatch):
+    def short(res: ClientResult) -> None:
+        res.delta = res.delta[:-1]
+
+    corrupt_round(monkeypatch, 1, short)
+    res = run_experiment(cfg())
+    first = res.records[0]
+    (dropped,) = first["dropped"]
+    assert "shape" in dropped["reason"]
+    assert first["num_clients"] == 2 and "aggregated" not in first
+    assert res.summary["status"] == "completed"
+
+
+def test_too_few_valid_updates_leave_the_weights_unchanged(monkeypatch):
+    seen: list[torch.Tensor] = []
+
+    class Recording(SequentialExecutor):
+        def run_round(self, weights, tasks, states):
+            seen.append(weights.clone())
+            results = super().run_round(weights, tasks, states)
+            if tasks[0].round == 1:
+                results[0].num_samples = 0
+            return results
+
+    monkeypatch.setattr("fedbug.engine.SequentialExecutor", Recording)
+    res = run_experiment(cfg(min_results=3))
+    first, second = res.records
+    assert first["aggregated"] is False
+    assert first["dropped"][0]["reason"].startswith("num_samples")
+    assert first["test_acc"] is not None
+    assert torch.equal(seen[0], seen[1])  # round 2 started from the initial weights
+    assert "aggregated" not in second and not torch.equal(res.weights, seen[1])
+
+
+def test_new_keys_at_their_defaults_keep_the_config_hash():
+    base = cfg()
+    assert config_hash(cfg(on_divergence="stop", min_results=1)) == config_hash(base)
+    assert config_hash(cfg(min_results=2)) != config_hash(base)
+    assert config_hash(cfg(on_divergence="skip_client")) != config_hash(base)
+
+
+# -- the run-folder lock -------------------------------------------------------------------
+
+
+def test_a_second_run_on_a_locked_folder_exits_2_naming_the_pid(tmp_path, capsys):
+    from fedbug.cli import run_dir_for
+    from fedbug.config import load_config
+
+    path = write_yaml(tmp_path)
+    out = tmp_path / "out"
+    rd = run_dir_for(load_config(path), out)
+    rd.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (rd / ".lock").write_text(f"{holder.pid}\n")
+        code = main(["run", str(path), "--out", str(out), "-q"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2
+        assert f"pid {holder.pid}" in err and len(err.splitlines()) == 1
+        assert sorted(p.name for p in rd.iterdir()) == [".lock"]  # nothing written
+        assert (rd / ".lock").read_text().strip() == str(holder.pid)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_lock_held_by_this_process_refuses_in_the_library(tmp_path):
+    rd = RunDir(tmp_path / "run")
+    rd.create()
+    rd.acquire_lock()
+    assert (rd.path / ".lock").read_text().strip() == str(os.getpid())
+    with pytest.raises(RunFolderBusy, match=f"pid {os.getpid()}"):
+        run_experiment(cfg(), rd.path)
+    rd.release_lock()
+    assert not (rd.path / ".lock").exists()
+
+
+def test_a_stale_lock_is_taken_over_and_removed_at_the_end(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / ".lock").write_text(f"{gone.pid}\n")
+    res = run_experiment(cfg(), rd)
+    assert res.summary["status"] == "completed"
+    assert not (rd / ".lock").exists()
+
+
+def test_the_lock_is_removed_when_a_run_fails(tmp_path, monkeypatch):
+    def boom(res: ClientResult) -> None:
+        raise RuntimeError("client crashed")
+
+    corrupt_round(monkeypatch, 1, boom)
+    rd = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        run_experiment(cfg(), rd)
+    assert not (rd / ".lock").exists()
+
+
+def test_the_lock_is_held_while_the_run_writes(tmp_path):
+    rd = tmp_path / "run"
+    held: list[str] = []
+    run_experiment(cfg(), rd, on_round=lambda rec: held.append((rd / ".lock").read_text()))
+    assert held == [f"{os.getpid()}\n"] * 2
+    assert not (rd / ".lock").exists()
+
+
+# -- an unwritable --out -------------------------------------------------------------------
+
+
+def test_out_under_a_file_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    def no_run(*_args, **_kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr("fedbug.engine.Experiment", no_run)
+    path = write_yaml(tmp_path)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code = main(["run", str(path), "--out", str(blocker / "runs"), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert str(blocker / "runs") in err
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_read_only_out_is_refused_before_any_work(tmp_path, capsys, monkeypatch, command):
+    def no_run(*_args, **_kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr("fedbug.engine.Experiment", no_run)
+    path = write_yaml(tmp_path)
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        if os.access(out, os.W_OK):  # root writes anyway: simulate a read-only folder
+            real = os.access
+            monkeypatch.setattr(
+                os, "access", lambda p, mode: False if Path(p) == out else real(p, mode)
+            )
+        code = main([command, str(path), "--out", str(out), "-q"])
+    finally:
+        out.chmod(0o755)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert str(out) in err and "read-only" in err
+    assert list(out.iterdir()) == []
