@@ -509,6 +509,7 @@ def run_experiment(
                 rd.path.rmdir()
         raise
     try:
+        rd.remove_stale_temps()  # a killed run's half-written files; the lock is ours now
         return _run(cfg, rd, resume, dataset, model, on_round, stop_after)
     finally:
         rd.release_lock()

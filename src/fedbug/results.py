@@ -64,13 +64,44 @@ def check_writable(folder: Path | str, what: str = "--out") -> None:
         raise FedbugError(f"{what} {str(folder)!r} is read-only{where}; choose a writable folder")
 
 
+#: test-only: seconds to sleep inside each run-folder write (between writing and renaming, and
+#: in the middle of a metrics line), so that a crash drill's kills land mid-write more often
+SLOW_WRITES_ENV = "FEDBUG_TEST_SLOW_WRITES"
+TMP_MARK = ".tmp-"
+
+
+def _test_pause() -> None:
+    delay = os.environ.get(SLOW_WRITES_ENV)
+    if delay:
+        time.sleep(float(delay))
+
+
+def _naming(e: OSError, path: Path) -> OSError:
+    """``e`` naming the file the user knows (a failed ``write`` or ``fsync`` names none)."""
+    return OSError(e.errno, e.strerror or str(e), str(path))
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``path`` whole or not at all: a temporary file beside it, fsynced, renamed over it.
+    When the write fails (a full disk) the temporary file is removed and the old ``path`` kept;
+    the OSError names ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            _test_pause()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise _naming(e, path) from e
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     _fsync_dir(path.parent)
 
 
@@ -194,6 +225,16 @@ class RunDir:
             "keeps taking it"
         )
 
+    def remove_stale_temps(self) -> list[Path]:
+        """Remove temporary files left by a killed writer (``.NAME.tmp-PID``); call only while
+        holding the lock. Returns what was removed."""
+        removed = []
+        for p in self.path.glob(f".*{TMP_MARK}*"):
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+        return removed
+
     def release_lock(self) -> None:
         """Remove the lock if this process holds it."""
         if self._lock_holder() == os.getpid():
@@ -209,10 +250,18 @@ class RunDir:
     # -- metrics ---------------------------------------------------------------------
     def append_metrics(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, separators=(",", ":")) + "\n"
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.metrics_path, "a", encoding="utf-8") as f:
+                if os.environ.get(SLOW_WRITES_ENV):  # test-only: a window for a torn line
+                    f.write(line[: len(line) // 2])
+                    f.flush()
+                    _test_pause()
+                    line = line[len(line) // 2 :]
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise _naming(e, self.metrics_path) from e
 
     def read_metrics(self) -> list[dict[str, Any]]:
         if not self.metrics_path.exists():
