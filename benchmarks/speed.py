@@ -1,0 +1,424 @@
+"""Workload W: one FedAvg round through fedbug's real engine against a bare PyTorch loop.
+
+W is the FedBug paper's CIFAR setting on random data: the standard CNN (conv64-conv64-384-192-
+classes) on 3x32x32 uint8 images (``--shape fmnist``: 1x28x28), 100 clients x 500 samples (IID),
+10 clients a round, 5 local epochs of batch 50 (50 steps a client, 25,000 training samples a
+round), SGD lr 0.1, weight decay 1e-3, and evaluation of the global model on 10,000 test images
+every round.
+
+fedbug runs W through :func:`fedbug.engine.run_experiment` (the sequential executor, the
+evaluator and the round loop exactly as ``fedbug run`` uses them; no run folder). Each round's
+record gives ``time_train``, ``time_eval`` and ``wall_time``; the script also times the
+aggregation (``Aggregate`` methods, the algorithm's ``server_update`` and the finite-weights
+check) by wrapping them, so a round splits into training, evaluation, aggregation and the rest.
+
+In the same process, interleaved round by round (from the engine's ``on_round`` callback: fedbug
+round r, then bare round r), a bare loop: for the same 10 clients, ``load_state_dict`` of the
+global weights into one local model, 5 x 10 steps of forward, cross-entropy, backward and
+``torch.optim.SGD`` (same lr and weight decay), NCHW, the batch converted from uint8 as fedbug
+does; then the mean of the 10 state dicts. No evaluation, no FL machinery.
+
+Reported per round (median over rounds, the first dropped as a warm-up): seconds of training,
+evaluation, aggregation and the rest; samples/s; peak RSS (``resource.getrusage``); and
+``ratio_train`` = fedbug training / bare training, ``ratio_round`` = fedbug whole round
+(evaluation included) / bare training, ``ratio_round_no_eval`` = fedbug round without its
+evaluation / bare round (training + mean).
+
+    python benchmarks/speed.py --quick          # about a minute: 1 local epoch, 4 rounds
+    python benchmarks/speed.py                  # full W: 5 epochs, 7 rounds (6 counted)
+    python benchmarks/speed.py --profile        # + torch.profiler on one more fedbug round
+    python benchmarks/speed.py --json --out w.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import shlex
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import fedbug.engine as engine
+from fedbug.aggregate import Aggregate
+from fedbug.config import load_config
+from fedbug.data import FederatedDataset
+from fedbug.models import build_model
+
+SHAPES = {"cifar": (3, 32, 32), "fmnist": (1, 28, 28)}
+MEANS = {"cifar": (0.4914, 0.4822, 0.4465), "fmnist": (0.2860,)}
+STDS = {"cifar": (0.2470, 0.2435, 0.2616), "fmnist": (0.3530,)}
+NUM_CLIENTS = 100
+PER_ROUND = 10
+SAMPLES = 500
+TEST = 10_000
+BATCH = 50
+LR = 0.1
+WEIGHT_DECAY = 1e-3
+TARGETS = {"ratio_train": 0.90, "ratio_round": 1.0, "peak_rss_mb": 1024.0}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Workload W: fedbug vs a bare PyTorch loop.")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="cifar")
+    ap.add_argument("--classes", type=int, default=10, help="number of classes (10)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds incl. 1 warm-up (7)")
+    ap.add_argument("--epochs", type=int, default=None, help="local epochs (5)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: cores)")
+    ap.add_argument("--eval-batch", type=int, default=None, help="eval batch (fedbug's default)")
+    ap.add_argument("--quick", action="store_true", help="1 local epoch, 4 rounds: about a minute")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed rounds, one more fedbug round under torch.profiler (untimed)",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument("--out", default=None, help="also write the JSON to this file")
+    return ap.parse_args(argv)
+
+
+def rss_mb() -> float:
+    """Current resident set size (MB) from /proc, 0 where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def load1() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "platform": platform.platform(),
+    }
+
+
+def make_dataset(shape: str, classes: int, seed: int) -> FederatedDataset:
+    g = torch.Generator().manual_seed(seed)
+    c, h, w = SHAPES[shape]
+    n = NUM_CLIENTS * SAMPLES
+    x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    xt = torch.randint(0, 256, (TEST, c, h, w), dtype=torch.uint8, generator=g)
+    yt = torch.randint(0, classes, (TEST,), generator=g)
+    return FederatedDataset(
+        f"random-{shape}", x, y, xt, yt, classes, mean=MEANS[shape], std=STDS[shape]
+    )
+
+
+class Timer:
+    """Accumulated seconds of the wrapped aggregation calls in the current round."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t
+
+        return timed
+
+
+def instrument(timer: Timer) -> None:
+    """Time aggregation inside the engine without changing it: the ``Aggregate`` methods, the
+    algorithm's ``server_update`` and ``check_weights`` (module globals the round loop looks up)."""
+
+    class TimedAggregate(Aggregate):
+        pass
+
+    for name in ("__init__", "add", "mean_delta", "delta_sum", "units_trained_by", "client_drift"):
+        setattr(TimedAggregate, name, timer.wrap(getattr(Aggregate, name)))
+    engine.Aggregate = TimedAggregate
+    engine.check_weights = timer.wrap(engine.check_weights)
+    build = engine.build_algorithm
+
+    def build_timed(*args: Any, **kwargs: Any) -> Any:
+        alg = build(*args, **kwargs)
+        alg.server_update = timer.wrap(alg.server_update)
+        return alg
+
+    engine.build_algorithm = build_timed
+
+
+class BareLoop:
+    """The plain PyTorch round: state_dict load, 50 SGD steps a client, mean of state dicts."""
+
+    def __init__(self, ds: FederatedDataset, epochs: int, seed: int) -> None:
+        self.ds = ds
+        self.epochs = epochs
+        self.model = build_model("standard_cnn", ds.input_shape, ds.num_classes, seed)
+        self.global_sd = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.gen = torch.Generator().manual_seed(seed + 1)
+        self.mean = torch.tensor(ds.mean).view(1, -1, 1, 1)
+        self.std = torch.tensor(ds.std).view(1, -1, 1, 1)
+
+    def round(self, clients: list[int]) -> tuple[float, float]:
+        """Seconds of training and of the mean of the weights."""
+        model, ds = self.model, self.ds
+        t0 = time.perf_counter()
+        states = []
+        for c in clients:
+            model.load_state_dict(self.global_sd)
+            model.train()
+            opt = torch.optim.SGD(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+            xs = ds.train_x[c * SAMPLES : (c + 1) * SAMPLES]
+            ys = ds.train_y[c * SAMPLES : (c + 1) * SAMPLES]
+            for _ in range(self.epochs):
+                perm = torch.randperm(SAMPLES, generator=self.gen)
+                for b in range(0, SAMPLES, BATCH):
+                    idx = perm[b : b + BATCH]
+                    x = (xs[idx].float() / 255.0 - self.mean) / self.std
+                    loss = F.cross_entropy(model(x), ys[idx])
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        t1 = time.perf_counter()
+        self.global_sd = {k: torch.stack([s[k] for s in states]).mean(0) for k in self.global_sd}
+        return t1 - t0, time.perf_counter() - t1
+
+
+def med(rows: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    epochs = args.epochs or (1 if args.quick else 5)
+    rounds = args.rounds or (4 if args.quick else 7)
+    if rounds < 2:
+        raise SystemExit("--rounds must be at least 2 (the first is dropped)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rss_start = rss_mb()
+    ds = make_dataset(args.shape, args.classes, args.seed)
+    rss_data = rss_mb()
+    doc: dict[str, Any] = {
+        "name": "workload-w",
+        "seed": args.seed,
+        "dataset": "cifar10" if args.shape == "cifar" else "fmnist",  # name only: data passed
+        "model": "standard_cnn",
+        "num_clients": NUM_CLIENTS,
+        "partition": "iid",
+        "clients_per_round": PER_ROUND,
+        "rounds": rounds + (1 if args.profile else 0),
+        "local_epochs": epochs,
+        "batch_size": BATCH,
+        "lr": LR,
+        "weight_decay": WEIGHT_DECAY,
+        "algorithm": "fedavg",
+        "policy": "none",
+        "eval_every": 1,
+        "threads": args.threads or torch.get_num_threads(),
+    }
+    if args.eval_batch:
+        doc["eval_batch_size"] = args.eval_batch
+    cfg = load_config(None, doc=doc)
+    timer = Timer()
+    instrument(timer)
+    bare = BareLoop(ds, epochs, args.seed)
+    samples = PER_ROUND * SAMPLES * epochs
+    rows: list[dict[str, float]] = []
+    prof_box: dict[str, Any] = {}
+
+    def on_round(rec: dict[str, Any]) -> None:
+        if rec["round"] > rounds:  # the profiled round: stop and keep the profiler
+            prof_box["prof"].__exit__(None, None, None)
+            return
+        agg = timer.seconds
+        timer.seconds = 0.0
+        b_train, b_agg = bare.round(sorted(rec["clients"]))
+        wall = rec["wall_time"]
+        rows.append(
+            {
+                "round": rec["round"],
+                "fb_train": rec["time_train"],
+                "fb_eval": rec["time_eval"],
+                "fb_agg": agg,
+                "fb_rest": wall - rec["time_train"] - rec["time_eval"] - agg,
+                "fb_wall": wall,
+                "bare_train": b_train,
+                "bare_agg": b_agg,
+                "load1": load1(),
+                "rss_mb": rss_mb(),
+            }
+        )
+        if not args.json:
+            r = rows[-1]
+            print(
+                f"  round {r['round']}: fedbug train {r['fb_train']:.2f} s eval "
+                f"{r['fb_eval']:.2f} s wall {r['fb_wall']:.2f} s | bare train "
+                f"{r['bare_train']:.2f} s | load {r['load1']:.2f} rss {r['rss_mb']:.0f} MB",
+                file=sys.stderr,
+                flush=True,
+            )
+        if rec["round"] == rounds:  # peak of the timed rounds, before any profiling
+            prof_box["peak"] = peak_rss_mb()
+        if args.profile and rec["round"] == rounds:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            prof.__enter__()
+            prof_box["prof"] = prof
+        timer.seconds = 0.0
+
+    t_all = time.perf_counter()
+    engine.run_experiment(cfg, dataset=ds, on_round=on_round)
+    seconds = time.perf_counter() - t_all
+    counted = rows[1:]
+    fb = {k: med(counted, "fb_" + k) for k in ("train", "eval", "agg", "rest", "wall")}
+    bt, ba = med(counted, "bare_train"), med(counted, "bare_agg")
+    ratio_train = statistics.median(r["fb_train"] / r["bare_train"] for r in counted)
+    ratio_round = statistics.median(r["fb_wall"] / r["bare_train"] for r in counted)
+    ratio_no_eval = statistics.median(
+        (r["fb_wall"] - r["fb_eval"]) / (r["bare_train"] + r["bare_agg"]) for r in counted
+    )
+    out: dict[str, Any] = {
+        "workload": "W",
+        "shape": list(SHAPES[args.shape]),
+        "classes": args.classes,
+        "quick": bool(args.quick),
+        "epochs": epochs,
+        "rounds": rounds,
+        "counted_rounds": len(counted),
+        "samples_per_round": samples,
+        "eval_samples": TEST,
+        "eval_batch_size": cfg.eval_batch_size,
+        "fedbug": {**fb, "samples_per_s_train": samples / fb["train"]},
+        "bare": {"train": bt, "agg": ba, "samples_per_s_train": samples / bt},
+        "fedbug_samples_per_s_round": samples / fb["wall"],
+        "ratio_train": ratio_train,
+        "ratio_train_of_medians": fb["train"] / bt,
+        "ratio_round": ratio_round,
+        "ratio_round_no_eval": ratio_no_eval,
+        "peak_rss_mb": prof_box.get("peak", peak_rss_mb()),
+        "peak_rss_mb_incl_profile": peak_rss_mb(),
+        "rss_mb": {"start": rss_start, "after_data": rss_data, "end": rss_mb()},
+        "targets": TARGETS,
+        "load1": [r["load1"] for r in rows],
+        "seconds": seconds,
+        "rows": rows,
+        "machine": machine(),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+    }
+    out["met"] = {
+        "ratio_train": ratio_train <= TARGETS["ratio_train"],
+        "ratio_round": ratio_round <= TARGETS["ratio_round"],
+        "peak_rss_mb": out["peak_rss_mb"] <= TARGETS["peak_rss_mb"],
+    }
+    if "prof" in prof_box:
+        ka = prof_box["prof"].key_averages()
+        out["profile"] = ka.table(sort_by="self_cpu_time_total", row_limit=20)
+    return out
+
+
+def print_table(res: dict[str, Any]) -> None:
+    m = res["machine"]
+    print(f"command: {res['command']}")
+    print(
+        f"machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, {m['threads']} threads "
+        f"({m['interop_threads']} inter-op); Python {m['python']}; {res['date']}"
+    )
+    loads = ", ".join(f"{x:.2f}" for x in res["load1"])
+    print(f"1-minute load after each round: {loads}")
+    c, h, w = res["shape"]
+    print(
+        f"W: standard_cnn on {c}x{h}x{w} random uint8, {res['classes']} classes; FedAvg, 100 "
+        f"clients x 500, 10 a round, {res['epochs']} local epochs x 10 batches of 50 "
+        f"({res['samples_per_round']} samples a round); eval on {res['eval_samples']} images "
+        f"(batch {res['eval_batch_size']}) every round"
+    )
+    if res["quick"]:
+        print(
+            f"QUICK MODE: {res['epochs']} local epoch(s), {res['rounds']} rounds: not workload W "
+            "as specified; ratios indicative only"
+        )
+    print(f"median of {res['counted_rounds']} rounds (the first of {res['rounds']} dropped)\n")
+    fb, bare = res["fedbug"], res["bare"]
+    print(
+        "| per round | training s | evaluation s | aggregation s | rest s | total s | samples/s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        f"| fedbug | {fb['train']:.2f} | {fb['eval']:.2f} | {fb['agg']:.3f} | {fb['rest']:.3f} "
+        f"| {fb['wall']:.2f} | {fb['samples_per_s_train']:.0f} train, "
+        f"{res['fedbug_samples_per_s_round']:.0f} round |"
+    )
+    print(
+        f"| bare | {bare['train']:.2f} | - | {bare['agg']:.3f} | - | "
+        f"{bare['train'] + bare['agg']:.2f} | {bare['samples_per_s_train']:.0f} train |"
+    )
+    t = res["targets"]
+    print()
+    print("| measure | value | target | met |")
+    print("| --- | --- | --- | --- |")
+    for key, fmt in (("ratio_train", "{:.3f}x"), ("ratio_round", "{:.3f}x")):
+        met = "yes" if res["met"][key] else "no"
+        print(f"| {key} | {fmt.format(res[key])} | <= {t[key]:.2f}x | {met} |")
+    print(f"| ratio_round_no_eval | {res['ratio_round_no_eval']:.3f}x | - | - |")
+    met = "yes" if res["met"]["peak_rss_mb"] else "no"
+    print(f"| peak_rss_mb | {res['peak_rss_mb']:.0f} | <= {t['peak_rss_mb']:.0f} | {met} |")
+    rss = res["rss_mb"]
+    print(
+        f"\nRSS: {rss['start']:.0f} MB after imports, {rss['after_data']:.0f} MB with the data "
+        f"tensors, {rss['end']:.0f} MB at the end; {res['seconds']:.0f} s in all"
+    )
+    if "profile" in res:
+        print("\ntorch.profiler, one fedbug round (training + evaluation + aggregation):")
+        print(res["profile"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    res = run(args)
+    text = json.dumps(res, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        print(text)
+    else:
+        print_table(res)
+
+
+if __name__ == "__main__":
+    main()
