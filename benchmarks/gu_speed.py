@@ -22,7 +22,6 @@ import copy
 import datetime as dt
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -30,6 +29,7 @@ import time
 from typing import Any
 
 import torch
+from common import machine_info
 
 from fedbug.algorithms import build_algorithm
 from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client
@@ -94,32 +94,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.p_values or any(not 0.0 <= p <= 1.0 for p in args.p_values):
         ap.error("--only takes P values in [0, 1]")
     return args
-
-
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "usable_cores": usable,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "load_avg_start": [round(v, 2) for v in os.getloadavg()],
-    }
 
 
 def build_runtimes(args: argparse.Namespace) -> tuple[Any, ...]:

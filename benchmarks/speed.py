@@ -36,7 +36,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import resource
 import shlex
 import statistics
@@ -46,6 +45,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from common import machine_info
 
 import fedbug.engine as engine
 from fedbug.aggregate import Aggregate
@@ -107,27 +107,6 @@ def load1() -> float:
         return os.getloadavg()[0]
     except OSError:
         return float("nan")
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "interop_threads": torch.get_num_interop_threads(),
-        "platform": platform.platform(),
-    }
 
 
 def make_dataset(shape: str, classes: int, seed: int) -> FederatedDataset:
@@ -336,7 +315,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load1": [r["load1"] for r in rows],
         "seconds": seconds,
         "rows": rows,
-        "machine": machine(),
+        "machine": machine_info(),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
     }

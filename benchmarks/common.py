@@ -1,0 +1,38 @@
+"""What every benchmark records about the machine it ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+import torch
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores (all and usable), Python, torch and its threads, platform, load."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "platform": platform.platform(),
+        "load_avg_start": [round(v, 2) for v in os.getloadavg()],
+    }
