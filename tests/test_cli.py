@@ -13,21 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiny import TINY_DOC
 
 from fedbug.cli import main
 
-TINY = {
-    "dataset": "digits",
-    "model": "mlp",
-    "num_clients": 4,
-    "clients_per_round": 2,
-    "rounds": 2,
-    "local_steps": 2,
-    "batch_size": 16,
-    "eval_batch_size": 512,
-    "count_flops": False,
-    "threads": 1,
-}
+TINY = TINY_DOC
 
 RUN_FILES = {
     "config.yaml",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from tiny import TINY_DOC, TwoLayer, runtime, tiny_config
 
 from fedbug.checks import check_update, is_divergence
 from fedbug.cli import main
@@ -21,7 +22,6 @@ from fedbug.engine import run_experiment
 from fedbug.errors import DivergenceError, RunFolderBusy
 from fedbug.executors import SequentialExecutor
 from fedbug.results import RunDir
-from tests.tiny import TwoLayer, runtime, tiny_config
 
 
 @pytest.fixture(autouse=True)
@@ -64,20 +64,7 @@ def read_metrics(rd: Path) -> list[dict]:
 
 
 def write_yaml(tmp_path: Path, **overrides) -> Path:
-    doc = {
-        "name": "tiny",
-        "dataset": "digits",
-        "model": "mlp",
-        "num_clients": 4,
-        "clients_per_round": 2,
-        "rounds": 2,
-        "local_steps": 2,
-        "batch_size": 16,
-        "eval_batch_size": 512,
-        "count_flops": False,
-        "threads": 1,
-        **overrides,
-    }
+    doc = {"name": "tiny", **TINY_DOC, **overrides}
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path

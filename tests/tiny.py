@@ -70,6 +70,21 @@ def blobs_dataset(n: int = 240, classes: int = 3, dim: int = 4, seed: int = 0):
     return FederatedDataset("blobs", x, y, xt, yt, classes, scale=1.0)
 
 
+# The smallest config document the CLI tests write to YAML: digits, an MLP, 2 rounds of 2 steps.
+TINY_DOC = {
+    "dataset": "digits",
+    "model": "mlp",
+    "num_clients": 4,
+    "clients_per_round": 2,
+    "rounds": 2,
+    "local_steps": 2,
+    "batch_size": 16,
+    "eval_batch_size": 512,
+    "count_flops": False,
+    "threads": 1,
+}
+
+
 def tiny_config(**overrides):
     """A fast digits config: 6 clients, 2 a round, 2 rounds, 2 local steps."""
     doc = {
