@@ -216,3 +216,12 @@ def test_full_aggregation_counts_unsent_units_as_unchanged():
     res_full = run_experiment(tiny_config(policy="fixed_head", aggregation="full", upload="full"))
     res_part = run_experiment(tiny_config(policy="fixed_head"))
     assert res_full.records[-1]["bytes_up"] > res_part.records[-1]["bytes_up"]
+
+
+def test_policy_checks_count_only_the_models_own_units():
+    """FedROD adds a personal head; a policy that freezes every model unit is refused up front,
+    not mid-run, even though the personal head would still train."""
+    from fedbug.engine import Experiment
+
+    with pytest.raises(ConfigError, match="freezes all 3 units"):
+        Experiment(tiny_config(algorithm="fedrod", policy="fixed_top", fixed_units=3))

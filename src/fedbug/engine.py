@@ -126,10 +126,12 @@ class Experiment:
             self.units, cfg.head_units, cfg.sublayers, self.algorithm.extra_modules
         )
         self.algorithm.setup(self.layout)
+        # freeze policies see the model's own units, not those an algorithm adds (as the client)
+        policy_units = self.space.num_units - len(self.layout.extra)
         self.policy = build_policy(
             cfg.policy, gu_ratio=cfg.gu_ratio, fixed_units=cfg.fixed_units, freezefl=cfg.freezefl
         )
-        if not len(self.policy.trainable_units(StepCtx(1, 1, self.space.num_units))):
+        if not len(self.policy.trainable_units(StepCtx(1, 1, policy_units))):
             raise ConfigError(f"policy {cfg.policy!r} trains no unit of this model")
         self.schedule: RoundSchedule | None = None
         if cfg.schedule != "none":
@@ -138,7 +140,7 @@ class Experiment:
             )
             self.policy = Intersection((self.policy, self.schedule))
             for t in sorted({t + 1 for t in self.schedule.unfreeze_rounds}):
-                ctx = StepCtx(1, 1, self.space.num_units, t, 0, cfg.rounds)
+                ctx = StepCtx(1, 1, policy_units, t, 0, cfg.rounds)
                 if not len(self.policy.trainable_units(ctx)):
                     raise ConfigError(
                         f"policy {cfg.policy!r} under schedule {cfg.schedule!r} trains no unit "
@@ -160,13 +162,14 @@ class Experiment:
         self.system: SystemModel | None = None
         self.deadline: SoftDeadline | None = None
         if cfg.system is not None:
-            self.algorithm.begin_client(ds.train_y[: min(2, len(ds.train_y))])
+            labels = ds.train_y[: len(example)]
+            self.algorithm.begin_client(labels)
             costs = per_sample_costs(
                 cfg.system,
                 copy.deepcopy(self.template),
                 self.units,
-                example[: min(2, len(example))],
-                ds.train_y[: min(2, len(ds.train_y))],
+                example,
+                labels,
                 self.algorithm.loss,
             )
             self.system = SystemModel(
