@@ -230,7 +230,8 @@ def train_client(
         units = tuple(rt.policy.trainable_units(step)) + rt.extra_units
         allowed = alg.allowed_units(k, local_steps, per_epoch)
         if allowed is not None:
-            units = tuple(u for u in units if u in set(allowed))
+            allowed = set(allowed)
+            units = tuple(u for u in units if u in allowed)
         if not units:  # the policy and the algorithm leave nothing to train: an idle step
             idle += 1
             continue
