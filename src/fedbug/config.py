@@ -119,7 +119,11 @@ class BaseConfig(BaseModel):
     checkpoint_every: int = Field(10, ge=1)
     count_flops: bool = True
     threads: int | None = Field(None, ge=1, le=1024)
-    executor: Literal["sequential"] = "sequential"
+    executor: Literal["sequential", "processes", "flower-simulation", "flower-deployment"] = Field(
+        "sequential",
+        description="where clients train: this process (sequential), worker processes, or "
+        "Flower (pip install 'fedbug[flower]'); every executor gives the same numbers",
+    )
     # reliability
     on_divergence: Literal["stop", "skip_client"] = Field(
         "stop", description="a non-finite loss or update: stop the run, or drop that client"
@@ -335,13 +339,15 @@ def resolve(cfg: BaseConfig) -> BaseConfig:
 
 
 _LATER_KEYS = ("on_divergence", "min_results")
+_NOT_HASHED = {"grid", "seeds", "name", "count_flops", "threads", "executor", "workers", "flower"}
 
 
 def config_hash(cfg: BaseConfig) -> str:
     """A short hash of everything that changes the numbers (not sweep bookkeeping)."""
     # threads is left out so a run resumes on a machine with another core count (its numbers
-    # then agree within float32 rounding, not bitwise); it is recorded in config.yaml.
-    d = cfg.model_dump(mode="json", exclude={"grid", "seeds", "name", "count_flops", "threads"})
+    # then agree within float32 rounding, not bitwise); it is recorded in config.yaml. Where
+    # clients run (executor and its settings) does not change the numbers.
+    d = cfg.model_dump(mode="json", exclude=_NOT_HASHED)
     # keys added after run folders existed count only when set, so older folders still resume
     for key in _LATER_KEYS:
         if d.get(key) == BaseConfig.model_fields[key].default:

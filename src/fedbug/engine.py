@@ -41,7 +41,7 @@ from fedbug.data.partition import client_test_split
 from fedbug.data.partition_plot import plot_partition
 from fedbug.errors import CheckpointError, ConfigError, DivergenceError
 from fedbug.evaluate import Evaluator
-from fedbug.executors import SequentialExecutor
+from fedbug.executors import build_executor
 from fedbug.layout import build_layout
 from fedbug.models import build_model
 from fedbug.pfl import (
@@ -544,7 +544,7 @@ def _run(
     records: list[dict[str, Any]] = []
     start = 1
     chash = config_hash(cfg)
-    executor = SequentialExecutor(exp.make_runtime(), exp.client_data)
+    executor = build_executor(exp, rd.path if rd is not None else None)
     if rd is not None:
         if resume and rd.checkpoint_path.exists():
             ck = rd.load_checkpoint()

@@ -1,6 +1,22 @@
 """Executors decide where client training runs; the round loop does not know which one."""
 
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from fedbug.executors.base import Executor
 from fedbug.executors.sequential import SequentialExecutor
 
-__all__ = ["Executor", "SequentialExecutor"]
+if TYPE_CHECKING:
+    from fedbug.engine import Experiment
+
+__all__ = ["Executor", "SequentialExecutor", "build_executor"]
+
+
+def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
+    """The executor the config names (``executor:``), built for this experiment."""
+    name = exp.cfg.executor
+    if name == "sequential":
+        return SequentialExecutor(exp.make_runtime(), exp.client_data)
+    raise NotImplementedError(f"executor {name!r} is not available in this build")
