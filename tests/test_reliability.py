@@ -52,7 +52,7 @@ def corrupt_round(monkeypatch: pytest.MonkeyPatch, round: int, change) -> None:
                 change(results[0])
             return results
 
-    monkeypatch.setattr("fedbug.engine.SequentialExecutor", Corrupting)
+    monkeypatch.setattr("fedbug.executors.SequentialExecutor", Corrupting)
 
 
 def nan_delta(res: ClientResult) -> None:
@@ -218,7 +218,7 @@ def test_too_few_valid_updates_leave_the_weights_unchanged(monkeypatch):
                 results[0].num_samples = 0
             return results
 
-    monkeypatch.setattr("fedbug.engine.SequentialExecutor", Recording)
+    monkeypatch.setattr("fedbug.executors.SequentialExecutor", Recording)
     res = run_experiment(cfg(min_results=3))
     first, second = res.records
     assert first["aggregated"] is False

@@ -46,6 +46,16 @@ def _run_one(cfg: Any, run_dir: Path, resume: bool, quiet: bool, label: str) -> 
             fields = {"acc": f"{100 * acc:5.1f}%"} if acc is not None else {}
             progress.update(task, completed=rec["round"], **fields)
 
+        if cfg.executor.startswith("flower"):
+            from fedbug.flower.launch import run_on_flower
+
+            summary = run_on_flower(cfg, run_dir, resume=resume, on_round=on_round)
+            lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+            return {
+                "run_dir": run_dir,
+                "records": [json.loads(x) for x in lines if x.strip()],
+                "summary": summary,
+            }
         result = run_experiment(cfg, run_dir, resume=resume, on_round=on_round)
     return {"run_dir": result.run_dir, "records": result.records, "summary": result.summary}
 
@@ -215,6 +225,17 @@ def cmd_cost(args: argparse.Namespace) -> int:
     return run_cost(args)
 
 
+def cmd_flower_app(args: argparse.Namespace) -> int:
+    from fedbug.flower import require_flower
+    from fedbug.flower.launch import write_app
+
+    require_flower("fedbug flower app")
+    app = write_app(Path(args.dir))
+    print(f"wrote {app / 'pyproject.toml'}; pass the fedbug config as the run config:")
+    print(f'  flwr run {app} CONNECTION --run-config \'config="<the config as JSON>" out="DIR"\'')
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fedbug", description="Federated learning with layer freezing (FedBug, FreezeFL, ...)"
@@ -278,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--samples-per-client", type=int, default=None, help="default: 500")
     c.add_argument("--out", default=None, help="write DIR/cost.png and DIR/cost.json")
     c.set_defaults(func=cmd_cost)
+
+    f = sub.add_parser("flower", help="Flower helpers (pip install 'fedbug[flower]')")
+    fsub = f.add_subparsers(dest="flower_command", required=True)
+    fa = fsub.add_parser("app", help="write the Flower app (for `flwr run DIR CONNECTION`)")
+    fa.add_argument("dir")
+    fa.set_defaults(func=cmd_flower_app)
     return p
 
 

@@ -21,6 +21,7 @@ from fedbug.algorithms import ALGORITHMS
 from fedbug.data import DATASETS
 from fedbug.data.augment import AUGMENTATIONS
 from fedbug.errors import ConfigError
+from fedbug.flower.params import FlowerParams
 from fedbug.models import MODELS
 from fedbug.policies import POLICIES
 from fedbug.policies.freezefl import FreezeFLParams
@@ -124,6 +125,9 @@ class BaseConfig(BaseModel):
         description="where clients train: this process (sequential), worker processes, or "
         "Flower (pip install 'fedbug[flower]'); every executor gives the same numbers",
     )
+    flower: FlowerParams = Field(
+        default_factory=FlowerParams, description="the Flower executors' settings"
+    )
     # reliability
     on_divergence: Literal["stop", "skip_client"] = Field(
         "stop", description="a non-finite loss or update: stop the run, or drop that client"
@@ -137,6 +141,11 @@ class BaseConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> BaseConfig:
+        if self.executor.startswith("flower") and self.evaluation == "personalized":
+            raise ValueError(
+                f"executor {self.executor} keeps personal model parts on the nodes, so the "
+                "server cannot run evaluation: personalized; use executor: sequential"
+            )
         if self.algorithm not in ALGORITHMS:
             raise ValueError(_unknown("algorithm", self.algorithm, ALGORITHMS.names()))
         if self.augment != "auto" and self.augment not in AUGMENTATIONS:

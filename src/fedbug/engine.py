@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from fedbug.data.partition import client_test_split
 from fedbug.data.partition_plot import plot_partition
 from fedbug.errors import CheckpointError, ConfigError, DivergenceError
 from fedbug.evaluate import Evaluator
-from fedbug.executors import build_executor
+from fedbug.executors import Executor, build_executor
 from fedbug.layout import build_layout
 from fedbug.models import build_model
 from fedbug.pfl import (
@@ -63,6 +64,7 @@ from fedbug.units import ParamSpace, find_units, traced_module_order
 
 ModelSource = nn.Module | Callable[[], nn.Module] | None
 RoundCallback = Callable[[dict[str, Any]], None]
+ExecutorFactory = Callable[["Experiment"], Executor]
 
 
 @dataclass
@@ -490,8 +492,12 @@ def run_experiment(
     model: ModelSource = None,
     on_round: RoundCallback | None = None,
     stop_after: int | None = None,
+    executor_factory: ExecutorFactory | None = None,
 ) -> RunResult:
     """Run (or resume) one experiment; write its run folder when ``run_dir`` is given.
+
+    ``executor_factory`` builds the executor from the experiment (default: the one the config
+    names); the Flower ServerApp passes one that sends clients to its grid.
 
     ``stop_after`` ends the run after that round (as a kill would, for tests of ``resume``).
     While it runs, the run folder holds a lock (``.lock``, removed at the end, even on errors);
@@ -500,7 +506,7 @@ def run_experiment(
     writing ``summary.json`` with ``"status": "diverged"``.
     """
     if run_dir is None:
-        return _run(cfg, None, resume, dataset, model, on_round, stop_after)
+        return _run(cfg, None, resume, dataset, model, on_round, stop_after, executor_factory)
     rd = RunDir(Path(run_dir))
     created = not rd.path.exists()
     rd.create()
@@ -513,7 +519,7 @@ def run_experiment(
         raise
     try:
         rd.remove_stale_temps()  # a killed run's half-written files; the lock is ours now
-        return _run(cfg, rd, resume, dataset, model, on_round, stop_after)
+        return _run(cfg, rd, resume, dataset, model, on_round, stop_after, executor_factory)
     finally:
         rd.release_lock()
         if created:
@@ -529,6 +535,7 @@ def _run(
     model: ModelSource,
     on_round: RoundCallback | None,
     stop_after: int | None,
+    executor_factory: ExecutorFactory | None = None,
 ) -> RunResult:
     exp = Experiment(cfg, dataset, model)
     cfg = exp.cfg
@@ -544,7 +551,10 @@ def _run(
     records: list[dict[str, Any]] = []
     start = 1
     chash = config_hash(cfg)
-    executor = build_executor(exp, rd.path if rd is not None else None)
+    if executor_factory is not None:
+        executor = executor_factory(exp)
+    else:
+        executor = build_executor(exp, rd.path if rd is not None else None)
     if rd is not None:
         if resume and rd.checkpoint_path.exists():
             ck = rd.load_checkpoint()
@@ -626,8 +636,11 @@ def _run(
             t_train = time.perf_counter()
             results = executor.run_round(weights, tasks, client_states)
             t_train = time.perf_counter() - t_train
+            lost = list(getattr(executor, "dropped", []))  # clients whose update never came
             results, dropped = screen_updates(exp, r, results)
-            aggregated = len(results) >= cfg.min_results
+            dropped = sorted(lost + dropped, key=lambda d: d["client"])
+            needed = getattr(executor, "required", None)
+            aggregated = len(results) >= (needed(len(tasks)) if needed else cfg.min_results)
             agg = Aggregate(exp.space, cfg.weighting)
             if aggregated:
                 for res in results:
@@ -706,6 +719,7 @@ def _run(
         executor.close()
     summary = make_summary(cfg, records, chash, time.perf_counter() - t_run, exp)
     summary["clients"] = sim.summary()
+    summary["weights_sha256"] = weights_sha256(weights)
     if diverged is not None:
         summary["status"] = "diverged"
         summary["divergence"] = {
@@ -726,6 +740,13 @@ def _run(
         if records:
             plot_run(records, rd.path / "accuracy.png", f"{cfg.name} (seed {cfg.seed})")
     return RunResult(rd.path if rd else None, records, summary, weights)
+
+
+def weights_sha256(weights: Tensor) -> str:
+    """SHA-256 of the flat float32 weights' bytes: equal hashes, bitwise equal models."""
+    return hashlib.sha256(
+        weights.detach().to(torch.float32).contiguous().numpy().tobytes()
+    ).hexdigest()
 
 
 def screen_updates(

@@ -1,0 +1,98 @@
+"""The Flower ClientApp: one TRAIN message -> :func:`fedbug.client.train_client` -> a reply.
+
+Each node builds the experiment from the run config once per process (data set, partition,
+model; the same seeded partition the server computes) and trains the client it is asked for.
+Per-client algorithm state (FedDyn's lambda_i, personal parts) lives in the node's
+``context.state``, never on the server; a client whose state the server expects but the node
+lacks (a restarted SuperNode) starts from the initial state and reports ``state_reset``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedbug.client import train_client
+from fedbug.flower.messages import decode_task, encode_reply, sent_units
+
+app = ClientApp()
+
+STATE = "fedbug-state"
+STATE_INFO = "fedbug-state-info"
+
+_CACHE: dict[tuple[str, str], Any] = {}
+
+
+def experiment_for(run_config: dict[str, Any], node_config: dict[str, Any]) -> Any:
+    """(experiment, runtime) for this run's config, built once per process."""
+    text = str(run_config["config"])
+    data_dir = str(node_config.get("data-dir", "") or run_config.get("data-dir", ""))
+    key = (text, data_dir)
+    if key not in _CACHE:
+        from fedbug.config import load_config
+        from fedbug.engine import Experiment
+
+        doc = json.loads(text)
+        if data_dir:
+            doc["data_dir"] = data_dir
+        exp = Experiment(load_config(None, doc=doc))
+        _CACHE.clear()  # one run's experiment a process
+        _CACHE[key] = (exp, exp.make_runtime())
+    return _CACHE[key]
+
+
+def _partition(context: Context) -> tuple[int | None, int | None]:
+    nc = context.node_config
+    pid, num = nc.get("partition-id"), nc.get("num-partitions")
+    return (int(pid) if pid is not None else None, int(num) if num is not None else None)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Tell the server which client (partition) this node holds."""
+    pid, num = _partition(context)
+    if pid is None:
+        raise ValueError(
+            "this SuperNode has no partition-id; start it with "
+            '--node-config "partition-id=I num-partitions=N"'
+        )
+    record = ConfigRecord({"partition-id": pid, "num-partitions": num if num is not None else -1})
+    return Message(RecordDict({"node": record}), reply_to=msg)
+
+
+def _load_state(context: Context, client: int) -> dict[str, torch.Tensor] | None:
+    info = context.state.config_records.get(STATE_INFO)
+    if info is None or int(info["client"]) != client:
+        return None
+    return context.state.array_records[STATE].to_torch_state_dict()
+
+
+def _save_state(context: Context, client: int, state: dict[str, torch.Tensor]) -> None:
+    context.state[STATE] = ArrayRecord({k: v.detach().contiguous() for k, v in state.items()})
+    context.state[STATE_INFO] = ConfigRecord({"client": client})
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train the client the message names from the weights it carries; reply with its update."""
+    exp, runtime = experiment_for(context.run_config, context.node_config)
+    weights, task, tcfg = decode_task(msg.content, exp.space)
+    torch.set_num_threads(int(tcfg["threads"]))
+    pid, _ = _partition(context)
+    if pid is not None and pid != task.client:
+        raise ValueError(f"this SuperNode holds partition {pid}, not client {task.client}")
+    stored = _load_state(context, task.client) if tcfg["has-state"] else None
+    state = stored if stored is not None else exp.algorithm.init_client_state(exp.space)
+    result = train_client(weights, task, exp.client_data(task.client), state, runtime)
+    if tcfg["has-state"] and stored is None:
+        result.metrics["state_reset"] = True
+    if result.state:
+        _save_state(context, task.client, result.state)
+    shared = set(exp.algorithm.shared_units(exp.space.num_units))
+    mask = [u in shared for u in range(exp.space.num_units)]
+    sent = sent_units(result, mask, exp.cfg.upload)
+    return Message(encode_reply(result, exp.space, sent), reply_to=msg)

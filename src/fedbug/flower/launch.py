@@ -1,0 +1,340 @@
+"""Start Flower for ``fedbug run`` with ``executor: flower-simulation`` or ``flower-deployment``.
+
+Simulation: fedbug starts its own SuperLink on a free loopback port (``--simulation``), with
+``FLWR_HOME`` in the run folder, submits the app with ``flwr run``, follows the run with
+``flwr ls`` until it has finished, and stops everything it started (on Ctrl-C too).
+Deployment: the SuperLink and SuperNodes are the user's (README); fedbug only submits the app
+to ``flower.superlink`` and follows the run. In both, the ServerApp (a process the SuperLink
+starts) runs the round loop and writes the run folder; this process shows its progress from
+``metrics.jsonl`` and reads ``summary.json`` at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from fedbug.errors import DivergenceError, FedbugError
+from fedbug.flower import require_flower
+
+APP_NAME = "fedbug-app"
+CONNECTION = "fedbug"
+
+PYPROJECT = """\
+# A Flower app whose components are fedbug's installed modules: each host needs
+# pip install "fedbug[flower]". Written by `fedbug flower app`.
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "{name}"
+version = "1.0.0"
+description = "fedbug experiments on Flower"
+license = "Apache-2.0"
+dependencies = ["fedbug[flower]"]
+
+[tool.flwr.app]
+publisher = "fedbug"
+
+[tool.flwr.app.components]
+serverapp = "fedbug.flower.serverapp:app"
+clientapp = "fedbug.flower.clientapp:app"
+
+# The run config fedbug passes with `flwr run --run-config FILE.toml`; other keys are refused.
+[tool.flwr.app.config]
+config = "{{}}"
+out = ""
+resume = false
+data-dir = ""
+"""
+
+
+class FlowerRunError(FedbugError):
+    """Flower could not start, or the run on Flower failed (the message says where to look)."""
+
+    exit_code = 1
+
+
+def write_app(directory: Path) -> Path:
+    """Write the Flower app (a pyproject.toml only) into ``directory``; return it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "pyproject.toml").write_text(PYPROJECT.format(name=APP_NAME))
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def flower_env(home: Path, ray_tmp: Path | None = None) -> dict[str, str]:
+    """The environment of every Flower process fedbug starts."""
+    env = dict(os.environ)
+    env.update(
+        FLWR_HOME=str(home),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        PYTHONUNBUFFERED="1",
+    )
+    if ray_tmp is not None:
+        env["RAY_TMPDIR"] = str(ray_tmp)
+    return env
+
+
+def write_connection(home: Path, address: str, root_certificates: str | None = None) -> None:
+    """``$FLWR_HOME/config.toml`` with one connection, the default, named ``fedbug``."""
+    home.mkdir(parents=True, exist_ok=True)
+    security = (
+        f'root-certificates = "{Path(root_certificates).expanduser().resolve()}"'
+        if root_certificates
+        else "insecure = true"
+    )
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+        f'[superlink.{CONNECTION}]\naddress = "{address}"\n{security}\n'
+    )
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Live processes (Linux: read from /proc) whose environment holds ``name=value``."""
+    needle = f"{name}={value}".encode()
+    found = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    for d in proc.iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+            state = (d / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and needle in env:
+            found.append(int(d.name))
+    return found
+
+
+class Processes:
+    """Processes fedbug started; :meth:`stop` ends them all (TERM, then KILL), by group, and
+    then any process left that carries this run's ``FLWR_HOME`` (Ray starts its own sessions).
+    """
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.home = home
+
+    def start(self, cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        with open(log, "ab") as out:
+            p = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.procs.append(p)
+        return p
+
+    def stop(self, grace: float = 10.0) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGTERM)
+        end = time.monotonic() + grace
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.1, end - time.monotonic()))
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        # the process group may hold children (the ServerApp, Ray) that outlived their parent
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+        self.procs.clear()
+        if self.home is None:
+            return
+        end = time.monotonic() + grace
+        while (left := processes_with_env("FLWR_HOME", str(self.home))) and (
+            time.monotonic() < end
+        ):
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+
+
+def _flwr(args: list[str], env: dict[str, str], timeout: float = 120.0) -> dict[str, Any]:
+    """Run a ``flwr`` command with ``--format json``; its JSON answer."""
+    done = subprocess.run(
+        ["flwr", *args, "--format", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    text = done.stdout.strip()
+    try:
+        answer = json.loads(text[text.index("{") :]) if "{" in text else {}
+    except json.JSONDecodeError:
+        answer = {}
+    if done.returncode != 0 or not answer.get("success", True):
+        reason = answer.get("error-message") or (done.stderr or text).strip().splitlines()[-1:]
+        raise FlowerRunError(f"flwr {args[0]} failed: {reason}")
+    return answer
+
+
+def _wait_for_superlink(env: dict[str, str], proc: subprocess.Popen[bytes], log: Path) -> None:
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise FlowerRunError(f"the SuperLink exited ({proc.returncode}); see {log}")
+        with contextlib.suppress(FlowerRunError, subprocess.TimeoutExpired):
+            _flwr(["ls", CONNECTION], env, timeout=20)
+            return
+        time.sleep(0.5)
+    raise FlowerRunError(f"the SuperLink did not answer within 60 s; see {log}")
+
+
+def _status(env: dict[str, str], run_id: int) -> str:
+    answer = _flwr(["ls", CONNECTION, "--run-id", str(run_id)], env, timeout=60)
+    runs = answer.get("runs") or []
+    return str(runs[0].get("status", "")) if runs else ""
+
+
+def _follow(metrics: Path, seen: int, on_round: Callable[[dict[str, Any]], None] | None) -> int:
+    """Report the metrics lines written since ``seen``; the new count."""
+    if on_round is None or not metrics.exists():
+        return seen
+    lines = metrics.read_text().splitlines()
+    complete = lines if metrics.read_text().endswith("\n") else lines[:-1]
+    for line in complete[seen:]:
+        with contextlib.suppress(json.JSONDecodeError):
+            on_round(json.loads(line))
+    return max(seen, len(complete))
+
+
+@contextlib.contextmanager
+def _ray_tmp() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="fbray", dir="/tmp" if Path("/tmp").is_dir() else None))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def run_on_flower(
+    cfg: Any,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``cfg`` on Flower (its ``executor`` says simulation or deployment) writing
+    ``run_dir``; return the run's summary (``summary.json``)."""
+    require_flower(f"executor {cfg.executor}")
+    from fedbug.config import resolve
+
+    cfg = resolve(cfg)
+    run_dir = Path(run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    home = run_dir / ".flower"
+    home.mkdir(exist_ok=True)
+    app = write_app(home / "app")
+    run_config = home / "run-config.toml"
+    run_config.write_text(
+        f"config = {_toml_str(json.dumps(cfg.model_dump(mode='json')))}\n"
+        f"out = {_toml_str(str(run_dir))}\n"
+        f"resume = {'true' if resume else 'false'}\n"
+        f"data-dir = {_toml_str(cfg.data_dir or '')}\n"
+    )
+    procs = Processes(home)
+    log = home / "superlink.log"
+    status = ""
+    run_id: int | None = None
+    with _ray_tmp() as ray_tmp:
+        env = flower_env(home, ray_tmp)
+        try:
+            if cfg.executor == "flower-simulation":
+                port = free_port()
+                write_connection(home, f"127.0.0.1:{port}")
+                link = procs.start(
+                    [
+                        "flower-superlink",
+                        "--simulation",
+                        "--insecure",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--disable-runtime-dependency-installation",
+                    ],
+                    env,
+                    log,
+                )
+                _wait_for_superlink(env, link, log)
+                nodes = cfg.flower.supernodes or cfg.num_clients
+                cpus = cfg.flower.num_cpus or cfg.threads
+                extra = [
+                    "--federation-config",
+                    f"num-supernodes={nodes} client-resources-num-cpus={cpus:g}",
+                ]
+            else:
+                if not cfg.flower.superlink:
+                    raise FlowerRunError(
+                        "executor flower-deployment needs flower.superlink (HOST:PORT of a "
+                        "running SuperLink); see the README's Flower section"
+                    )
+                write_connection(home, cfg.flower.superlink, cfg.flower.root_certificates)
+                extra = []
+            answer = _flwr(
+                ["run", str(app), CONNECTION, "--run-config", str(run_config), *extra], env
+            )
+            run_id = int(answer["run-id"])
+            seen = 0
+            while True:
+                seen = _follow(run_dir / "metrics.jsonl", seen, on_round)
+                status = _status(env, run_id)
+                if status.startswith("finished"):
+                    break
+                time.sleep(1.0)
+            seen = _follow(run_dir / "metrics.jsonl", seen, on_round)
+        except KeyboardInterrupt:
+            if run_id is not None and cfg.executor == "flower-deployment":
+                with contextlib.suppress(FedbugError, subprocess.TimeoutExpired):
+                    _flwr(["stop", str(run_id), CONNECTION], env, timeout=30)
+            raise
+        finally:
+            procs.stop()
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if summary.get("status") == "diverged":
+        d = summary.get("divergence", {})
+        raise DivergenceError(
+            f"training diverged in round {d.get('round')} (client {d.get('client')}): "
+            f"{d.get('reason')}; lower lr or set on_divergence: skip_client",
+            int(d.get("round") or 0),
+            d.get("client"),
+            str(d.get("reason")),
+        )
+    if status != "finished:completed" or not summary:
+        raise FlowerRunError(
+            f"the run on Flower ended {status or 'without a status'}; the ServerApp's log is in "
+            f"{log if cfg.executor == 'flower-simulation' else 'the SuperLink output'}"
+        )
+    return summary

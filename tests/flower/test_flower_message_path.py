@@ -1,0 +1,136 @@
+"""Through the Flower message path (serialised Messages, the ClientApp called by a test Grid),
+every policy x algorithm pair gives the in-process numbers bitwise."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from flowergrid import LoopbackGrid, task_identity  # noqa: E402
+from tiny import tiny_config  # noqa: E402
+
+from fedbug.algorithms import ALGORITHMS  # noqa: E402
+from fedbug.engine import run_experiment  # noqa: E402
+from fedbug.errors import ConfigError  # noqa: E402
+from fedbug.flower.clientapp import app as client_app  # noqa: E402
+from fedbug.flower.executor import FlowerExecutor  # noqa: E402
+from fedbug.policies import POLICIES  # noqa: E402
+
+TIMING = {"time_train", "time_eval", "wall_time"}
+
+
+def strip(records):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+def on_flower(cfg, grid_kwargs=None, rounds_cfg=None):
+    cfg = cfg.model_copy(update={"executor": "flower-simulation"})
+    run_config = {"config": json.dumps(cfg.model_dump(mode="json"))}
+    grid = LoopbackGrid(client_app, cfg.num_clients, run_config, **(grid_kwargs or {}))
+    with task_identity():
+        res = run_experiment(
+            cfg, executor_factory=lambda exp: FlowerExecutor(grid, exp, map_once=True)
+        )
+    return res, grid
+
+
+GLOBAL = [a for a in ALGORITHMS.names() if ALGORITHMS.get(a).has_global_model]
+
+
+@pytest.mark.parametrize("algorithm", GLOBAL)
+@pytest.mark.parametrize("policy", POLICIES.names())
+def test_every_policy_algorithm_pair_equals_in_process(algorithm, policy):
+    cfg = tiny_config(
+        algorithm=algorithm,
+        policy=policy,
+        gu_ratio=0.5,
+        rounds=1,
+        threads=1,
+        count_flops=policy == "freezefl",
+        system={"abilities": "uniform"} if policy == "freezefl" else None,
+    )
+    here = run_experiment(cfg)
+    there, _ = on_flower(cfg)
+    assert strip(there.records) == strip(here.records)
+    assert torch.equal(there.weights, here.weights)
+
+
+def test_client_state_lives_on_the_node_and_matches_in_process():
+    cfg = tiny_config(
+        algorithm="feddyn",
+        policy="fixed_head",
+        rounds=4,
+        num_clients=4,
+        clients_per_round=2,
+        threads=1,
+    )
+    here = run_experiment(cfg)
+    there, grid = on_flower(cfg)
+    assert strip(there.records) == strip(here.records)
+    assert torch.equal(there.weights, here.weights)
+    held = [c for c in grid.contexts.values() if "fedbug-state" in c.state.array_records]
+    assert held, "FedDyn's lambda_i should be kept in the nodes' context.state"
+    # partial upload: fixed_head trains only the head, and only the head travels back
+    trained = {s.metadata.dst_node_id for s in grid.sent if s.metadata.message_type == "train"}
+    assert trained
+
+
+def test_replies_in_any_order_give_the_same_numbers():
+    cfg = tiny_config(rounds=2, threads=1, clients_per_round=4)
+    a, _ = on_flower(cfg)
+    b, _ = on_flower(cfg, {"reverse": True})
+    assert strip(a.records) == strip(b.records)
+    assert torch.equal(a.weights, b.weights)
+
+
+def test_a_silent_node_is_dropped_and_recorded(monkeypatch):
+    cfg = tiny_config(
+        rounds=2,
+        threads=1,
+        num_clients=4,
+        clients_per_round=4,
+        flower={"round_timeout": 0.3, "poll_interval": 0.05},
+    )
+    res, _ = on_flower(cfg, {"silent": {101}})  # node 101 holds partition 1
+    for rec in res.records:
+        assert 1 not in rec["clients"]
+        assert [d["client"] for d in rec["dropped"]] == [1]
+        assert "round_timeout" in rec["dropped"][0]["reason"]
+        assert rec["num_clients"] == 3
+
+
+def test_an_error_reply_is_dropped_with_its_reason():
+    cfg = tiny_config(rounds=1, threads=1, num_clients=4, clients_per_round=4)
+    cfg2 = cfg.model_copy(update={"executor": "flower-simulation"})
+    run_config = {"config": json.dumps(cfg2.model_dump(mode="json"))}
+    grid = LoopbackGrid(client_app, 4, run_config)
+    grid.contexts[102].node_config["partition-id"] = 1  # two nodes claim 1; none holds 2
+    with task_identity():
+        res = run_experiment(
+            cfg2, executor_factory=lambda e: FlowerExecutor(grid, e, map_once=True)
+        )
+    (rec,) = res.records
+    assert [d["client"] for d in rec["dropped"]] == [2]
+    assert "no SuperNode" in rec["dropped"][0]["reason"]
+
+
+def test_min_results_fraction_marks_the_round_not_aggregated():
+    cfg = tiny_config(
+        rounds=1,
+        threads=1,
+        num_clients=4,
+        clients_per_round=4,
+        flower={"round_timeout": 0.3, "poll_interval": 0.05, "min_results": 0.9},
+    )
+    res, _ = on_flower(cfg, {"silent": {101}})
+    (rec,) = res.records
+    assert rec["aggregated"] is False
+
+
+def test_personalized_evaluation_is_refused_on_flower():
+    with pytest.raises(ConfigError, match="personalized"):
+        tiny_config(algorithm="fedper", evaluation="personalized", executor="flower-simulation")
