@@ -694,6 +694,9 @@ def _run(
             }
             if dropped:
                 record["dropped"] = dropped
+            resets = [x.client for x in results if x.metrics.get("state_reset")]
+            if resets:  # their node had lost their state (a restarted Flower SuperNode)
+                record["state_reset"] = resets
             if not aggregated:
                 record["aggregated"] = False
             records.append(record)

@@ -134,3 +134,23 @@ def test_min_results_fraction_marks_the_round_not_aggregated():
 def test_personalized_evaluation_is_refused_on_flower():
     with pytest.raises(ConfigError, match="personalized"):
         tiny_config(algorithm="fedper", evaluation="personalized", executor="flower-simulation")
+
+
+def test_a_node_that_lost_its_state_is_recorded_and_starts_fresh():
+    cfg = tiny_config(
+        algorithm="feddyn", rounds=2, threads=1, num_clients=3, clients_per_round=3
+    ).model_copy(update={"executor": "flower-simulation"})
+    run_config = {"config": json.dumps(cfg.model_dump(mode="json"))}
+    grid = LoopbackGrid(client_app, 3, run_config)
+
+    class Forgetful(FlowerExecutor):
+        def run_round(self, weights, tasks, states):
+            if tasks[0].round == 2:  # node 101 restarted: its context.state is empty
+                grid.contexts[101].state = type(grid.contexts[101].state)()
+            return super().run_round(weights, tasks, states)
+
+    with task_identity():
+        res = run_experiment(cfg, executor_factory=lambda e: Forgetful(grid, e, map_once=True))
+    first, second = res.records
+    assert "state_reset" not in first
+    assert second["state_reset"] == [1]
