@@ -1,0 +1,64 @@
+"""Replies from other machines are checked before they become client results."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from flwr.app import ArrayRecord  # noqa: E402
+from tiny import TwoLayer  # noqa: E402
+
+from fedbug.checks import check_update  # noqa: E402
+from fedbug.client import ClientResult  # noqa: E402
+from fedbug.flower.messages import ReplyError, decode_reply, encode_reply  # noqa: E402
+from fedbug.units import ParamSpace, find_units  # noqa: E402
+
+
+@pytest.fixture
+def space():
+    model = TwoLayer()
+    return ParamSpace(model, find_units(model, torch.zeros(1, 2)))
+
+
+def result(space, sent=(False, True)):
+    delta = torch.arange(space.total, dtype=torch.float32) / 10
+    return ClientResult(3, 5, delta, list(sent), {}, {"train_loss": 0.5}, list(sent))
+
+
+def test_a_reply_round_trips_with_only_the_sent_units(space):
+    res = result(space)
+    content = encode_reply(res, space, [False, True])
+    assert set(content.array_records["update"].keys()) == {"second.weight", "second.bias"}
+    back = decode_reply(content, space, 3)
+    first = space.unit_slices[0]
+    assert torch.equal(back.delta[first], torch.zeros_like(back.delta[first]))
+    second = space.unit_slices[1]
+    assert torch.equal(back.delta[second], res.delta[second])
+    assert back.num_samples == 5 and back.trained == [False, True]
+    assert back.metrics["train_loss"] == 0.5
+
+
+def test_unknown_key_wrong_shape_and_wrong_client_are_refused(space):
+    content = encode_reply(result(space), space, [False, True])
+    extra = dict(content.array_records["update"].to_torch_state_dict())
+    extra["first.weight"] = torch.zeros(2, 2)  # a unit the reply says it did not send
+    content["update"] = ArrayRecord(extra)
+    with pytest.raises(ReplyError, match="unexpected arrays"):
+        decode_reply(content, space, 3)
+    content = encode_reply(result(space), space, [False, True])
+    bad = dict(content.array_records["update"].to_torch_state_dict())
+    bad["second.weight"] = torch.zeros(3, 2)
+    content["update"] = ArrayRecord(bad)
+    with pytest.raises(ReplyError, match="shape"):
+        decode_reply(content, space, 3)
+    with pytest.raises(ReplyError, match="client"):
+        decode_reply(encode_reply(result(space), space, [False, True]), space, 4)
+
+
+def test_non_finite_values_pass_decoding_and_fail_the_update_check(space):
+    res = result(space)
+    res.delta[space.unit_slices[1].start] = float("nan")
+    back = decode_reply(encode_reply(res, space, [False, True]), space, 3)
+    assert check_update(back, space).startswith("non-finite")
