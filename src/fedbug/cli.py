@@ -137,8 +137,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         resume = args.resume and run_dir.exists()
         return _run_one(cfg, run_dir, resume, args.quiet, label)
 
-    rows = run_sweep(doc, grid, seeds, out, run_one)
-    print(format_table(rows))
+    rows = run_sweep(doc, grid, seeds, out, run_one, ft=args.ft)
+    print(format_table(rows, args.ft))
     print(f"sweep folder: {out} (sweep.md, sweep.json, accuracy.png)")
     return 0
 
@@ -260,12 +260,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data-dir", default=None, help="look for data files here first")
     s.add_argument("--resume", action="store_true", help="continue unfinished runs")
     s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument(
+        "--ft",
+        choices=["paper", "both"],
+        default="paper",
+        help="personalized runs: FedSeq Table 4's cells (paper) or before / after FT for all",
+    )
     s.set_defaults(func=cmd_sweep)
 
     rp = sub.add_parser("report", help="re-print the comparison table of finished runs")
     rp.add_argument("dirs", nargs="+", help="run or sweep folders")
     rp.add_argument("--out", default=None, help="write report.md, report.json and the PNGs")
     rp.add_argument("--json", action="store_true")
+    rp.add_argument(
+        "--ft",
+        choices=["paper", "both"],
+        default="paper",
+        help="personalized runs: FedSeq Table 4's cells (paper) or before / after FT for all",
+    )
     rp.add_argument(
         "--target", default=None, help="simulated runs: accuracy to reach (0.75, 75%%) or auto"
     )

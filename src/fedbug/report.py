@@ -503,11 +503,12 @@ def cmd_report(args: Any) -> int:
         )
     if target is not None or metric is not None:
         print("fedbug: note: --target and --metric apply to simulated runs only", file=sys.stderr)
-    rows = report([], out, runs=runs)
+    ft = getattr(args, "ft", "paper")
+    rows = report([], out, runs=runs, ft=ft)
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
     else:
-        print(format_table(rows))
+        print(format_table(rows, ft))
         if out is not None:
             print(f"written: {out / 'report.md'}, {out / 'report.json'}, {out / 'accuracy.png'}")
     return 0

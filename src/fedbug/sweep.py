@@ -122,28 +122,106 @@ def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[s
     return rows
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+#: Methods whose Table 4 cell is after fine-tuning (FedSeq's Table 4; FedAvg gets both rows,
+#: FedAvg and FedAvg+FT); the rest are reported before, as the paper.
+AFTER_FT = ("fedbabu", "fedseq-vanilla", "fedseq-anti")
+FT_CHOICES = ("paper", "both")
+
+
+def _method_of(row: dict[str, Any]) -> str:
+    cell = row.get("cell") or {}
+    for key in ("method", "algorithm"):
+        if isinstance(cell.get(key), str):
+            return str(cell[key])
+    return str(row.get("method") or row.get("label") or "")
+
+
+def _pfl_cell(row: dict[str, Any], key: str) -> str:
+    if f"{key}_mean" not in row:
+        return "-"
+    return (
+        f"{100 * row[f'{key}_mean']:.2f} ± {100 * row[f'{key}_std']:.2f} "
+        f"({100 * row[f'{key}_client_std']:.2f})"
+    )
+
+
+def format_pfl_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
+    """FedSeq's Table 4: methods x data sets, each cell the client-mean accuracy, mean +- std
+    over seeds, the std over clients in brackets. ``ft="paper"``: FedBABU and FedSeq after
+    fine-tuning, FedAvg twice (FedAvg before, FedAvg+FT after), the rest before; ``"both"``:
+    every method before / after."""
+    if ft not in FT_CHOICES:
+        raise ConfigError(f"--ft must be one of {', '.join(FT_CHOICES)}; got {ft!r}")
+    pfl = [r for r in rows if "before_ft_mean" in r]
+    datasets: list[str] = []
+    methods: list[str] = []
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in pfl:
+        cell = r.get("cell") or {}
+        rest = {k: v for k, v in cell.items() if k not in ("method", "algorithm", "dataset")}
+        method = _method_of(r) + (f" {json.dumps(rest, sort_keys=True)}" if rest else "")
+        ds = str(cell.get("dataset", ""))
+        if ds not in datasets:
+            datasets.append(ds)
+        if method not in methods:
+            methods.append(method)
+        cells[(method, ds)] = r
+    header = [ds or "accuracy" for ds in datasets]
+    lines = [
+        "| method | " + " | ".join(f"{h} (%)" for h in header) + " |",
+        "| --- | " + " | ".join("---" for _ in header) + " |",
+    ]
+    for method in methods:
+        name = method.split(" ")[0]
+        if ft == "both":
+            views = [(method, ("before_ft", "after_ft"))]
+        elif name == "fedavg":
+            views = [("fedavg", ("before_ft",)), ("fedavg+FT", ("after_ft",))]
+            views = [(v + method[len(name) :], k) for v, k in views]
+        else:
+            views = [(method, ("after_ft",) if name in AFTER_FT else ("before_ft",))]
+        for label, keys in views:
+            cols = []
+            for ds in datasets:
+                r = cells.get((method, ds))
+                cols.append(" / ".join(_pfl_cell(r, k) for k in keys) if r else "-")
+            tag = "" if ft == "both" else (" (after FT)" if keys == ("after_ft",) else "")
+            lines.append(f"| {label}{tag} | " + " | ".join(cols) + " |")
+    note = "cells: before FT / after FT" if ft == "both" else "as FedSeq Table 4"
+    return "\n".join(lines) + f"\n\n({note}; mean ± std over seeds, std over clients in brackets)"
+
+
+def format_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
     """A Markdown table: cell, final accuracy mean +- std, best accuracy, seconds per run; for
     personalized runs the client-mean accuracy before and after fine-tuning, mean +- std over
-    seeds with the std over clients in brackets (FedSeq Table 4)."""
+    seeds with the std over clients in brackets, under FedSeq's Table 4 (methods x data sets,
+    see :func:`format_pfl_table`; ``ft`` picks its cells)."""
     if any("before_ft_mean" in r for r in rows):
-        lines = [
-            "| cell | seeds | before FT (%) | after FT (%) | s/run |",
-            "| --- | --- | --- | --- | --- |",
+        return format_pfl_table(rows, ft) + "\n\n" + _per_cell_pfl(rows)
+    return _per_cell(rows)
+
+
+def _per_cell_pfl(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| cell | seeds | before FT (%) | after FT (%) | s/run |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        cols = [
+            f"{100 * r[f'{k}_mean']:.2f} ± {100 * r[f'{k}_std']:.2f} "
+            f"({100 * r[f'{k}_client_std']:.2f})"
+            if f"{k}_mean" in r
+            else f"global {100 * r['final_acc_mean']:.2f} ± {100 * r['final_acc_std']:.2f}"
+            for k in ("before_ft", "after_ft")
         ]
-        for r in rows:
-            cols = [
-                f"{100 * r[f'{k}_mean']:.2f} ± {100 * r[f'{k}_std']:.2f} "
-                f"({100 * r[f'{k}_client_std']:.2f})"
-                if f"{k}_mean" in r
-                else f"global {100 * r['final_acc_mean']:.2f} ± {100 * r['final_acc_std']:.2f}"
-                for k in ("before_ft", "after_ft")
-            ]
-            lines.append(
-                f"| {r['label']} | {len(r['seeds'])} | {cols[0]} | {cols[1]} | "
-                f"{r['seconds_mean']:.1f} |"
-            )
-        return "\n".join(lines)
+        lines.append(
+            f"| {r['label']} | {len(r['seeds'])} | {cols[0]} | {cols[1]} | "
+            f"{r['seconds_mean']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _per_cell(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| cell | seeds | final acc (%) | best acc (%) | s/run |",
         "| --- | --- | --- | --- | --- |",
@@ -195,6 +273,7 @@ def run_sweep(
     seeds: int,
     out: Path,
     run_one: Callable[[BaseConfig, Path], dict[str, Any]],
+    ft: str = "paper",
 ) -> list[dict[str, Any]]:
     """Run every cell x seed through ``run_one(cfg, run_dir)``; write sweep.json/.md and a plot."""
     if seeds < 1:
@@ -211,7 +290,7 @@ def run_sweep(
     rows = summarise(cell_runs)
     name = base_doc.get("name", "sweep")
     atomic_write_text(out / "sweep.json", json.dumps({"name": name, "rows": rows}, indent=1))
-    atomic_write_text(out / "sweep.md", f"# {name}\n\n" + format_table(rows) + "\n")
+    atomic_write_text(out / "sweep.md", f"# {name}\n\n" + format_table(rows, ft) + "\n")
     plot_sweep(cell_runs, out / "accuracy.png", f"{name}: accuracy over rounds")
     return rows
 
@@ -251,7 +330,10 @@ def group_runs(runs: list[dict[str, Any]]) -> list[tuple[Cell, list[dict[str, An
 
 
 def report(
-    dirs: list[Path], out: Path | None = None, runs: list[dict[str, Any]] | None = None
+    dirs: list[Path],
+    out: Path | None = None,
+    runs: list[dict[str, Any]] | None = None,
+    ft: str = "paper",
 ) -> list[dict[str, Any]]:
     """Re-print the comparison table of finished runs (``runs``, else those under ``dirs``);
     with ``out``, write report.md, report.json and accuracy.png there."""
@@ -260,6 +342,6 @@ def report(
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "report.json", json.dumps({"rows": rows}, indent=1))
-        atomic_write_text(out / "report.md", "# report\n\n" + format_table(rows) + "\n")
+        atomic_write_text(out / "report.md", "# report\n\n" + format_table(rows, ft) + "\n")
         plot_sweep(cell_runs, out / "accuracy.png", "accuracy over rounds")
     return rows
