@@ -240,10 +240,12 @@ class Experiment:
 
 
 def subsample(ds: FederatedDataset, share: float) -> FederatedDataset:
-    """The same data set with a fixed share of each class's training samples (the same for
-    every seed, so twins of an experiment differ only where their seeds do)."""
+    """The same data set with a fixed share of each class's training samples, or, for a data
+    set with natural clients (LEAF), of each client's train and test samples (at least one of
+    each it had), in their order. The same for every seed, so twins of an experiment differ
+    only where their seeds do."""
     if ds.natural_clients is not None:
-        raise ConfigError(f"subsample does not apply to {ds.name!r}'s natural clients")
+        return _subsample_natural(ds, share)
     rng = numpy_rng(0, "subsample", ds.name)
     y = ds.train_y.numpy()
     keep = []
@@ -253,6 +255,37 @@ def subsample(ds: FederatedDataset, share: float) -> FederatedDataset:
         keep.append(rng.permutation(idx)[:k])
     kept = torch.from_numpy(np.sort(np.concatenate(keep)))
     return dataclasses.replace(ds, train_x=ds.train_x[kept], train_y=ds.train_y[kept])
+
+
+def _share_of_each(
+    parts: list[Tensor], share: float, rng: np.random.Generator
+) -> tuple[Tensor, list[Tensor]]:
+    """A fixed share of each part's indices (sorted, at least one of a non-empty part): the
+    kept indices and each part renumbered into them."""
+    kept, renumbered, start = [], [], 0
+    for p in parts:
+        k = max(1, round(share * len(p))) if len(p) else 0
+        chosen = torch.from_numpy(np.sort(rng.permutation(len(p))[:k])).long()
+        kept.append(p[chosen])
+        renumbered.append(torch.arange(start, start + k))
+        start += k
+    return (torch.cat(kept) if kept else torch.zeros(0, dtype=torch.long)), renumbered
+
+
+def _subsample_natural(ds: FederatedDataset, share: float) -> FederatedDataset:
+    rng = numpy_rng(0, "subsample", ds.name)
+    train, parts = _share_of_each(list(ds.natural_clients or []), share, rng)
+    changes: dict[str, Any] = {
+        "train_x": ds.train_x[train],
+        "train_y": ds.train_y[train],
+        "natural_clients": parts,
+    }
+    if ds.natural_test_clients is not None:
+        test, test_parts = _share_of_each(list(ds.natural_test_clients), share, rng)
+        changes.update(
+            test_x=ds.test_x[test], test_y=ds.test_y[test], natural_test_clients=test_parts
+        )
+    return dataclasses.replace(ds, **changes)
 
 
 def natural_clients(
