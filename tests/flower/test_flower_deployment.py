@@ -35,6 +35,23 @@ def only_run(out: Path) -> Path:
     return run_dir
 
 
+def register(public: Path, home: Path) -> None:
+    """``flwr supernode register``, retried while the SuperLink's APIs come up."""
+    end = time.monotonic() + 120
+    while True:
+        done = subprocess.run(
+            ["flwr", "supernode", "register", str(public), CONNECTION],
+            env=flower_env(home),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode == 0:
+            return
+        assert time.monotonic() < end, done.stdout + done.stderr
+        time.sleep(1.0)
+
+
 @pytest.fixture
 def deployment(tmp_path):
     d = Deployment(tmp_path / "flower")
@@ -60,14 +77,7 @@ def test_loopback_tls_deployment_equals_in_process(tmp_path, deployment):
     write_connection(home, deployment.address, str(certs["ca"]))
     keys = [make_node_key(tmp_path / "certs", f"node{i}") for i in range(3)]
     for _private, public in keys[:2]:
-        done = subprocess.run(
-            ["flwr", "supernode", "register", str(public), CONNECTION],
-            env=flower_env(home),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+        register(public, home)
     tls = ("--root-certificates", str(certs["ca"]))
     for i in range(2):
         deployment.start_supernode(i, 2, *tls, "--auth-supernode-private-key", str(keys[i][0]))
