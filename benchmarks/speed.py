@@ -28,11 +28,20 @@ evaluation / bare round (training + mean).
     python benchmarks/speed.py                  # full W: 5 epochs, 7 rounds (6 counted)
     python benchmarks/speed.py --profile        # + torch.profiler on one more fedbug round
     python benchmarks/speed.py --json --out w.json
+    python benchmarks/speed.py --quick --levers # each lever's gain, paired (see levers())
+
+``--levers`` times each lever of the speed issue against its "off" setting on W's model and
+data, the two alternating within one process (order swapped every repetition), and reports the
+median over repetitions of t(off) / t(on): channels_last for training (one client, 10 steps)
+and for evaluation (2,000 images), the evaluation batch (500 against 100), two threads against
+one (4 clients, sequential executor), and ``executor: processes`` with 2 single-thread workers
+against the sequential executor with 2 threads (4 clients a round).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -49,6 +58,7 @@ from common import machine_info
 
 import fedbug.engine as engine
 from fedbug.aggregate import Aggregate
+from fedbug.client import train_client
 from fedbug.config import load_config
 from fedbug.data import FederatedDataset
 from fedbug.models import build_model
@@ -63,6 +73,7 @@ TEST = 10_000
 BATCH = 50
 LR = 0.1
 WEIGHT_DECAY = 1e-3
+MEMORY = ("contiguous", "channels_last")
 TARGETS = {"ratio_train": 0.90, "ratio_round": 1.0, "peak_rss_mb": 1024.0}
 
 
@@ -81,6 +92,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="after the timed rounds, one more fedbug round under torch.profiler (untimed)",
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--levers", action="store_true", help="paired gain of each lever instead")
+    ap.add_argument("--reps", type=int, default=None, help="--levers repetitions (5; quick 3)")
+    ap.add_argument(
+        "--memory-format", choices=["contiguous", "channels_last"], default=None,
+        help="fedbug's memory_format (default: the config's)",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
     return ap.parse_args(argv)
@@ -232,6 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.eval_batch:
         doc["eval_batch_size"] = args.eval_batch
+    if args.memory_format:
+        doc["memory_format"] = args.memory_format
     cfg = load_config(None, doc=doc)
     timer = Timer()
     instrument(timer)
@@ -330,6 +349,111 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def levers(args: argparse.Namespace) -> dict[str, Any]:
+    """Paired t(off) / t(on) of each lever, alternating within this process."""
+    from fedbug.client import ClientTask
+    from fedbug.engine import Experiment
+    from fedbug.evaluate import Evaluator
+    from fedbug.executors import SequentialExecutor
+    from fedbug.executors.processes import ProcessExecutor, WorkerSpec
+
+    reps = args.reps or (3 if args.quick else 5)
+    ds = make_dataset(args.shape, args.classes, args.seed)
+    doc: dict[str, Any] = {
+        "name": "workload-w-levers", "seed": args.seed, "dataset": "cifar10",
+        "model": "standard_cnn", "num_clients": NUM_CLIENTS, "partition": "iid",
+        "clients_per_round": PER_ROUND, "local_steps": 10, "batch_size": BATCH, "lr": LR,
+        "weight_decay": WEIGHT_DECAY, "count_flops": False, "threads": 1,
+    }  # fmt: skip
+    cfg = load_config(None, doc=doc)
+    exp = {m: Experiment(cfg.model_copy(update={"memory_format": m}), ds) for m in MEMORY}
+    w = exp["contiguous"].initial_weights()
+    rts = {m: e.make_runtime() for m, e in exp.items()}
+    task = ClientTask(1, 0, args.seed, LR, SAMPLES)
+    tasks = [ClientTask(1, i, args.seed, LR, SAMPLES) for i in range(4)]
+    states = {t.client: {} for t in tasks}
+    test = dataclasses.replace(ds, test_x=ds.test_x[:2000], test_y=ds.test_y[:2000])
+    evs = {
+        (m, b): Evaluator(e.template, e.space, test, b, m)
+        for m, e in exp.items()
+        for b in (100, 500)
+    }
+    seq = SequentialExecutor(rts["contiguous"], exp["contiguous"].client_data)
+
+    def train(m: str) -> Any:
+        return lambda: train_client(w, task, exp[m].client_data(0), {}, rts[m])
+
+    def threads(n: int) -> Any:
+        def go() -> None:
+            torch.set_num_threads(n)
+            seq.run_round(w, tasks, states)
+
+        return go
+
+    procs = ProcessExecutor(WorkerSpec(cfg, ds), exp["contiguous"].sizes, workers=2, threads=1)
+    pairs = {
+        "channels_last_train (1 client, 10 steps)": (train("contiguous"), train("channels_last")),
+        "channels_last_eval (2,000 images, batch 500)": (
+            lambda: evs["contiguous", 500].evaluate(w),
+            lambda: evs["channels_last", 500].evaluate(w),
+        ),
+        "eval_batch 500 -> 100 (contiguous)": (
+            lambda: evs["contiguous", 500].evaluate(w),
+            lambda: evs["contiguous", 100].evaluate(w),
+        ),
+        "eval contiguous/500 -> channels_last/100": (
+            lambda: evs["contiguous", 500].evaluate(w),
+            lambda: evs["channels_last", 100].evaluate(w),
+        ),
+        "threads 1 -> 2 (4 clients, sequential)": (threads(1), threads(2)),
+        "sequential 2 threads -> processes 2x1 (4 clients)": (
+            threads(2),
+            lambda: procs.run_round(w, tasks, states),
+        ),
+    }
+    out: dict[str, Any] = {}
+    try:
+        for name, (off, on) in pairs.items():
+            off(), on()  # warm-up
+            ratios, t_off, t_on = [], [], []
+            for k in range(reps):
+                if k % 2:
+                    b, a = _timed(on), _timed(off)
+                else:
+                    a, b = _timed(off), _timed(on)
+                ratios.append(a / b)
+                t_off.append(a)
+                t_on.append(b)
+            out[name] = {
+                "gain_paired_median": statistics.median(ratios),
+                "ratios": ratios,
+                "off_s_median": statistics.median(t_off),
+                "on_s_median": statistics.median(t_on),
+                "load1": load1(),
+            }
+            print(
+                f"  {name}: {statistics.median(ratios):.3f}x (off {out[name]['off_s_median']:.2f}"
+                f" s, on {out[name]['on_s_median']:.2f} s, load {load1():.1f})",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        procs.close()
+    return {
+        "levers": out,
+        "reps": reps,
+        "machine": machine_info(),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+    }
+
+
 def print_table(res: dict[str, Any]) -> None:
     m = res["machine"]
     print(f"command: {res['command']}")
@@ -388,6 +512,17 @@ def print_table(res: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.levers:
+        res = levers(args)
+        text = json.dumps(res, indent=2)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text + "\n")
+        print(f"command: {res['command']}\n| lever | gain t(off)/t(on), paired median |")
+        print("| --- | --- |")
+        for name, row in res["levers"].items():
+            print(f"| {name} | {row['gain_paired_median']:.3f}x |")
+        return
     res = run(args)
     text = json.dumps(res, indent=2)
     if args.out:

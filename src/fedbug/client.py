@@ -74,6 +74,18 @@ class EpochAction:
     restart: bool = False
 
 
+def to_channels_last(x: Tensor) -> Tensor:
+    """A 4-D batch with NHWC strides (``memory_format: channels_last``); other tensors as they
+    are. One channel gets the strides explicitly (``contiguous(channels_last)`` would keep it
+    NCHW, which is equally "contiguous" there), so oneDNN still runs the layers after it NHWC."""
+    if x.dim() != 4:
+        return x
+    if x.shape[1] == 1:
+        n, _, h, w = x.shape
+        return x.contiguous().as_strided(x.shape, (h * w, 1, w, 1))
+    return x.contiguous(memory_format=torch.channels_last)
+
+
 @dataclass
 class ClientData:
     """One client's raw training samples (a batch is an index into them)."""
@@ -202,6 +214,9 @@ def train_client(
     local_steps, per_epoch = alg.local_step_count(n, settings)
     gen = torch_generator(task.seed, "client", task.round, task.client)
     opt = rt.make_optimizer(task.lr)
+    # an algorithm's per-client step hooks (Fjord's sub-model of each step), if it has them
+    open_session = getattr(alg, "client_session", None)
+    session = open_session(task, rt, gen) if open_session is not None else None
     trained = [False] * space.num_units
     current: tuple[int, ...] | None = None
     regions: list[slice] = []
@@ -251,6 +266,8 @@ def train_client(
                 mean_samples=task.mean_samples,
                 payload=task.payload,
             )
+        if session is not None:
+            session.before_step(x, y)
         for r in regions:
             rt.grad[r].zero_()
         loss = alg.loss(rt.model(x), y)
@@ -264,6 +281,8 @@ def train_client(
             for r in regions:
                 rt.grad[r].mul_(scale)
         opt.step()
+        if session is not None:
+            session.after_step()
         if settings.count_flops:
             flops += rt.flops(units, x, y)
         if end_of_epoch is not None and k % per_epoch == 0 and k < local_steps:
@@ -314,6 +333,8 @@ def train_client(
     policy_metrics = getattr(rt.policy, "client_metrics", None)
     if policy_metrics is not None:
         metrics.update(policy_metrics(task))
+    if session is not None:
+        metrics.update(session.finish())
     return ClientResult(task.client, n, delta, trained, new_state, metrics, uploaded)
 
 

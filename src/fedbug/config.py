@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
@@ -39,6 +39,9 @@ class BaseConfig(BaseModel):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     # data
     dataset: str = "digits"
+    dataset_options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword options of a generated data set (synthetic)"
+    )
     data_dir: str | None = None
     subsample: float = Field(
         1.0, gt=0.0, le=1.0, description="share of the training set kept (CPU-scale twins)"
@@ -119,7 +122,16 @@ class BaseConfig(BaseModel):
     eval_batch_size: int = Field(500, ge=1, le=1_000_000)
     checkpoint_every: int = Field(10, ge=1)
     count_flops: bool = True
-    threads: int | None = Field(None, ge=1, le=1024)
+    threads: int | None = Field(
+        None, ge=1, le=1024, description="torch threads (per worker under executor: processes)"
+    )
+    workers: int = Field(2, ge=1, le=1024, description="worker processes (executor: processes)")
+    memory_format: Literal["contiguous", "channels_last"] = Field(
+        "contiguous",
+        description="layout of image batches for conv models: channels_last makes oneDNN run the "
+        "convolutions and pooling in NHWC (faster on CPU; equal to contiguous within float32 "
+        "rounding)",
+    )
     executor: Literal["sequential", "processes", "flower-simulation", "flower-deployment"] = Field(
         "sequential",
         description="where clients train: this process (sequential), worker processes, or "
@@ -167,6 +179,9 @@ class BaseConfig(BaseModel):
             raise ValueError("policy: freezefl needs a system: block (the simulated devices)")
         if self.system is not None and not self.count_flops:
             raise ValueError("a system: block times clients from their FLOPs; keep count_flops")
+        check = getattr(ALGORITHMS.get(self.algorithm), "check_config", None)
+        if check is not None:  # what an algorithm cannot run with (fjord: no system: block)
+            check(self)
         return self
 
     def resolved_selection(self) -> str:
@@ -202,9 +217,48 @@ def all_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
     for name, field in model.model_fields.items():
         keys.append(prefix + name)
         ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys += all_keys(ann, prefix + name + ".")
+        for t in (ann, *get_args(ann)):  # a block, or an optional block (system: ... | None)
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                keys += all_keys(t, prefix + name + ".")
+                break
     return keys
+
+
+#: names other tools use for a key, so that a misspelling of them still finds fedbug's key
+KEY_ALIASES = {
+    "learning_rate": "lr",
+    "learningrate": "lr",
+    "epochs": "local_epochs",
+    "steps": "local_steps",
+    "clients": "num_clients",
+    "n_clients": "num_clients",
+    "num_rounds": "rounds",
+    "global_rounds": "rounds",
+    "client_fraction": "participation",
+    "participation_rate": "participation",
+    "batchsize": "batch_size",
+    "algo": "algorithm",
+    "data": "dataset",
+}
+
+
+def closest_key(key: str) -> str | None:
+    """The valid key an unknown dotted ``key`` most likely meant: a key of the same block close
+    to its last part (or a known alias of one), else a key of another block with that name."""
+    keys = all_keys()
+    prefix, _, last = key.rpartition(".")
+    prefix = f"{prefix}." if prefix else ""
+    siblings = [k[len(prefix) :] for k in keys if k.startswith(prefix)]
+    siblings = [k for k in siblings if "." not in k]
+    names = siblings + ([a for a in KEY_ALIASES if a not in siblings] if not prefix else [])
+    close = difflib.get_close_matches(last, names, n=1, cutoff=0.5)
+    if close:
+        return prefix + (close[0] if close[0] in siblings else KEY_ALIASES[close[0]])
+    elsewhere = [k for k in keys if k.rpartition(".")[2] == last]
+    if elsewhere:
+        return elsewhere[0]
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _format_error(err: ValidationError) -> str:
@@ -212,8 +266,8 @@ def _format_error(err: ValidationError) -> str:
     for e in err.errors():
         loc = _printable(".".join(str(p) for p in e["loc"]))
         if e["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(loc, all_keys(), n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]!r}?" if close else "; see the README's config keys"
+            close = closest_key(loc)
+            hint = f"; did you mean {close!r}?" if close else "; see the README's config keys"
             parts.append(f"unknown key {loc!r}{hint}")
         else:
             msg = _printable(e["msg"].removeprefix("Value error, "))
@@ -269,6 +323,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "freezing_cs": {**_FREEZING, "selection": "reputation", "reputation": {"warm_restart": 0}},
     "freezefl": {**_FREEZING, "selection": "reputation"},
     "rbcsf": {"algorithm": "fedavg", "selection": "rbcsf"},
+    # FreezeFL Table IV: Fjord (K uniform, as FedAvg) and Fjord with reputation selection
+    "fjord": {"algorithm": "fjord", "selection": "uniform"},
+    "fjord_cs": {
+        "algorithm": "fjord",
+        "selection": "reputation",
+        "reputation": {"warm_restart": 0},
+    },
     "fedseq-vanilla": {"algorithm": "fedbabu", "schedule": "vanilla", "evaluation": "personalized"},
     "fedseq-anti": {"algorithm": "fedbabu", "schedule": "anti", "evaluation": "personalized"},
 }
@@ -297,9 +358,31 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: values (keys and items, counted with YAML aliases expanded) a config may hold: a few lines of
+#: anchors and aliases (``&a [*b, *b, ...]``) expand to billions, or refer to themselves
+MAX_CONFIG_VALUES = 100_000
+
+
+def _check_size(doc: Any) -> None:
+    count, stack = 0, [doc]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(
+                f"a config may hold at most {MAX_CONFIG_VALUES:,} values (keys and list items, "
+                "YAML aliases expanded); this one holds more or refers to itself"
+            )
+        if isinstance(node, dict):
+            stack += [*node.keys(), *node.values()]
+        elif isinstance(node, (list, tuple, set)):
+            stack += node
+
+
 def validate(doc: Any) -> BaseConfig:
     if not isinstance(doc, dict):
         raise ConfigError(f"a config must be a mapping of keys to values, not {type(doc).__name__}")
+    _check_size(doc)
     doc = apply_method(doc)
     try:
         return Config.model_validate(doc)
@@ -343,11 +426,14 @@ def load_config(
 def resolve(cfg: BaseConfig) -> BaseConfig:
     """Fill what defaults to the machine (threads) so the saved config reproduces the run."""
     if cfg.threads is None:
-        return cfg.model_copy(update={"threads": os.cpu_count() or 1})
+        cores = os.cpu_count() or 1
+        if cfg.executor == "processes":  # the cores shared among the workers
+            cores = max(1, cores // cfg.workers)
+        return cfg.model_copy(update={"threads": cores})
     return cfg
 
 
-_LATER_KEYS = ("on_divergence", "min_results")
+_LATER_KEYS = ("on_divergence", "min_results", "memory_format", "dataset_options")
 _NOT_HASHED = {"grid", "seeds", "name", "count_flops", "threads", "executor", "workers", "flower"}
 
 
@@ -359,6 +445,6 @@ def config_hash(cfg: BaseConfig) -> str:
     d = cfg.model_dump(mode="json", exclude=_NOT_HASHED)
     # keys added after run folders existed count only when set, so older folders still resume
     for key in _LATER_KEYS:
-        if d.get(key) == BaseConfig.model_fields[key].default:
+        if d.get(key) == BaseConfig.model_fields[key].get_default(call_default_factory=True):
             d.pop(key, None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -34,7 +35,14 @@ from fedbug.aggregate import Aggregate
 from fedbug.algorithms import Algorithm, build_algorithm
 from fedbug.algorithms.base import ServerStep
 from fedbug.checks import check_update, divergence_hint, is_divergence
-from fedbug.client import ClientData, ClientResult, ClientRuntime, ClientTask, TrainSettings
+from fedbug.client import (
+    ClientData,
+    ClientResult,
+    ClientRuntime,
+    ClientTask,
+    TrainSettings,
+    to_channels_last,
+)
 from fedbug.config import BaseConfig, config_hash, resolve
 from fedbug.data import FederatedDataset, load_dataset, partition, partition_summary
 from fedbug.data.augment import AUGMENTATIONS
@@ -59,6 +67,7 @@ from fedbug.policies.schedule import RoundSchedule
 from fedbug.results import RunDir, atomic_write_text, environment, plot_run
 from fedbug.seeding import derive_seed, numpy_rng
 from fedbug.selection import SELECTIONS, SelectionFeedback
+from fedbug.state_store import StateStore
 from fedbug.system import Clock, SoftDeadline, SystemModel, per_sample_costs
 from fedbug.units import ParamSpace, find_units, traced_module_order
 
@@ -83,8 +92,13 @@ class Experiment:
     ) -> None:
         self.cfg = cfg = resolve(cfg)
         torch.set_num_threads(cfg.threads)
+        self.sources = (dataset, model)  # what worker processes rebuild the experiment from
         data_dir = Path(cfg.data_dir).expanduser() if cfg.data_dir else None
-        ds = dataset if dataset is not None else load_dataset(cfg.dataset, data_dir)
+        ds = (
+            dataset
+            if dataset is not None
+            else load_dataset(cfg.dataset, data_dir, cfg.dataset_options, cfg.num_clients)
+        )
         if cfg.subsample < 1.0:
             ds = subsample(ds, cfg.subsample)
         self.dataset = ds
@@ -177,10 +191,15 @@ class Experiment:
             self.system = SystemModel(
                 cfg.system, self.space, costs, sizes, cfg.local_epochs, self.num_clients, cfg.seed
             )
+            width_costs = getattr(self.algorithm, "width_costs", None)  # Fjord's sub-models
+            if width_costs is not None:
+                self.system.width_costs = width_costs(copy.deepcopy(self.template), example, labels)
             if cfg.policy == "freezefl":
                 self.deadline = SoftDeadline(cfg.freezefl.T0, cfg.freezefl.deadline_ema)
         self.selection = SELECTIONS.get(cfg.resolved_selection()).from_experiment(self)
-        self.evaluator = Evaluator(self.template, self.space, ds, cfg.eval_batch_size)
+        self.evaluator = Evaluator(
+            self.template, self.space, ds, cfg.eval_batch_size, cfg.memory_format
+        )
         self.personal: PersonalizedEvaluator | None = None
         if self.test_parts is not None:
             self.personal = PersonalizedEvaluator(
@@ -227,7 +246,7 @@ class Experiment:
             self.policy,
             self.algorithm,
             self.settings,
-            self.dataset.prepare,
+            with_memory_format(self.dataset.prepare, self.cfg.memory_format),
             self.augmentation(),
             self.classifier,
         )
@@ -237,6 +256,21 @@ class Experiment:
 
     def lr_at(self, round: int) -> float:
         return self.cfg.lr * self.cfg.lr_decay ** (round - 1)
+
+
+def with_memory_format(
+    prepare: Callable[[Tensor], Tensor], memory_format: str
+) -> Callable[[Tensor], Tensor]:
+    """``prepare`` followed, for ``channels_last``, by an NHWC copy of 4-D batches. The weights
+    stay contiguous (they are views into the flat vector): oneDNN takes the layout from the
+    input, so convolutions and pooling then run in NHWC."""
+    if memory_format != "channels_last":
+        return prepare
+    return functools.partial(_prepare_channels_last, prepare)
+
+
+def _prepare_channels_last(prepare: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    return to_channels_last(prepare(x))
 
 
 def subsample(ds: FederatedDataset, share: float) -> FederatedDataset:
@@ -367,9 +401,12 @@ class Simulation:
 
     def client_extra(self, client: int) -> dict[str, Any]:
         exp = self.exp
+        alg_extra = getattr(exp.algorithm, "client_extra", None)  # Fjord's p_max
+        extra = alg_extra(client, exp.system) if alg_extra is not None else {}
         if exp.deadline is None or exp.system is None:
-            return {}
+            return extra
         return {
+            **extra,
             "deadline": exp.deadline.value,
             "tau": exp.system.tau(client, exp.cfg.freezefl.probe),
         }
@@ -383,7 +420,8 @@ class Simulation:
         if self.exp.cfg.system.cost == "measured":
             return system.full_time(res.client)
         work = res.metrics["flops"] - res.metrics.get("probe_flops", 0)
-        return system.time(res.client, work, bytes_down, res.metrics["bytes_up"])
+        down = res.metrics.get("bytes_down", bytes_down)  # Fjord: the client's sub-model
+        return system.time(res.client, work, down, res.metrics["bytes_up"])
 
     def finish(
         self, r: int, results: list[ClientResult], bytes_down: int, delta_global: Tensor
@@ -415,6 +453,11 @@ class Simulation:
                     trained={res.client: res.trained for res in results},
                     global_delta=delta_global,
                     times=times,
+                    u_sys=(  # Fjord + reputation (FreezeFL Table IV): U_sys = p_max
+                        {res.client: float(res.metrics["width"]) for res in results}
+                        if all("width" in res.metrics for res in results)
+                        else None
+                    ),
                 )
             )
         if exp.system is not None:
@@ -424,8 +467,8 @@ class Simulation:
                     "id": res.client,
                     "ability": float(exp.system.ability(res.client)),
                     "n_frozen": int(res.metrics.get("n_frozen", 0)),
-                    "width": None,
-                    "bytes_down": bytes_down,
+                    "width": res.metrics.get("width"),
+                    "bytes_down": res.metrics.get("bytes_down", bytes_down),
                     "bytes_up": res.metrics["bytes_up"],
                     "flops": res.metrics["flops"],
                     "time": times[res.client],
@@ -464,31 +507,73 @@ class Simulation:
             out["abilities"] = [float(system.ability(k)) for k in range(self.exp.num_clients)]
             out["full_model_time"] = [system.full_time(k) for k in range(self.exp.num_clients)]
             out["sim_clock"] = self.clock.now
+            if system.width_costs is not None:  # Fjord: per-sample FLOPs of each width
+                out["width_costs"] = {str(p): c for p, c in system.width_costs.items()}
         return out
 
 
-class ClientStates:
-    """Per-client algorithm state (FedDyn's lambda_i), created on first use."""
+#: Client state is kept in a memory-mapped store under the run folder when N full models of it
+#: would take more than this (smaller runs keep it in memory and in the checkpoint).
+STATE_STORE_MIN_BYTES = 256 << 20
 
-    def __init__(self, algorithm: Algorithm, space: ParamSpace) -> None:
+
+class ClientStates:
+    """Per-client algorithm state (FedDyn's lambda_i), created on first use.
+
+    With ``store_dir`` and ``num_clients`` (a run folder, and N full models of state over
+    :data:`STATE_STORE_MIN_BYTES`), states live in a memory-mapped
+    :class:`~fedbug.state_store.StateStore` in ``<run>/client_states`` and the checkpoint holds
+    only its generation; a state the store's layout does not fit stays in memory. Without, all
+    states are in memory and in the checkpoint."""
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        space: ParamSpace,
+        store_dir: Path | None = None,
+        num_clients: int | None = None,
+    ) -> None:
         self.algorithm = algorithm
         self.space = space
         self.states: dict[int, dict[str, Tensor]] = {}
+        self.store_dir = store_dir if num_clients is not None else None
+        self.num_clients = num_clients
+        self.store: StateStore | None = None
 
     def get(self, client: int) -> dict[str, Tensor]:
-        if client not in self.states:
-            return self.algorithm.init_client_state(self.space)
-        return self.states[client]
+        if client in self.states:
+            return self.states[client]
+        stored = self.store.get(client) if self.store is not None else None
+        return stored if stored is not None else self.algorithm.init_client_state(self.space)
 
     def put(self, client: int, state: dict[str, Tensor]) -> None:
-        if state:
+        if not state:
+            return
+        if self.store is None and self.store_dir is not None:
+            self.store = StateStore.create(self.store_dir, self.num_clients, state)
+        if self.store is not None and self.store.accepts(state):
+            self.store.put(client, state)
+            self.states.pop(client, None)
+        else:
             self.states[client] = state
 
-    def state_dict(self) -> dict[str, dict[str, Tensor]]:
-        return {str(k): v for k, v in sorted(self.states.items())}
+    def state_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {str(k): v for k, v in sorted(self.states.items())}
+        if self.store is not None:
+            d["__store__"] = {"generation": self.store.commit()}
+        return d
 
-    def load_state_dict(self, d: dict[str, dict[str, Tensor]]) -> None:
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        d = dict(d)
+        stored = d.pop("__store__", None)
         self.states = {int(k): v for k, v in d.items()}
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if stored is not None:
+            if self.store_dir is None:
+                raise CheckpointError("this checkpoint keeps client states in its run folder")
+            self.store = StateStore.open(self.store_dir, int(stored["generation"]))
 
 
 class LocalModelMean:
@@ -514,6 +599,68 @@ class LocalModelMean:
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.total = d["total"]
         self.latest = {int(k): v for k, v in d["latest"].items()}
+
+
+_CHECKPOINT_KEYS = ("round", "weights", "server_state", "client_states", "simulation")
+
+
+def check_checkpoint_fits(
+    ck: dict[str, Any],
+    path: Path,
+    cfg: BaseConfig,
+    weights: Tensor,
+    server_state: dict[str, Any],
+    states: ClientStates,
+) -> None:
+    """Refuse, with one :class:`CheckpointError` naming ``path``, a checkpoint whose contents do
+    not fit this run's model (weights of another size, say: written by another model or fedbug
+    version under the same config hash), before any of it is loaded."""
+    fix = "start the run again in another --out (or remove this run folder)"
+    missing = [k for k in _CHECKPOINT_KEYS if k not in ck]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} lacks {', '.join(missing)}; it was not written by this "
+            f"fedbug version; {fix}"
+        )
+    got = ck["weights"]
+    if not isinstance(got, Tensor) or got.shape != weights.shape or got.dtype != weights.dtype:
+        what = (
+            f"{got.numel():,} {str(got.dtype).removeprefix('torch.')} weights"
+            if isinstance(got, Tensor)
+            else f"weights of type {type(got).__name__}"
+        )
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds {what} where model {cfg.model!r} has "
+            f"{weights.numel():,} {str(weights.dtype).removeprefix('torch.')}; it was written by "
+            f"another model; {fix}"
+        )
+    r = ck["round"]
+    if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= cfg.rounds:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is at round {r!r}, outside 0..{cfg.rounds}; {fix}"
+        )
+    fresh_client = states.algorithm.init_client_state(states.space)
+    parts = [(ck["server_state"], server_state, "server state")]
+    if not isinstance(ck["client_states"], dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} has malformed client states; {fix}")
+    parts += [
+        (s, fresh_client, f"client {k} state")
+        for k, s in ck["client_states"].items()
+        if k != "__store__"
+    ]
+    for saved, fresh, what in parts:
+        if not isinstance(saved, dict) or not set(fresh) <= set(saved):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: its {what} does not fit algorithm "
+                f"{cfg.algorithm!r}; {fix}"
+            )
+        for key, t in fresh.items():
+            s = saved[key]
+            if isinstance(t, Tensor) and (not isinstance(s, Tensor) or s.shape != t.shape):
+                raise CheckpointError(
+                    f"checkpoint {str(path)!r}: its {what} {key!r} does not fit model "
+                    f"{cfg.model!r}; {fix}"
+                )
 
 
 def run_experiment(
@@ -574,7 +721,14 @@ def _run(
     cfg = exp.cfg
     weights = exp.initial_weights()
     server_state = exp.algorithm.init_server_state(weights, exp.num_clients)
-    states = ClientStates(exp.algorithm, exp.space)
+    # client state on disk when it could outgrow memory (N clients x a full model of state)
+    on_disk = rd is not None and exp.num_clients * exp.space.total * 4 > STATE_STORE_MIN_BYTES
+    states = ClientStates(
+        exp.algorithm,
+        exp.space,
+        rd.path / "client_states" if on_disk else None,
+        exp.num_clients,
+    )
     sim = Simulation(exp)
     local_mean = (
         LocalModelMean(weights, exp.num_clients)
@@ -591,11 +745,13 @@ def _run(
     if rd is not None:
         if resume and rd.checkpoint_path.exists():
             ck = rd.load_checkpoint()
-            if ck.get("config_hash") != chash:
+            if not isinstance(ck, dict) or ck.get("config_hash") != chash:
+                found = ck.get("config_hash") if isinstance(ck, dict) else None
                 raise CheckpointError(
-                    f"checkpoint in {str(rd.path)!r} was written by another config "
-                    f"({ck.get('config_hash')} vs {chash}); resume with the same config"
+                    f"checkpoint {str(rd.checkpoint_path)!r} was written by another config "
+                    f"({found} vs {chash}); resume with the same config"
                 )
+            check_checkpoint_fits(ck, rd.checkpoint_path, cfg, weights, server_state, states)
             weights = ck["weights"]
             server_state = ck["server_state"]
             states.load_state_dict(ck["client_states"])
@@ -646,6 +802,7 @@ def _run(
     shared = set(exp.algorithm.shared_units(exp.space.num_units))
     shared_mask = [u in shared for u in range(exp.space.num_units)]
     model_bytes = exp.space.bytes_of(shared_mask)
+    upload_mask = getattr(exp.algorithm, "upload_mask", None)  # Fjord: per-entry averaging
     diverged: DivergenceError | None = None
     try:
         for r in range(start, last_round + 1):
@@ -682,6 +839,7 @@ def _run(
                         res.delta,
                         sent if cfg.aggregation == "layerwise" else shared_mask,
                         res.num_samples,
+                        upload_mask(res, exp.space) if upload_mask is not None else None,
                     )
                     if exp.keeps_client_state:
                         states.put(res.client, res.state)
@@ -711,7 +869,7 @@ def _run(
                 "trained_params": (
                     sum(x.metrics["trained_params"] for x in results) / n if n else None
                 ),
-                "bytes_down": n * down_each,
+                "bytes_down": sum(x.metrics.get("bytes_down", down_each) for x in results),
                 "trained_sublayers": trained_sublayers(exp, r),
                 "bytes_up": sum(
                     x.metrics["bytes_up"] if cfg.upload == "partial" else model_bytes

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedbug.client import to_channels_last
 from fedbug.data.base import FederatedDataset
 from fedbug.units import ParamSpace
 
@@ -16,12 +17,18 @@ class Evaluator:
     """Test accuracy and mean loss of given weights, under ``torch.inference_mode``."""
 
     def __init__(
-        self, model: nn.Module, space: ParamSpace, dataset: FederatedDataset, batch_size: int
+        self,
+        model: nn.Module,
+        space: ParamSpace,
+        dataset: FederatedDataset,
+        batch_size: int,
+        memory_format: str = "contiguous",
     ) -> None:
         self.model = copy.deepcopy(model)
         self.flat = space.bind(self.model)
         self.dataset = dataset
         self.batch_size = batch_size
+        self.channels_last = memory_format == "channels_last"
 
     @torch.inference_mode()
     def evaluate(self, weights: Tensor) -> tuple[float, float]:
@@ -33,6 +40,8 @@ class Evaluator:
         n = len(ds.test_y)
         for start in range(0, n, self.batch_size):
             x = ds.prepare(ds.test_x[start : start + self.batch_size])
+            if self.channels_last:
+                x = to_channels_last(x)
             y = ds.test_y[start : start + self.batch_size]
             out = self.model(x)
             loss_sum += F.cross_entropy(out, y, reduction="sum").double()

@@ -8,6 +8,7 @@ one by name (:mod:`fedbug.data.download` fetches the standard ones, on request o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fedbug.data import (  # noqa: F401  (registers the data sets)
     cifar,
@@ -15,10 +16,12 @@ from fedbug.data import (  # noqa: F401  (registers the data sets)
     fashion_mnist,
     leaf,
     mnist,
+    synthetic,
     tiny_imagenet,
 )
 from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
 from fedbug.data.partition import partition, partition_summary
+from fedbug.errors import ConfigError
 
 __all__ = [
     "DATASETS",
@@ -30,8 +33,24 @@ __all__ = [
 ]
 
 
-def load_dataset(name: str, data_dir: str | Path | None = None) -> FederatedDataset:
+def load_dataset(
+    name: str,
+    data_dir: str | Path | None = None,
+    options: dict[str, Any] | None = None,
+    num_clients: int | None = None,
+) -> FederatedDataset:
     """Load the registered data set ``name``; ``ConfigError`` for an unknown name, ``DataError``
-    (naming the folders searched) when its files are missing or malformed."""
+    (naming the folders searched) when its files are missing or malformed.
+
+    ``options`` (``dataset_options:``) go to a generated data set's builder (``synthetic``), which
+    also takes the run's ``num_clients`` unless the options set it."""
     spec = DATASETS.get(name)
-    return spec.load(Path(data_dir).expanduser() if data_dir is not None else None)
+    folder = Path(data_dir).expanduser() if data_dir is not None else None
+    if spec.generate is not None:
+        opts = dict(options or {})
+        if num_clients is not None:
+            opts.setdefault("num_clients", num_clients)
+        return spec.generate(**opts)
+    if options:
+        raise ConfigError(f"data set {name!r} takes no dataset_options (got {sorted(options)})")
+    return spec.load(folder)

@@ -84,6 +84,7 @@ class DatasetSpec:
     locate: Callable[[Path | None], str | None]
     searched: Callable[[Path | None], list[str]]
     how_to_get: str
+    generate: Callable[..., FederatedDataset] | None = None  # a data set built from options
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")

@@ -19,4 +19,10 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
     name = exp.cfg.executor
     if name == "sequential":
         return SequentialExecutor(exp.make_runtime(), exp.client_data)
+    if name == "processes":
+        from fedbug.executors.processes import ProcessExecutor, WorkerSpec
+
+        dataset, model = exp.sources
+        spec = WorkerSpec(exp.cfg, dataset, model)
+        return ProcessExecutor(spec, exp.sizes, exp.cfg.workers, exp.cfg.threads)
     raise NotImplementedError(f"executor {name!r} is not available in this build")

@@ -11,6 +11,7 @@ from torch import nn
 from fedbug.errors import ConfigError
 from fedbug.models.cnn import DigitsCNN, StandardCNN
 from fedbug.models.leaf_cnn import FreezeFLCNN, LeafFemnistCNN
+from fedbug.models.logreg import LogisticRegression
 from fedbug.models.lstm import ShakespeareLSTM
 from fedbug.models.mlp import MLP
 from fedbug.models.resnet import resnet18, resnet34
@@ -30,6 +31,7 @@ MODELS.register("fedseq_cnn")(FedSeqCNN)
 MODELS.register("shakespeare_lstm")(ShakespeareLSTM)
 MODELS.register("leaf_cnn")(LeafFemnistCNN)
 MODELS.register("freezefl_cnn")(FreezeFLCNN)
+MODELS.register("logreg")(LogisticRegression)
 
 
 def build_model(
@@ -41,7 +43,7 @@ def build_model(
         torch.manual_seed(derive_seed(seed, "model"))
         try:
             return builder(input_shape, num_classes, **options)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RuntimeError) as e:
             raise ConfigError(f"model {name!r} cannot be built: {e}") from None
 
 
@@ -54,6 +56,7 @@ __all__ = [
     "FedSeqCNN",
     "FreezeFLCNN",
     "LeafFemnistCNN",
+    "LogisticRegression",
     "ShakespeareLSTM",
     "TinyImageNetCNN",
     "resnet18",

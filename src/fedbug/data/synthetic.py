@@ -1,0 +1,162 @@
+"""``synthetic``: LEAF's / FedProx's Synthetic(alpha, beta), any number of natural clients.
+
+As the FedProx paper defines it (Li et al. 2020, Sec. 5.1) and its generator writes it
+(``data/synthetic_*/generate_niid.py``; normal draws take a standard deviation, as numpy's):
+for client k, ``u_k ~ N(0, alpha)``, ``W_k ~ N(u_k, 1)`` (60 x 10), ``b_k ~ N(u_k, 1)`` (10);
+``B_k ~ N(0, beta)``, ``v_k ~ N(B_k, 1)`` (60); each sample ``x ~ N(v_k, Sigma)`` with
+``Sigma`` diagonal, ``Sigma_jj = j^-1.2``; label ``y = argmax softmax(W_k^T x + b_k)``.
+Client sizes follow LEAF's power law: ``floor(lognormal(size_mu=4, size_sigma=2)) + min_size
+(50)``, capped at ``max_size`` when given. Each client's first ``int(0.9 n_k)`` samples are its
+training data (its natural client); the rest of every client together form the test set.
+``iid=True`` is the paper's Synthetic-IID: one W and b for all, ``v_k = B_k`` in every
+coordinate.
+
+Options come from the config's ``dataset_options`` (``alpha``, ``beta``, ``iid``,
+``num_clients`` (default: the run's), ``seed`` (default 0, the data set's own: twins of an
+experiment with other run seeds see the same data), ``size_mu``, ``size_sigma``, ``min_size``,
+``max_size``). Generation is vectorised a block of clients at a time, each block with its own
+generator addressed by (seed, block), so 100,000 clients take seconds and memory is the data
+itself (60 float32 per sample) plus one block's temporaries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
+from fedbug.errors import ConfigError
+from fedbug.seeding import numpy_rng
+
+DIM = 60
+CLASSES = 10
+TRAIN_SHARE = 0.9
+BLOCK = 1024  # clients per generator block (part of the data's definition: keep fixed)
+_LABEL_CHUNK = 1 << 13  # samples per vectorised label computation
+
+
+def client_sizes(
+    num_clients: int,
+    seed: int = 0,
+    size_mu: float = 4.0,
+    size_sigma: float = 2.0,
+    min_size: int = 50,
+    max_size: int | None = None,
+) -> np.ndarray:
+    """Samples per client: ``floor(lognormal(size_mu, size_sigma)) + min_size`` (LEAF)."""
+    rng = numpy_rng(seed, "synthetic-sizes")
+    raw = rng.lognormal(size_mu, size_sigma, num_clients)
+    sizes = np.floor(np.minimum(raw, 2.0**40)).astype(np.int64) + int(min_size)
+    if max_size is not None:
+        sizes = np.minimum(sizes, int(max_size))
+    return sizes
+
+
+def generate(
+    num_clients: int = 30,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    iid: bool = False,
+    seed: int = 0,
+    size_mu: float = 4.0,
+    size_sigma: float = 2.0,
+    min_size: int = 50,
+    max_size: int | None = None,
+) -> FederatedDataset:
+    """Synthetic(alpha, beta) over ``num_clients`` natural clients (see the module's text)."""
+    if num_clients < 1:
+        raise ConfigError(f"synthetic needs num_clients >= 1, got {num_clients}")
+    if alpha < 0 or beta < 0:
+        raise ConfigError(f"synthetic needs alpha, beta >= 0, got {alpha}, {beta}")
+    if min_size < 2 or (max_size is not None and max_size < min_size):
+        raise ConfigError("synthetic needs 2 <= min_size <= max_size (a train and a test sample)")
+    sizes = client_sizes(num_clients, seed, size_mu, size_sigma, min_size, max_size)
+    n_train = (TRAIN_SHARE * sizes).astype(np.int64)
+    n_test = sizes - n_train
+    train_x = torch.empty(int(n_train.sum()), DIM)
+    test_x = torch.empty(int(n_test.sum()), DIM)
+    train_y = torch.empty(len(train_x), dtype=torch.long)
+    test_y = torch.empty(len(test_x), dtype=torch.long)
+    train_start = np.concatenate([[0], np.cumsum(n_train)])
+    test_start = np.concatenate([[0], np.cumsum(n_test)])
+    sd = np.power(np.arange(1, DIM + 1, dtype=np.float64), -1.2) ** 0.5
+    shared = numpy_rng(seed, "synthetic-iid")
+    w_iid = shared.normal(0.0, 1.0, (DIM, CLASSES))
+    b_iid = shared.normal(0.0, 1.0, CLASSES)
+    for first in range(0, num_clients, BLOCK):
+        last = min(num_clients, first + BLOCK)
+        k = last - first
+        rng = numpy_rng(seed, "synthetic", float(alpha), float(beta), int(iid), first // BLOCK)
+        u = rng.normal(0.0, alpha, k)
+        big_b = rng.normal(0.0, beta, k)
+        if iid:
+            v = np.repeat(big_b[:, None], DIM, axis=1)
+            w = np.broadcast_to(w_iid, (k, DIM, CLASSES))
+            b = np.broadcast_to(b_iid, (k, CLASSES))
+        else:
+            v = rng.normal(big_b[:, None], 1.0, (k, DIM))
+            w = rng.normal(u[:, None, None], 1.0, (k, DIM, CLASSES))
+            b = rng.normal(u[:, None], 1.0, (k, CLASSES))
+        m = sizes[first:last]
+        owner = np.repeat(np.arange(k), m)
+        x = v[owner] + sd * rng.standard_normal((len(owner), DIM))
+        y = np.empty(len(owner), dtype=np.int64)
+        for s in range(0, len(owner), _LABEL_CHUNK):
+            o = owner[s : s + _LABEL_CHUNK]
+            logits = np.einsum("sj,sjc->sc", x[s : s + _LABEL_CHUNK], w[o]) + b[o]
+            y[s : s + _LABEL_CHUNK] = logits.argmax(1)
+        # each client's first int(0.9 n_k) samples train, the rest test (LEAF's split)
+        offset = np.concatenate([[0], np.cumsum(m)])[:-1]
+        pos = np.arange(len(owner)) - offset[owner]
+        is_train = pos < n_train[first:last][owner]
+        xt = torch.from_numpy(x.astype(np.float32))
+        yt = torch.from_numpy(y)
+        mask = torch.from_numpy(is_train)
+        a, z = int(train_start[first]), int(train_start[last])
+        train_x[a:z], train_y[a:z] = xt[mask], yt[mask]
+        a, z = int(test_start[first]), int(test_start[last])
+        test_x[a:z], test_y[a:z] = xt[~mask], yt[~mask]
+    starts = torch.from_numpy(train_start)
+    clients = [torch.arange(int(starts[i]), int(starts[i + 1])) for i in range(num_clients)]
+    return FederatedDataset(
+        name="synthetic",
+        train_x=train_x,
+        train_y=train_y,
+        test_x=test_x,
+        test_y=test_y,
+        num_classes=CLASSES,
+        scale=1.0,
+        source=f"generated: Synthetic({alpha}, {beta}){' IID' if iid else ''}, seed {seed}",
+        natural_clients=clients,
+        inputs="vector",
+        meta={"sizes": sizes, "alpha": alpha, "beta": beta, "iid": iid, "seed": seed},
+    )
+
+
+def load(data_dir: Path | None = None) -> FederatedDataset:
+    """Synthetic(1, 1) over 30 clients, as in the FedProx paper (``data_dir`` is ignored)."""
+    return generate()
+
+
+def locate(data_dir: Path | None = None) -> str | None:
+    return "generated"
+
+
+def searched(data_dir: Path | None = None) -> list[str]:
+    return ["generated from dataset_options"]
+
+
+SPEC = DATASETS.register("synthetic")(
+    DatasetSpec(
+        name="synthetic",
+        description="LEAF/FedProx Synthetic(alpha, beta): 60 features, 10 classes, any number "
+        "of natural clients (dataset_options)",
+        load=load,
+        locate=locate,
+        searched=searched,
+        how_to_get="Generated from the seed (dataset_options: alpha, beta, iid, seed, ...).",
+        generate=generate,
+    )
+)

@@ -1,0 +1,91 @@
+"""The memory-mapped client-state store: round trip, exact resume, initial state for a client
+never written; FedDyn's running sum of all clients' lambda against their full mean."""
+
+import torch
+from tiny import tiny_config
+
+import fedbug.engine as engine
+from fedbug.engine import ClientStates, Experiment, run_experiment
+from fedbug.results import RunDir
+from fedbug.state_store import StateStore
+
+TIMING = {"time_train", "time_eval", "wall_time"}
+
+
+def _state(v: float) -> dict[str, torch.Tensor]:
+    return {"lambda": torch.full((6,), v), "local.1": torch.arange(4.0).view(2, 2) + v}
+
+
+def test_round_trip_and_never_written_client_reads_initial_state(tmp_path):
+    exp = Experiment(tiny_config(algorithm="feddyn"))
+    states = ClientStates(exp.algorithm, exp.space, tmp_path / "cs", exp.num_clients)
+    lam = torch.randn(exp.space.total)
+    states.put(2, {"lambda": lam})
+    assert states.store is not None and states.states == {}  # on disk, not in memory
+    assert torch.equal(states.get(2)["lambda"], lam)
+    fresh = states.get(4)  # never written: the algorithm's initial state
+    assert set(fresh) == {"lambda"} and torch.equal(fresh["lambda"], torch.zeros_like(lam))
+    assert list(states.store.written()) == [2]
+    states.put(2, {"lambda": lam + 1})  # overwrite before any checkpoint
+    assert torch.equal(states.get(2)["lambda"], lam + 1)
+
+
+def test_resume_forgets_writes_after_the_checkpoint(tmp_path):
+    store = StateStore.create(tmp_path, 5, _state(0.0), cache_bytes=0)  # drop pages each time
+    store.put(0, _state(1.0))
+    store.put(1, _state(2.0))
+    gen = store.commit()  # a checkpoint
+    store.put(0, _state(3.0))  # after it: twice for client 0, once for 1 and 3
+    store.put(0, _state(4.0))
+    store.put(1, _state(5.0))
+    store.put(3, _state(6.0))
+    assert store.get(0)["lambda"][0] == 4.0
+    store.close()
+    back = StateStore.open(tmp_path, gen)  # the run is killed and resumed from the checkpoint
+    for client, v in ((0, 1.0), (1, 2.0)):
+        got = back.get(client)
+        assert torch.equal(got["lambda"], _state(v)["lambda"])
+        assert torch.equal(got["local.1"], _state(v)["local.1"])
+    assert back.get(3) is None and back.get(4) is None
+    back.put(0, _state(7.0))  # writing on after the resume keeps the checkpoint's version
+    gen2 = back.commit()
+    back.put(0, _state(8.0))
+    back.close()
+    assert StateStore.open(tmp_path, gen2).get(0)["lambda"][0] == 7.0
+    assert not back.accepts({"lambda": torch.zeros(6)})
+
+
+def test_engine_resume_with_the_store_equals_uninterrupted(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine, "STATE_STORE_MIN_BYTES", 0)  # store even this tiny model
+    cfg = tiny_config(algorithm="feddyn", rounds=5, checkpoint_every=2, num_clients=6)
+    full = run_experiment(cfg, tmp_path / "full")
+    assert (tmp_path / "full" / "client_states" / "data.f32").exists()
+    ck = RunDir(tmp_path / "full").load_checkpoint()
+    assert set(ck["client_states"]) == {"__store__"}  # the checkpoint holds no state itself
+    run_experiment(cfg, tmp_path / "cut", stop_after=3)  # killed after round 3 (ckpt at 2)
+    resumed = run_experiment(cfg, tmp_path / "cut", resume=True)
+    strip = [{k: v for k, v in r.items() if k not in TIMING} for r in resumed.records]
+    assert strip == [{k: v for k, v in r.items() if k not in TIMING} for r in full.records]
+    assert torch.equal(resumed.weights, full.weights)
+    memory = run_experiment(cfg.model_copy(update={"name": "mem"}))  # no run folder: in memory
+    assert torch.equal(memory.weights, full.weights)
+
+
+def test_feddyn_running_sum_equals_full_mean_after_many_rounds(tmp_path, monkeypatch):
+    """The server's lambda_sum, updated from the participants only, against the mean of all N
+    clients' lambda_i (those never selected still at zero), to 1e-6."""
+    monkeypatch.setattr(engine, "STATE_STORE_MIN_BYTES", 0)
+    cfg = tiny_config(
+        algorithm="feddyn", rounds=30, local_steps=2, num_clients=12, clients_per_round=3,
+        eval_every=30, checkpoint_every=30, count_flops=False, threads=1,
+    )  # fmt: skip
+    run_experiment(cfg, tmp_path / "run")
+    ck = RunDir(tmp_path / "run").load_checkpoint()
+    exp = Experiment(cfg)
+    states = ClientStates(exp.algorithm, exp.space, tmp_path / "run" / "client_states", 12)
+    states.load_state_dict(ck["client_states"])
+    assert 3 < len(states.store.written()) <= 12
+    full = torch.stack([states.get(i)["lambda"].double() for i in range(12)]).mean(0)
+    running = ck["server_state"]["lambda_sum"].double() / 12
+    assert full.abs().max() > 1e-3  # not trivially zero
+    torch.testing.assert_close(running, full, atol=1e-6, rtol=0)
