@@ -2,7 +2,9 @@
 
 Updates are added in ascending client id; each unit is averaged over the clients that trained it
 (weighted by sample count or uniformly), so partial uploads and frozen units need nothing
-special: a unit nobody trained gets a zero mean update and keeps its value.
+special: a unit nobody trained gets a zero mean update and keeps its value. An update may also
+say which entries of its units it holds (``entries``, Fjord's sub-model): from then on each entry
+is averaged over the clients that hold it (FjORD's ordered-dropout aggregation).
 """
 
 from __future__ import annotations
@@ -27,10 +29,28 @@ class Aggregate:
         self.sq_norm_sum = 0.0
         self.count = 0
         self.num_samples = 0
+        # per-entry weight and count, kept from the first update that names its entries
+        self._entry_w: Tensor | None = None
+        self._entry_n: Tensor | None = None
 
-    def add(self, delta: Tensor, trained: list[bool], num_samples: int) -> None:
-        """Add one client's update (full-length; entries of untrained units are ignored)."""
+    def add(
+        self,
+        delta: Tensor,
+        trained: list[bool],
+        num_samples: int,
+        entries: Tensor | None = None,
+    ) -> None:
+        """Add one client's update (full-length; entries of untrained units are ignored).
+
+        ``entries`` (bool, full-length): the entries this client holds (its other entries of
+        the trained units must be 0 in ``delta``); None: all of them."""
         w = float(num_samples) if self.weighting == "samples" else 1.0
+        if entries is not None and self._entry_w is None:
+            self._entry_w = torch.zeros(self.space.total)
+            self._entry_n = torch.zeros(self.space.total)
+            for u, s in enumerate(self.space.unit_slices):  # the updates added so far
+                self._entry_w[s] = self._unit_w[u]
+                self._entry_n[s] = self._unit_n[u]
         for u, t in enumerate(trained):
             if t:
                 s = self.space.unit_slices[u]
@@ -38,6 +58,10 @@ class Aggregate:
                 self._raw[s].add_(delta[s])
                 self._unit_w[u] += w
                 self._unit_n[u] += 1
+                if self._entry_w is not None and self._entry_n is not None:
+                    held = entries[s].float() if entries is not None else 1.0
+                    self._entry_w[s] += w * held
+                    self._entry_n[s] += held
                 d = delta[s].double()
                 self.sq_norm_sum += float(torch.dot(d, d))  # what was sent, nothing else
         self.count += 1
@@ -45,13 +69,27 @@ class Aggregate:
 
     def mean_delta(self, uniform: bool = False) -> Tensor:
         """Per unit: sum_i w_i Delta_i / sum_i w_i over the clients that sent the unit
-        (``uniform``: the plain mean over them, whatever the weighting)."""
+        (``uniform``: the plain mean over them, whatever the weighting); per entry, over the
+        clients holding it, once an update has named its entries (0 where none does)."""
+        if self._entry_w is not None and self._entry_n is not None:
+            num, den = (self._raw, self._entry_n) if uniform else (self._wsum, self._entry_w)
+            return torch.where(den > 0, num / den.clamp_min(1e-30), torch.zeros(()))
         out = torch.zeros(self.space.total)
         for u, (w, n) in enumerate(zip(self._unit_w, self._unit_n)):
             if n > 0:
                 s = self.space.unit_slices[u]
                 out[s] = self._raw[s] / n if uniform else self._wsum[s] / w
         return out
+
+    def entries_held(self) -> Tensor:
+        """Bool over the flat space: the entries at least one added update holds."""
+        if self._entry_n is not None:
+            return self._entry_n > 0
+        held = torch.zeros(self.space.total, dtype=torch.bool)
+        for u, n in enumerate(self._unit_n):
+            if n > 0:
+                held[self.space.unit_slices[u]] = True
+        return held
 
     def delta_sum(self) -> Tensor:
         """sum_i Delta_i (unweighted, over all units)."""

@@ -262,6 +262,8 @@ class SystemModel:
         ]
         self.abilities = draw_abilities(params, num_clients, seed)
         self._set_costs(per_sample_flops)
+        # Fjord: per-sample training FLOPs of each width's sub-model (p -> FLOPs), else None
+        self.width_costs: dict[float, float] | None = None
 
     def _set_costs(self, per_sample: Sequence[float]) -> None:
         costs = [float(c) for c in per_sample]
@@ -331,6 +333,7 @@ class SystemModel:
             "full_bytes": self.full_bytes,
             "upload_bytes": list(self.upload_bytes),
             "mean_size": self.mean_size,
+            **({"width_costs": dict(self.width_costs)} if self.width_costs is not None else {}),
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from fedbug.algorithms import (  # noqa: F401  (registration)
     fedprox,
     fedrep,
     fedrod,
+    fjord,
     lg_fedavg,
 )
 from fedbug.algorithms.base import (
