@@ -54,6 +54,8 @@ LEAF_TEST_EXCESS = 79
 """How much LEAF's ``split_data.py`` overstates Shakespeare's test ``num_samples`` (80 - 1)."""
 
 FEMNIST_NUM_CLASSES = 62
+SHAKESPEARE_SEQ_LEN = 80
+"""Characters in one Shakespeare input (LEAF's and ``fedbug data build shakespeare``'s)."""
 FEMNIST_PIXELS = 784
 FEMNIST_MEAN = (0.9637,)
 FEMNIST_STD = (0.1592,)
@@ -154,6 +156,13 @@ def _check_file(path: Path, obj: dict[str, Any], excess_ok: int) -> None:
     if len(set(users)) != len(users):
         twice = sorted({u for u in users if users.count(u) > 1})
         raise DataError(f"LEAF file {path} lists user(s) more than once: {', '.join(twice[:5])}")
+    unlisted = sorted(set(data) - set(users))
+    if unlisted:
+        names = ", ".join(repr(u) for u in unlisted[:5])
+        raise DataError(
+            f"LEAF file {path}: user_data holds user(s) that 'users' does not list: {names}; "
+            "the file is inconsistent, rebuild it."
+        )
     for user, n in zip(users, counts):
         entry = data.get(user)
         if not isinstance(entry, dict) or not isinstance(entry.get("x"), list):
@@ -399,6 +408,11 @@ class _TextConverter:
             self.seq_len = len(x[0])
             if self.seq_len == 0:
                 raise DataError(f"LEAF file {path}: user {user!r} has empty input strings.")
+            if self.seq_len != SHAKESPEARE_SEQ_LEN:
+                raise DataError(
+                    f"LEAF file {path}: user {user!r} has inputs (x) of {self.seq_len} "
+                    f"characters where LEAF's Shakespeare has {SHAKESPEARE_SEQ_LEN}."
+                )
         if len(text) != n * self.seq_len:
             i = next(i for i, s in enumerate(x) if len(s) != self.seq_len)
             raise DataError(
