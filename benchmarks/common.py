@@ -36,3 +36,15 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "load_avg_start": [round(v, 2) for v in os.getloadavg()],
     }
+
+
+def rss_mb() -> float:
+    """Current resident set size (MB) from /proc, 0 where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0

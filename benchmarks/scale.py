@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import machine_info
+from common import machine_info, rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "scale-10k.yaml"
@@ -49,17 +49,6 @@ SYNTHETIC = {
     "lr": 0.01,
     "weight_decay": 0.0,
 }  # fmt: skip
-
-
-def rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def one(num_clients: int, rounds: int, threads: int | None, synthetic: bool) -> dict[str, Any]:

@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import machine_info
+from common import machine_info, rss_mb
 
 import fedbug.engine as engine
 from fedbug.aggregate import Aggregate
@@ -101,18 +101,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     ap.add_argument("--out", default=None, help="also write the JSON to this file")
     return ap.parse_args(argv)
-
-
-def rss_mb() -> float:
-    """Current resident set size (MB) from /proc, 0 where there is none."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def peak_rss_mb() -> float:

@@ -202,3 +202,20 @@ class Deployment:
         for _procs, home, _proc in self.parts.values():
             left += processes_with_env("FLWR_HOME", str(home))
         return left
+
+
+TIMING = {"time_train", "time_eval", "wall_time"}
+
+
+def run_records(run_dir: Any) -> list[dict]:
+    """A run folder's metrics.jsonl records without their timings."""
+    import json
+
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in lines]
+
+
+def only_run(out: Any) -> Any:
+    """The one run folder under ``out``."""
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    return run_dir

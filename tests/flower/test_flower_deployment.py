@@ -15,24 +15,13 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flowergrid import Deployment  # noqa: E402
+from flowergrid import Deployment, only_run, run_records  # noqa: E402
 from tlscerts import make_certificates, make_node_key  # noqa: E402
 
 from fedbug.cli import main  # noqa: E402
 from fedbug.flower.launch import CONNECTION, flower_env, write_connection  # noqa: E402
 
-TIMING = {"time_train", "time_eval", "wall_time"}
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "flower-smoke.yaml"
-
-
-def records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in lines]
-
-
-def only_run(out: Path) -> Path:
-    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-    return run_dir
 
 
 def register(public: Path, home: Path) -> None:
@@ -100,7 +89,7 @@ def test_loopback_tls_deployment_equals_in_process(tmp_path, deployment):
     ]
     assert main(["run", str(SMOKE), *flags, *remote, "--out", str(tmp_path / "there"), "-q"]) == 0
     here, there = only_run(tmp_path / "here"), only_run(tmp_path / "there")
-    assert records(there) == records(here)
+    assert run_records(there) == run_records(here)
     a = json.loads((here / "summary.json").read_text())
     b = json.loads((there / "summary.json").read_text())
     assert a["weights_sha256"] == b["weights_sha256"]
@@ -138,7 +127,7 @@ def test_a_killed_supernode_is_dropped_and_the_run_completes(tmp_path, deploymen
         if run.poll() is None:
             run.kill()
     assert run.returncode == 0, stderr
-    first, second = records(only_run(out))
+    first, second = run_records(only_run(out))
     # round 1: every client answers unless the machine is too slow for the round timeout
     assert 2 in first["clients"]
     # round 2: node 2 is gone; its client is dropped with a reason, the others aggregated

@@ -10,22 +10,11 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flowergrid import processes_with_env  # noqa: E402
+from flowergrid import only_run, processes_with_env, run_records  # noqa: E402
 
 from fedbug.cli import main  # noqa: E402
 
-TIMING = {"time_train", "time_eval", "wall_time"}
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "flower-smoke.yaml"
-
-
-def records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in lines]
-
-
-def only_run(out: Path) -> Path:
-    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-    return run_dir
 
 
 @pytest.mark.slow
@@ -35,10 +24,10 @@ def test_smoke_config_equals_in_process_on_flower_simulation(tmp_path, capsys):
     assert main(["run", str(SMOKE), *flags, "--out", str(tmp_path / "there"), "--quiet"]) == 0
     here, there = only_run(tmp_path / "here"), only_run(tmp_path / "there")
     assert here.name == there.name  # where clients run is not part of the config hash
-    assert records(there) == records(here)
+    assert run_records(there) == run_records(here)
     a = json.loads((here / "summary.json").read_text())
     b = json.loads((there / "summary.json").read_text())
     assert a["weights_sha256"] == b["weights_sha256"]
-    uploads = [r["bytes_up"] for r in records(there)]
+    uploads = [r["bytes_up"] for r in run_records(there)]
     assert all(0 < u < 4 * a["num_params"] * 4 for u in uploads)  # partial: the head only
     assert processes_with_env("FLWR_HOME", str(there / ".flower")) == []
