@@ -13,6 +13,7 @@ weights' SHA-256 agree. Needs ``pip install "fedbug[flower]"``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -50,7 +51,8 @@ def run(doc: dict, executor: str, out: Path) -> dict:
     path = out / "config.yaml"
     path.write_text(yaml.safe_dump(doc))
     t0 = time.perf_counter()
-    rc = fedbug_main(["run", str(path), "-q", "-s", f"executor={executor}", "--out", str(out)])
+    with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the report (--json)
+        rc = fedbug_main(["run", str(path), "-q", "-s", f"executor={executor}", "--out", str(out)])
     wall = time.perf_counter() - t0
     if rc != 0:
         sys.exit(f"the {executor} run failed (exit {rc})")

@@ -46,6 +46,7 @@ class FlowerExecutor:
         waiting = {str(i) for i in pushed if i}
         replies: dict[str, Message] = {}
         end = time.monotonic() + timeout
+        wait = 0.01
         while waiting:
             for reply in self.grid.pull_messages(sorted(waiting)):
                 mid = reply.metadata.reply_to_message_id
@@ -54,7 +55,8 @@ class FlowerExecutor:
                     waiting.discard(mid)
             if not waiting or time.monotonic() >= end:
                 break
-            time.sleep(self.params.poll_interval)
+            time.sleep(min(wait, max(0.0, end - time.monotonic())))
+            wait = min(1.5 * wait, self.params.poll_interval)
         late = f"no reply within round_timeout ({self.params.round_timeout:g} s)"
         return [
             replies.get(str(i), late) if i else "the SuperLink did not accept the message"

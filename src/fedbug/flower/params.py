@@ -35,7 +35,13 @@ class FlowerParams(BaseModel):
     supernodes: int | None = Field(
         None, ge=1, description="simulation: virtual SuperNodes (default one a client)"
     )
-    poll_interval: float = Field(0.2, gt=0.0, le=60.0, description="seconds between pulls")
+    poll_interval: float = Field(
+        1.0,
+        gt=0.0,
+        le=60.0,
+        description="the longest wait between pulls; waits start at 10 ms and grow by half "
+        "each pull, so short rounds are not rounded up to a poll",
+    )
 
     def required(self, selected: int, default: int) -> int:
         """Replies a round needs to be aggregated, for ``selected`` clients."""
