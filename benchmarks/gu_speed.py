@@ -2,17 +2,22 @@
 
 Times :func:`fedbug.client.train_client` (the library's real client path: forward, backward and
 optimiser step for K local steps) on the paper's standard CNN with CIFAR-100-shaped random data,
-for GU ratio P = 0, 0.1, ..., 1.0 with the bottom-up (FedBug) policy. All P values are measured
-interleaved in one process (round-robin, the starting P rotating each repetition); the first
-repetition is a warm-up and is dropped. Reported per P: the median per-batch time (client-round
-time / K), the speed-up time(P=0) / time(P), and the FLOPs of one client-round counted by the
-library (a separate, untimed pass with ``count_flops=True``), so time saved can be set beside
-FLOPs saved.
+for GU ratio P = 0, 0.1, ..., 1.0 with the bottom-up (FedBug) policy, and optionally the top-down
+policy at the same P values and the fixed-head policy (``--policies``). Every configuration
+(labelled e.g. ``bottom_up P=0.2``, ``top_down P=0.5``, ``fixed_head``) is measured interleaved
+in one process with the vanilla baseline ``bottom_up P=0`` (all units train from step 1), round-
+robin, the starting configuration rotating each repetition; the first repetition is a warm-up and
+is dropped. Reported per configuration: the median per-batch time (client-round time / K), the
+speed-up time(vanilla) / time(config), the FLOPs of one client-round counted by the library (a
+separate, untimed pass with the policy's trainable units at each step, as ``count_flops=True``
+counts them), and time saved / FLOPs saved.
 
     python benchmarks/gu_speed.py                 # full run (K = 50, 5 repetitions)
     python benchmarks/gu_speed.py --quick         # well under a minute
     python benchmarks/gu_speed.py --json --out benchmarks/gu_speed.json
-    python benchmarks/gu_speed.py --quick --only 0.8   # one P (whole-process comparisons)
+    python benchmarks/gu_speed.py --quick --policies bottom_up,top_down,fixed_head
+    python benchmarks/gu_speed.py --grid02 --policies bottom_up,top_down,fixed_head
+    python benchmarks/gu_speed.py --quick --only 0.8 --no-baseline   # one P (whole-process)
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ from fedbug.policies import StepCtx, build_policy
 from fedbug.units import ParamSpace, find_units
 
 P_VALUES = [round(0.1 * i, 1) for i in range(11)]
+P_GRID02 = [round(0.2 * i, 1) for i in range(6)]
+POLICY_NAMES = ("bottom_up", "top_down", "fixed_head")
+GRADUAL = ("bottom_up", "top_down")  # measured at every P; fixed_head has no P
+BASELINE = "bottom_up P=0"  # vanilla: P = 0, all units train from step 1
 PAPER_GPU_SPEEDUP = {0.1: 1.02, 0.5: 1.05, 0.8: 1.19}  # FedBug paper, Fig. 6
 INPUT_SHAPE = (3, 32, 32)
 NUM_CLASSES = 100
@@ -51,7 +60,7 @@ BATCH = 50
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        description="FedBug Fig. 6: per-batch local-training time vs GU ratio P (bottom-up)."
+        description="FedBug Fig. 6: per-batch local-training time vs GU ratio P, per policy."
     )
     ap.add_argument("--reps", type=int, default=None, help="repetitions incl. 1 warm-up (5)")
     ap.add_argument("--steps", type=int, default=None, help="K local steps per client-round (50)")
@@ -70,6 +79,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--only", default=None, help="comma-separated P values to measure, e.g. 0,0.8")
     ap.add_argument(
+        "--grid02", action="store_true", help="P in 0, 0.2, ..., 1.0 (the speed issue's grid)"
+    )
+    ap.add_argument(
+        "--policies",
+        default="bottom_up",
+        help="comma-separated, of bottom_up, top_down (both at every P), fixed_head (once); "
+        "default bottom_up",
+    )
+    ap.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help=f"do not add the vanilla baseline ({BASELINE}) when it is not already measured "
+        "(for whole-process timing of one configuration; no speed-ups then)",
+    )
+    ap.add_argument(
         "--no-flops",
         action="store_true",
         help="skip counting FLOPs (for whole-process timing of one P: counting runs extra "
@@ -83,21 +107,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.reps = 3 if args.quick else 5
     if args.steps is None:
         args.steps = 10 if args.quick else 50
+    if args.only is not None and args.grid02:
+        ap.error("--only and --grid02 both set the P values; give one")
     if args.only is not None:
         args.p_values = sorted({round(float(v), 4) for v in args.only.split(",") if v.strip()})
+    elif args.grid02:
+        args.p_values = P_GRID02
     else:
         args.p_values = [0.0, 0.1, 0.5, 0.8] if args.quick else P_VALUES
+    args.policies = list(dict.fromkeys(v.strip() for v in args.policies.split(",") if v.strip()))
+    bad = [v for v in args.policies if v not in POLICY_NAMES]
+    if bad or not args.policies:
+        ap.error(f"--policies takes a comma-separated subset of {', '.join(POLICY_NAMES)}")
     if args.reps < 2:
         ap.error("--reps must be at least 2 (the first repetition is a warm-up)")
     if args.steps < 1 or args.samples < 1:
         ap.error("--steps and --samples must be positive")
     if not args.p_values or any(not 0.0 <= p <= 1.0 for p in args.p_values):
         ap.error("--only takes P values in [0, 1]")
+    args.configs = configs(args.policies, args.p_values, baseline=not args.no_baseline)
     return args
 
 
+def label(policy: str, p: float | None) -> str:
+    return policy if p is None else f"{policy} P={p:g}"
+
+
+def configs(
+    policies: list[str], p_values: list[float], baseline: bool = True
+) -> dict[str, tuple[str, float | None]]:
+    """label -> (policy, P), the vanilla baseline first (unless baseline=False)."""
+    out: dict[str, tuple[str, float | None]] = {}
+    if baseline:
+        out[BASELINE] = ("bottom_up", 0.0)
+    for name in policies:
+        for p in p_values if name in GRADUAL else [None]:
+            out.setdefault(label(name, p), (name, p))
+    return out
+
+
 def build_runtimes(args: argparse.Namespace) -> tuple[Any, ...]:
-    """One ClientRuntime per P (count_flops=False: FLOPs are counted apart, untimed)."""
+    """One ClientRuntime per configuration (count_flops=False: FLOPs are counted apart)."""
     model = build_model("standard_cnn", INPUT_SHAPE, NUM_CLASSES, seed=args.seed)
     g = torch.Generator().manual_seed(args.seed)
     x = torch.randint(0, 256, (args.samples, *INPUT_SHAPE), generator=g, dtype=torch.uint8)
@@ -110,10 +160,10 @@ def build_runtimes(args: argparse.Namespace) -> tuple[Any, ...]:
     weights = space.flatten(model)
     algorithm = build_algorithm("fedavg", 1.0, {})
     runtimes = {
-        p: ClientRuntime(
+        key: ClientRuntime(
             copy.deepcopy(model),
             space,
-            build_policy("bottom_up", gu_ratio=p),
+            build_policy(name) if p is None else build_policy(name, gu_ratio=p),
             algorithm,
             TrainSettings(
                 local_steps=args.steps,
@@ -124,25 +174,28 @@ def build_runtimes(args: argparse.Namespace) -> tuple[Any, ...]:
             ),
             ds.prepare,
         )
-        for p in args.p_values
+        for key, (name, p) in args.configs.items()
     }
     return runtimes, ClientData(ds.train_x, ds.train_y), weights, space
 
 
 def schedule(policy: Any, steps: int, num_units: int) -> list[int]:
-    """Trainable-unit count at each local step 1..K (bottom-up: units 0..m-1 train)."""
+    """Trainable-unit count at each local step 1..K."""
     return [len(policy.trainable_units(StepCtx(k, steps, num_units))) for k in range(1, steps + 1)]
 
 
 def round_flops(rt: ClientRuntime, data: ClientData, args: argparse.Namespace) -> int:
-    """Sum over the K steps of ``rt.flops(trainable units, batch)``, as train_client does."""
+    """Sum over the K steps of ``rt.flops(trainable units, batch)``, as train_client does: the
+    policy's own units at each step (top-down trains the top units, fixed-head all but the head).
+    """
     n, total = len(data), 0
     per_epoch = -(-n // BATCH)
-    for k, m in enumerate(schedule(rt.policy, args.steps, rt.space.num_units), start=1):
+    for k in range(1, args.steps + 1):
+        units = rt.policy.trainable_units(StepCtx(k, args.steps, rt.space.num_units))
         pos = (k - 1) % per_epoch
         size = min(BATCH, n - pos * BATCH)
         x = rt.prepare(data.x[:size])
-        total += rt.flops(range(m), x, data.y[:size])
+        total += rt.flops(units, x, data.y[:size])
     return total
 
 
@@ -153,17 +206,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     timed, data, weights, space = build_runtimes(args)
 
     def task(rep: int) -> ClientTask:
-        # The same task (so the same batches) for every P within a repetition.
+        # The same task (so the same batches) for every configuration within a repetition.
         return ClientTask(round=rep + 1, client=0, seed=args.seed, lr=LR, mean_samples=len(data))
 
     # Untimed: FLOPs per client-round as train_client counts them with count_flops=True (the
     # runtime's cached forward+backward count for each step's trainable units and batch size).
-    flops = {p: None if args.no_flops else round_flops(timed[p], data, args) for p in args.p_values}
+    keys = list(args.configs)
+    flops = {c: None if args.no_flops else round_flops(timed[c], data, args) for c in keys}
 
-    wall: dict[float, list[float]] = {p: [] for p in args.p_values}
-    cpu: dict[float, list[float]] = {p: [] for p in args.p_values}
-    paired: dict[float, list[float]] = {p: [] for p in args.p_values}
-    n = len(args.p_values)
+    wall: dict[str, list[float]] = {c: [] for c in keys}
+    cpu: dict[str, list[float]] = {c: [] for c in keys}
+    paired: dict[str, list[float]] = {c: [] for c in keys}
+    n = len(keys)
     t_start = time.perf_counter()
     loads: list[float] = []
     reps_done = 0
@@ -171,19 +225,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.budget is not None and rep >= 2 and time.perf_counter() - t_start > args.budget:
             break
         loads.append(round(os.getloadavg()[0], 2))
-        order = [args.p_values[(rep + i) % n] for i in range(n)]
-        this_rep: dict[float, float] = {}
-        for p in order:
+        order = [keys[(rep + i) % n] for i in range(n)]
+        this_rep: dict[str, float] = {}
+        for c in order:
             c0, t0 = time.process_time(), time.perf_counter()
-            train_client(weights, task(rep), data, {}, timed[p])
+            train_client(weights, task(rep), data, {}, timed[c])
             t1, c1 = time.perf_counter(), time.process_time()
             if rep > 0:  # the first repetition is a warm-up
-                wall[p].append((t1 - t0) / args.steps)
-                cpu[p].append((c1 - c0) / args.steps)
-                this_rep[p] = t1 - t0
-        if rep > 0 and 0.0 in this_rep:
-            for p, t in this_rep.items():
-                paired[p].append(this_rep[0.0] / t)
+                wall[c].append((t1 - t0) / args.steps)
+                cpu[c].append((c1 - c0) / args.steps)
+                this_rep[c] = t1 - t0
+        if rep > 0 and BASELINE in this_rep:
+            for c, t in this_rep.items():
+                paired[c].append(this_rep[BASELINE] / t)
         reps_done = rep + 1
         print(
             f"rep {rep + 1}/{args.reps}{' (warm-up)' if rep == 0 else ''}: "
@@ -193,30 +247,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     elapsed = time.perf_counter() - t_start
 
-    base = statistics.median(wall[0.0]) if 0.0 in wall else None
-    base_cpu = statistics.median(cpu[0.0]) if 0.0 in cpu else None
+    base = statistics.median(wall[BASELINE]) if BASELINE in wall else None
+    base_cpu = statistics.median(cpu[BASELINE]) if BASELINE in cpu else None
+    base_flops = flops.get(BASELINE)
     results = []
-    for p in args.p_values:
-        med = statistics.median(wall[p])
-        med_cpu = statistics.median(cpu[p])
-        sched = schedule(timed[p].policy, args.steps, space.num_units)
+    for c in keys:
+        name, p = args.configs[c]
+        med = statistics.median(wall[c])
+        med_cpu = statistics.median(cpu[c])
+        sched = schedule(timed[c].policy, args.steps, space.num_units)
+        time_saved = 1.0 - med / base if base else None
+        flops_saved = 1.0 - flops[c] / base_flops if flops[c] and base_flops else None
         row: dict[str, Any] = {
+            "label": c,
+            "policy": name,
             "P": p,
             "median_s_per_batch": med,
-            "min_s_per_batch": min(wall[p]),
-            "max_s_per_batch": max(wall[p]),
+            "min_s_per_batch": min(wall[c]),
+            "max_s_per_batch": max(wall[c]),
             "median_cpu_s_per_batch": med_cpu,
-            "samples_s_per_batch": wall[p],
+            "samples_s_per_batch": wall[c],
             "speedup": base / med if base else None,
-            "speedup_paired_median": statistics.median(paired[p]) if paired[p] else None,
+            "speedup_paired_median": statistics.median(paired[c]) if paired[c] else None,
             "speedup_cpu": base_cpu / med_cpu if base_cpu else None,
-            "time_saved": 1.0 - med / base if base else None,
-            "flops_per_round": flops[p],
-            "flops_saved": 1.0 - flops[p] / flops[0.0] if flops[p] and flops.get(0.0) else None,
-            "flops_ratio": flops[0.0] / flops[p] if flops[p] and flops.get(0.0) else None,
+            "time_saved": time_saved,
+            "flops_per_round": flops[c],
+            "flops_saved": flops_saved,
+            "flops_ratio": base_flops / flops[c] if flops[c] and base_flops else None,
+            "time_saved_per_flops_saved": (
+                time_saved / flops_saved if time_saved is not None and flops_saved else None
+            ),
+            # Steps where a single unit trains (bottom-up: the first; top-down: the head).
             "steps_first_unit_only": sum(1 for m in sched if m == 1),
             "mean_trainable_units": sum(sched) / len(sched),
-            "paper_gpu_speedup": PAPER_GPU_SPEEDUP.get(p),
+            "paper_gpu_speedup": PAPER_GPU_SPEEDUP.get(p) if name == "bottom_up" else None,
         }
         results.append(row)
     info["load_avg_end"] = [round(v, 2) for v in os.getloadavg()]
@@ -231,7 +295,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "input_shape": list(INPUT_SHAPE),
             "num_classes": NUM_CLASSES,
             "units": [u.name for u in space.units],
-            "policy": "bottom_up",
+            "policy": ",".join(args.policies),
+            "policies": args.policies,
+            "baseline": BASELINE if BASELINE in args.configs else None,
+            "configs": keys,
             "algorithm": "fedavg",
             "optimizer": "sgd",
             "lr": LR,
@@ -270,15 +337,16 @@ def table(report: dict[str, Any]) -> str:
         f"K = {s['local_steps']} steps/client-round, {s['samples_per_client']} samples, "
         f"{s['reps']} reps (1 warm-up dropped), timed {report['elapsed_timed_s']:.0f} s",
         "",
-        "| P | conv1-only steps | mean units | ms/batch median | min-max | speed-up | "
+        "| policy | P | one-unit steps | mean units | ms/batch median | min-max | speed-up | "
         "paired | CPU-time speed-up | time saved | GFLOPs/round | FLOPs saved | "
-        "FLOPs(0)/FLOPs(P) | paper GPU speed-up |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "FLOPs(0)/FLOPs | time saved / FLOPs saved | paper GPU speed-up |",
+        "|" + " --- |" * 15,
     ]
     for r in report["results"]:
         gflops = None if r["flops_per_round"] is None else r["flops_per_round"] / 1e9
         cells = [
-            f"{r['P']:.1f}",
+            r["policy"],
+            _fmt(r["P"], ".1f"),
             f"{r['steps_first_unit_only']}/{s['local_steps']}",
             f"{r['mean_trainable_units']:.2f}",
             f"{1e3 * r['median_s_per_batch']:.1f}",
@@ -290,16 +358,19 @@ def table(report: dict[str, Any]) -> str:
             _fmt(gflops, ".2f"),
             _fmt(r["flops_saved"], ".1%"),
             _fmt(r["flops_ratio"], ".3f", "x"),
+            _fmt(r["time_saved_per_flops_saved"], ".2f"),
             _fmt(r["paper_gpu_speedup"], ".2f", "x"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "speed-up = median t(P=0) / median t(P) (wall); paired = median over repetitions of "
-        "t(P=0)/t(P) in the same repetition; CPU-time speed-up uses process CPU seconds; "
-        "FLOPs are the library's count (forward+backward, not the optimiser step) per "
-        "client-round; conv1-only steps: steps where only the first unit trains, the only "
-        "steps whose backward skips a conv weight gradient.",
+        f"vanilla = {BASELINE}; speed-up = median t(vanilla) / median t (wall); paired = median "
+        "over repetitions of t(vanilla)/t in the same repetition; CPU-time speed-up uses process "
+        "CPU seconds; FLOPs are the library's count (forward+backward, not the optimiser step) "
+        "per client-round, with the policy's trainable units at each step; FLOPs(0)/FLOPs = "
+        "vanilla FLOPs / FLOPs; time saved / FLOPs saved = (1 - t/t(vanilla)) / (1 - "
+        "FLOPs/FLOPs(vanilla)); one-unit steps: steps where a single unit trains (bottom-up: "
+        "conv1, the only steps whose backward skips a conv weight gradient; top-down: the head).",
     ]
     return "\n".join(lines)
 
