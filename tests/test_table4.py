@@ -66,3 +66,19 @@ def test_a_missing_cell_is_a_dash_and_a_bad_choice_is_refused():
 def test_format_table_puts_table_4_above_the_per_cell_table():
     text = format_table(ROWS)
     assert text.index("| method |") < text.index("| cell |")
+
+
+def test_data_sets_in_a_variant_group_become_columns():
+    rows = []
+    for m in ("fedavg", "fedper"):
+        for ds in ("digits", "mnist_sample"):
+            r = row(m, ds, 0.5, 0.6)
+            r["cell"] = {"data": {"dataset": ds, "model": "x"}, "method": m}
+            rows.append(r)
+    lines = format_pfl_table(rows).splitlines()
+    assert lines[0] == "| method | digits (%) | mnist_sample (%) |"
+    assert [ln.split(" | ")[0] for ln in lines[2:5]] == [
+        "| fedavg",
+        "| fedavg+FT (after FT)",
+        "| fedper",
+    ]

@@ -136,6 +136,33 @@ def _method_of(row: dict[str, Any]) -> str:
     return str(row.get("method") or row.get("label") or "")
 
 
+#: Keys that say which data a cell ran on, or that a method preset sets: not part of a Table 4
+#: row's name (the data set is its column, the method its row).
+_TABLE4_QUIET = {
+    "method",
+    "algorithm",
+    "schedule",
+    "evaluation",
+    "dataset",
+    "model",
+    "subsample",
+    "sublayers",
+    "model_options",
+    "units",
+    "head_units",
+    "augment",
+}
+
+
+def _dataset_of(cell: dict[str, Any]) -> str:
+    if "dataset" in cell:
+        return str(cell["dataset"])
+    for v in cell.values():  # a variant group of data keys (grid: {data: [{dataset: ...}]})
+        if isinstance(v, dict) and "dataset" in v:
+            return str(v["dataset"])
+    return ""
+
+
 def _pfl_cell(row: dict[str, Any], key: str) -> str:
     if f"{key}_mean" not in row:
         return "-"
@@ -158,9 +185,13 @@ def format_pfl_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
     cells: dict[tuple[str, str], dict[str, Any]] = {}
     for r in pfl:
         cell = r.get("cell") or {}
-        rest = {k: v for k, v in cell.items() if k not in ("method", "algorithm", "dataset")}
+        rest = {
+            k: v
+            for k, v in cell.items()
+            if k not in _TABLE4_QUIET and not (isinstance(v, dict) and "dataset" in v)
+        }
         method = _method_of(r) + (f" {json.dumps(rest, sort_keys=True)}" if rest else "")
-        ds = str(cell.get("dataset", ""))
+        ds = _dataset_of(cell)
         if ds not in datasets:
             datasets.append(ds)
         if method not in methods:
