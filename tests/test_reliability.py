@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tiny import TINY_DOC, TwoLayer, runtime, tiny_config
+from tiny import TINY_DOC, TwoLayer, fast_engine, runtime, tiny_config
 
 from fedbug.checks import check_update, is_divergence
 from fedbug.cli import main
@@ -27,15 +27,8 @@ from fedbug.results import RunDir
 @pytest.fixture(autouse=True)
 def _fast(monkeypatch: pytest.MonkeyPatch):
     """No plots (most of a tiny run's time); torch's thread count given back afterwards."""
-
-    def stub(*_args, **_kwargs) -> None:
-        return None
-
-    monkeypatch.setattr("fedbug.engine.plot_run", stub)
-    monkeypatch.setattr("fedbug.engine.plot_partition", stub)
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+    with fast_engine(monkeypatch):
+        yield
 
 
 def cfg(**overrides):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -100,3 +103,19 @@ def tiny_config(**overrides):
     }
     doc.update(overrides)
     return load_config(None, doc=doc)
+
+
+@contextlib.contextmanager
+def fast_engine(monkeypatch) -> Iterator[None]:
+    """No plots (most of a tiny run's time); torch's thread count given back afterwards."""
+
+    def stub(*_args, **_kwargs) -> None:
+        return None
+
+    monkeypatch.setattr("fedbug.engine.plot_run", stub)
+    monkeypatch.setattr("fedbug.engine.plot_partition", stub)
+    n = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)

@@ -19,6 +19,7 @@ import pytest
 import torch
 import yaml
 from PIL import Image
+from tiny import fast_engine
 
 from fedbug.cli import main
 from fedbug.config import load_config
@@ -50,15 +51,8 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-
-    def stub(*_args, **_kwargs) -> None:
-        return None
-
-    monkeypatch.setattr("fedbug.engine.plot_run", stub)
-    monkeypatch.setattr("fedbug.engine.plot_partition", stub)
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+    with fast_engine(monkeypatch):
+        yield
 
 
 # -- small data sets in their official formats -------------------------------------------------
