@@ -35,3 +35,18 @@ def test_report_without_runs_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no finished runs"):
         report([tmp_path])
     assert main(["report", str(tmp_path / "missing")]) == 2
+
+
+def test_report_of_personalized_runs_plots_rounds_and_clients(tmp_path, capsys):
+    pfl = {"evaluation": "personalized", "partition": "dirichlet_classwise", "finetune_epochs": 1}
+    for method in ("fedbabu", "fedseq-vanilla"):
+        for seed in (0, 1):
+            cfg = tiny_config(method=method, rounds=2, num_clients=5, seed=seed, **pfl)
+            run_experiment(cfg, tmp_path / "runs" / f"{method}-s{seed}")
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert "| fedseq-vanilla (after FT) |" in out
+    md = (tmp_path / "rep" / "report.md").read_text()
+    for name in ("accuracy", "pfl_rounds", "pfl_clients"):
+        assert f"![{name}]({name}.png)" in md
+        assert (tmp_path / "rep" / f"{name}.png").read_bytes().startswith(b"\x89PNG")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fedbug.errors import ConfigError
-from fedbug.sweep import format_pfl_table, format_table
+from fedbug.sweep import Cell, format_table
+from fedbug.table4 import format_pfl_table, place, ranked_clients, round_curve, views, write_figures
 
 
 def row(method: str, dataset: str, before: float, after: float) -> dict:
@@ -82,3 +83,63 @@ def test_data_sets_in_a_variant_group_become_columns():
         "| fedavg+FT (after FT)",
         "| fedper",
     ]
+
+
+# ---------------------------------------------------------------- Figs. 4-7
+
+
+def pfl_run(accs_by_round: dict[int, float], clients: list[float | None]) -> dict:
+    return {
+        "summary": {
+            "pfl": {
+                "clients": [
+                    {"client": i, "acc_before_ft": a, "acc_after_ft": None if a is None else a / 2}
+                    for i, a in enumerate(clients)
+                ]
+            }
+        },
+        "records": [{"round": r, "acc_client_mean": a} for r, a in accs_by_round.items()]
+        + [{"round": 99, "acc_client_mean": None}],
+    }
+
+
+def test_place_and_views_name_rows_and_columns():
+    assert place({"method": "fedper", "data": {"dataset": "digits", "model": "m"}}) == (
+        "fedper",
+        "digits",
+    )
+    assert place({"algorithm": "fedrep", "dataset": "cifar10", "lr": 0.1}) == (
+        'fedrep {"lr": 0.1}',
+        "cifar10",
+    )
+    assert views("fedavg") == [("fedavg", ("before_ft",)), ("fedavg+FT", ("after_ft",))]
+    assert views("fedseq-anti") == [("fedseq-anti", ("after_ft",))]
+    assert views("fedper", "both") == [("fedper", ("before_ft", "after_ft"))]
+
+
+def test_round_curve_keeps_rounds_every_seed_evaluated():
+    runs = [pfl_run({5: 0.2, 10: 0.4}, [0.5]), pfl_run({5: 0.4, 10: 0.6, 15: 0.9}, [0.5])]
+    rounds, mean, std = round_curve(runs)
+    assert rounds == [5, 10]
+    assert mean == pytest.approx([0.3, 0.5])
+    assert std == pytest.approx([0.1, 0.1])
+
+
+def test_ranked_clients_sorts_each_seed_and_averages_by_rank():
+    # seed 1: 3 clients (one without test samples, left out) -> sorted 0.2, 0.8;
+    # seed 2: 3 clients 0.0, 0.5, 1.0. Read at shares 0, 0.5, 1.
+    runs = [pfl_run({}, [0.8, None, 0.2]), pfl_run({}, [1.0, 0.0, 0.5])]
+    assert ranked_clients(runs, "before_ft", points=3) == pytest.approx(
+        [(0.2 + 0.0) / 2, (0.5 + 0.5) / 2, (0.8 + 1.0) / 2]
+    )
+    assert ranked_clients(runs, "after_ft", points=3)[0] == pytest.approx(0.05)
+
+
+def test_figures_are_written_for_personalized_runs_only(tmp_path):
+    cell = Cell({"method": "fedseq-anti", "dataset": "digits"})
+    runs = [pfl_run({5: 0.2, 10: 0.4}, [0.1, 0.9]), pfl_run({5: 0.3, 10: 0.5}, [0.2, 0.7])]
+    files = write_figures([(cell, runs)], tmp_path)
+    assert [f.name for f in files] == ["pfl_rounds.png", "pfl_clients.png"]
+    assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in files)
+    plain = {"summary": {}, "records": [{"round": 1, "test_acc": 0.5}]}
+    assert write_figures([(cell, [plain])], tmp_path / "none") == []

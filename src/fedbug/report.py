@@ -480,6 +480,7 @@ def freezefl_report(
 def cmd_report(args: Any) -> int:
     """``fedbug report DIR... [--target ACC|auto] [--metric KEY] [--out DIR] [--json]``."""
     from fedbug.sweep import format_table, report
+    from fedbug.table4 import PFL_FIGURES
 
     target = parse_target(getattr(args, "target", None))
     metric = getattr(args, "metric", None)
@@ -510,5 +511,7 @@ def cmd_report(args: Any) -> int:
     else:
         print(format_table(rows, ft))
         if out is not None:
-            print(f"written: {out / 'report.md'}, {out / 'report.json'}, {out / 'accuracy.png'}")
+            names = ("report.md", "report.json", "accuracy.png", *PFL_FIGURES)
+            written = [str(out / n) for n in names if (out / n).exists()]
+            print(f"written: {', '.join(written)}")
     return 0

@@ -16,6 +16,7 @@ from typing import Any
 from fedbug.config import BaseConfig, Config, set_dotted, validate
 from fedbug.errors import ConfigError
 from fedbug.results import atomic_write_bytes, atomic_write_text
+from fedbug.table4 import format_pfl_table, write_figures
 
 
 @dataclass
@@ -122,106 +123,6 @@ def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[s
     return rows
 
 
-#: Methods whose Table 4 cell is after fine-tuning (FedSeq's Table 4; FedAvg gets both rows,
-#: FedAvg and FedAvg+FT); the rest are reported before, as the paper.
-AFTER_FT = ("fedbabu", "fedseq-vanilla", "fedseq-anti")
-FT_CHOICES = ("paper", "both")
-
-
-def _method_of(row: dict[str, Any]) -> str:
-    cell = row.get("cell") or {}
-    for key in ("method", "algorithm"):
-        if isinstance(cell.get(key), str):
-            return str(cell[key])
-    return str(row.get("method") or row.get("label") or "")
-
-
-#: Keys that say which data a cell ran on, or that a method preset sets: not part of a Table 4
-#: row's name (the data set is its column, the method its row).
-_TABLE4_QUIET = {
-    "method",
-    "algorithm",
-    "schedule",
-    "evaluation",
-    "dataset",
-    "model",
-    "subsample",
-    "sublayers",
-    "model_options",
-    "units",
-    "head_units",
-    "augment",
-}
-
-
-def _dataset_of(cell: dict[str, Any]) -> str:
-    if "dataset" in cell:
-        return str(cell["dataset"])
-    for v in cell.values():  # a variant group of data keys (grid: {data: [{dataset: ...}]})
-        if isinstance(v, dict) and "dataset" in v:
-            return str(v["dataset"])
-    return ""
-
-
-def _pfl_cell(row: dict[str, Any], key: str) -> str:
-    if f"{key}_mean" not in row:
-        return "-"
-    return (
-        f"{100 * row[f'{key}_mean']:.2f} ± {100 * row[f'{key}_std']:.2f} "
-        f"({100 * row[f'{key}_client_std']:.2f})"
-    )
-
-
-def format_pfl_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
-    """FedSeq's Table 4: methods x data sets, each cell the client-mean accuracy, mean +- std
-    over seeds, the std over clients in brackets. ``ft="paper"``: FedBABU and FedSeq after
-    fine-tuning, FedAvg twice (FedAvg before, FedAvg+FT after), the rest before; ``"both"``:
-    every method before / after."""
-    if ft not in FT_CHOICES:
-        raise ConfigError(f"--ft must be one of {', '.join(FT_CHOICES)}; got {ft!r}")
-    pfl = [r for r in rows if "before_ft_mean" in r]
-    datasets: list[str] = []
-    methods: list[str] = []
-    cells: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in pfl:
-        cell = r.get("cell") or {}
-        rest = {
-            k: v
-            for k, v in cell.items()
-            if k not in _TABLE4_QUIET and not (isinstance(v, dict) and "dataset" in v)
-        }
-        method = _method_of(r) + (f" {json.dumps(rest, sort_keys=True)}" if rest else "")
-        ds = _dataset_of(cell)
-        if ds not in datasets:
-            datasets.append(ds)
-        if method not in methods:
-            methods.append(method)
-        cells[(method, ds)] = r
-    header = [ds or "accuracy" for ds in datasets]
-    lines = [
-        "| method | " + " | ".join(f"{h} (%)" for h in header) + " |",
-        "| --- | " + " | ".join("---" for _ in header) + " |",
-    ]
-    for method in methods:
-        name = method.split(" ")[0]
-        if ft == "both":
-            views = [(method, ("before_ft", "after_ft"))]
-        elif name == "fedavg":
-            views = [("fedavg", ("before_ft",)), ("fedavg+FT", ("after_ft",))]
-            views = [(v + method[len(name) :], k) for v, k in views]
-        else:
-            views = [(method, ("after_ft",) if name in AFTER_FT else ("before_ft",))]
-        for label, keys in views:
-            cols = []
-            for ds in datasets:
-                r = cells.get((method, ds))
-                cols.append(" / ".join(_pfl_cell(r, k) for k in keys) if r else "-")
-            tag = "" if ft == "both" else (" (after FT)" if keys == ("after_ft",) else "")
-            lines.append(f"| {label}{tag} | " + " | ".join(cols) + " |")
-    note = "cells: before FT / after FT" if ft == "both" else "as FedSeq Table 4"
-    return "\n".join(lines) + f"\n\n({note}; mean ± std over seeds, std over clients in brackets)"
-
-
 def format_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
     """A Markdown table: cell, final accuracy mean +- std, best accuracy, seconds per run; for
     personalized runs the client-mean accuracy before and after fine-tuning, mean +- std over
@@ -321,9 +222,15 @@ def run_sweep(
     rows = summarise(cell_runs)
     name = base_doc.get("name", "sweep")
     atomic_write_text(out / "sweep.json", json.dumps({"name": name, "rows": rows}, indent=1))
-    atomic_write_text(out / "sweep.md", f"# {name}\n\n" + format_table(rows, ft) + "\n")
     plot_sweep(cell_runs, out / "accuracy.png", f"{name}: accuracy over rounds")
+    files = [out / "accuracy.png", *write_figures(cell_runs, out, ft)]
+    text = format_table(rows, ft) + _images(*files)
+    atomic_write_text(out / "sweep.md", f"# {name}\n\n{text}\n")
     return rows
+
+
+def _images(*files: Path) -> str:
+    return "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in files)
 
 
 def collect_runs(dirs: list[Path]) -> list[dict[str, Any]]:
@@ -373,6 +280,8 @@ def report(
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "report.json", json.dumps({"rows": rows}, indent=1))
-        atomic_write_text(out / "report.md", "# report\n\n" + format_table(rows, ft) + "\n")
         plot_sweep(cell_runs, out / "accuracy.png", "accuracy over rounds")
+        files = [out / "accuracy.png", *write_figures(cell_runs, out, ft)]
+        text = format_table(rows, ft) + _images(*files)
+        atomic_write_text(out / "report.md", f"# report\n\n{text}\n")
     return rows
