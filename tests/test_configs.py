@@ -35,3 +35,12 @@ def test_readme_and_ci_run_the_same_test_command():
     command = ci.strip().splitlines()[-1]
     assert command in readme
     assert "pip install torch==2.13.0" in command
+
+
+def test_a_grid_cell_merges_into_a_block_the_base_has():
+    doc = {"freezefl": {"beta": 6.0, "T0": 2.0}, "system": {"abilities": "uniform"}}
+    grid = {"variant": [{"freezefl": {"probe": "restart"}}, {"freezefl.beta": 8.0}]}
+    (_, a), (_, b) = expand(doc, grid)
+    assert (a.freezefl.beta, a.freezefl.T0, a.freezefl.probe) == (6.0, 2.0, "restart")
+    assert (b.freezefl.beta, b.freezefl.T0, b.freezefl.probe) == (8.0, 2.0, "rollback")
+    assert doc["freezefl"] == {"beta": 6.0, "T0": 2.0}  # the base doc is left as it was

@@ -58,6 +58,20 @@ def parse_grid_arg(text: str) -> tuple[str, list[Any]]:
     return key.strip(), [parse_value(v) for v in values.split(",")]
 
 
+def merge_dotted(doc: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``key`` as :func:`set_dotted` does, except that a mapping given for a block the doc
+    already has is merged into it key by key: a grid cell ``{freezefl: {probe: restart}}`` keeps
+    the base's ``freezefl.beta``."""
+    node: Any = doc
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(value, dict) and value and isinstance(node, dict):
+        for k, v in value.items():
+            merge_dotted(doc, f"{key}.{k}", v)
+    else:
+        set_dotted(doc, key, value)
+
+
 def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[Cell, BaseConfig]]:
     """Every cell's validated config (bad values are reported before anything runs)."""
     for key, values in grid.items():
@@ -71,7 +85,7 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
         doc.pop("grid", None)
         values = dict(zip(keys, combo))
         for k, v in Cell(values).items():
-            set_dotted(doc, k, v)
+            merge_dotted(doc, k, v)
         try:
             cfg = validate(doc)
         except ConfigError as e:
