@@ -3,8 +3,10 @@
 import pytest
 from tiny import tiny_config
 
+from fedbug.algorithms import ALGORITHMS
 from fedbug.config import load_config
 from fedbug.engine import run_experiment
+from fedbug.errors import ConfigError
 
 TIMING = {"time_train", "time_eval", "wall_time"}
 SYSTEM = {"abilities": "uniform", "ability_min": 0.5, "ability_max": 3.0}
@@ -107,3 +109,22 @@ def test_client_accuracy_beside_the_global_model():
     r = res.records[-1]
     assert 0.0 <= r["acc_client_mean"] <= 1.0 and r["test_acc"] is not None
     assert "pfl" not in res.summary  # no fine-tuning without personalized evaluation
+
+
+PERSONAL = {"evaluation": "personalized", "partition": "dirichlet_classwise", "finetune_epochs": 1}
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS.names())
+def test_freezefl_with_every_algorithm_runs_or_is_refused_with_its_reason(algorithm):
+    alg = ALGORITHMS.get(algorithm)
+    kw = {} if alg.has_global_model else PERSONAL
+    cfg = dict(method="freezefl", algorithm=algorithm, rounds=2, freezefl={"beta": 50.0, "T0": 0.2})
+    if algorithm == "fjord":  # trains every layer's sub-model
+        with pytest.raises(ConfigError, match="use policy: none"):
+            _cfg(**cfg, **kw)
+        return
+    res = run_experiment(_cfg(**cfg, **kw))
+    per_client = [c for r in res.records for c in r["per_client"]]
+    assert any(c["n_frozen"] > 0 for c in per_client)  # the deadline is tight: clients freeze
+    for c in per_client:
+        assert c["time"] > 0 and c["bytes_up"] >= 0

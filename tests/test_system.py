@@ -80,6 +80,23 @@ def test_bytes_are_four_per_float_sent():
     assert sm.full_bytes == FULL_BYTES and sm.upload_bytes == UP_BYTES
 
 
+def test_a_unit_the_policy_cannot_freeze_and_a_local_unit_by_hand():
+    # FedROD-like: the policy sees unit 1 only (L = 1, one configuration n = 0) and unit 2 is
+    # kept on the client: nothing but unit 1's 15 parameters (60 bytes) travels either way.
+    _, _, space, _, _ = _model()
+    params = SystemParams(abilities="none", compute_speed=12.0, bandwidth=4.0)
+    sm = SystemModel(
+        params, space, [84.0], SIZES, 3, 2, seed=0, policy_units=1, shared=[True, False]
+    )
+    assert (sm.num_units, sm.full_bytes, sm.upload_bytes) == (1, 60, [60])
+    # client 0: 10*3*84 = 2520 FLOPs -> 210, (60 + 60)/4 = 30
+    assert sm.tau(0, "rollback") == [240.0] and sm.full_time(0) == 240.0
+    with pytest.raises(ValueError, match="policy_units"):
+        SystemModel(params, space, FLOPS, SIZES, 3, 2, seed=0, policy_units=3)
+    with pytest.raises(ValueError, match="shared has 1 entries"):
+        SystemModel(params, space, FLOPS, SIZES, 3, 2, seed=0, shared=[True])
+
+
 def test_calibration_makes_the_mean_client_take_one_time_unit():
     sm = _system(2, abilities="none")
     # E * mean size * F_0 = 2 * 20 * 84 = 3360 FLOPs in half a unit; 2 * 92 bytes in the other

@@ -187,9 +187,18 @@ class Experiment:
                 example,
                 labels,
                 self.algorithm.loss,
-            )
+            )[:policy_units]  # an algorithm's own units (FedROD's personal head) always train
+            shared = set(self.algorithm.shared_units(self.space.num_units))
             self.system = SystemModel(
-                cfg.system, self.space, costs, sizes, cfg.local_epochs, self.num_clients, cfg.seed
+                cfg.system,
+                self.space,
+                costs,
+                sizes,
+                cfg.local_epochs,
+                self.num_clients,
+                cfg.seed,
+                policy_units=policy_units,
+                shared=[u in shared for u in range(self.space.num_units)],
             )
             width_costs = getattr(self.algorithm, "width_costs", None)  # Fjord's sub-models
             if width_costs is not None:

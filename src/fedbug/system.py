@@ -229,7 +229,12 @@ class SystemModel:
     ``per_sample_flops[n]`` is the per-sample training cost with the first n of the L units
     frozen (:func:`count_per_sample_flops`, or seconds with ``cost: measured``);
     ``client_sizes[k]`` is client k's number of training samples; ``local_epochs`` is E.
-    Abilities are drawn from ``seed`` (:func:`draw_abilities`)."""
+    Abilities are drawn from ``seed`` (:func:`draw_abilities`).
+
+    L is ``policy_units``: the units a freeze policy may freeze (default all); units an
+    algorithm adds after them (FedROD's personal head) always train. Bytes count the units in
+    ``shared`` (default all): what a client downloads and uploads; a unit kept on the client
+    (FedBABU's head, FedROD's personal head) costs no communication."""
 
     def __init__(
         self,
@@ -240,6 +245,8 @@ class SystemModel:
         local_epochs: int,
         num_clients: int,
         seed: int,
+        policy_units: int | None = None,
+        shared: Sequence[bool] | None = None,
     ) -> None:
         if len(client_sizes) != num_clients:
             raise ValueError(
@@ -250,15 +257,21 @@ class SystemModel:
         if any(s < 0 for s in client_sizes):
             raise ValueError("client sizes must be non-negative")
         self.params = params
-        self.num_units = space.num_units
+        self.num_units = space.num_units if policy_units is None else int(policy_units)
+        if not 1 <= self.num_units <= space.num_units:
+            raise ValueError(f"policy_units must be in 1..{space.num_units}; got {policy_units}")
+        sent = [True] * space.num_units if shared is None else [bool(x) for x in shared]
+        if len(sent) != space.num_units:
+            raise ValueError(f"shared has {len(sent)} entries for {space.num_units} units")
         self.client_sizes = [int(s) for s in client_sizes]
         self.local_epochs = int(local_epochs)
         self.num_clients = int(num_clients)
         self.mean_size = sum(self.client_sizes) / num_clients
         # bytes: the full model down; units n+1..L up with the first n frozen
-        self.full_bytes = space.bytes_of([True] * self.num_units)
+        self.full_bytes = space.bytes_of(sent)
         self.upload_bytes = [
-            space.bytes_of([u >= n for u in range(self.num_units)]) for n in range(self.num_units)
+            space.bytes_of([x and u >= n for u, x in enumerate(sent)])
+            for n in range(self.num_units)
         ]
         self.abilities = draw_abilities(params, num_clients, seed)
         self._set_costs(per_sample_flops)
