@@ -146,8 +146,42 @@ def test_chain_order_comes_from_the_forward_pass():
     ]
 
 
+def test_equal_widths_registered_out_of_order_follow_the_forward_pass():
+    class Late(nn.Module):  # b registered before a; forward a -> b -> fc; equal widths
+        def __init__(self):
+            super().__init__()
+            self.b, self.a, self.fc = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.b(torch.relu(self.a(x)))))
+
+    from fedbug.units import traced_module_order
+
+    m = Late()
+    order = traced_module_order(m, torch.randn(2, 8))
+    assert order == ["a", "b", "fc"]
+    mask = od.masks(m, od.plan(m, "fc", order), 0.5)
+    assert bool(mask["a.weight"][:4].all())  # the model input is never dropped
+    assert mask["b.weight"].any(0).tolist() == [True] * 4 + [False] * 4
+    assert mask["a.weight"].any(1).tolist() == [True] * 4 + [False] * 4
+
+
+@pytest.mark.parametrize(
+    "norm",
+    [
+        nn.LayerNorm(8, elementwise_affine=False),
+        nn.BatchNorm1d(8, affine=False),
+        nn.BatchNorm1d(8),
+        nn.GroupNorm(2, 8, affine=False),
+    ],
+)
+def test_normalisation_layers_are_refused_with_or_without_parameters(norm):
+    with pytest.raises(ConfigError, match="normalisation layer"):
+        od.plan(nn.Sequential(nn.Linear(4, 8), norm, nn.Linear(8, 2)))
+
+
 def test_unsupported_models_are_refused():
-    with pytest.raises(ConfigError, match="fjord: ordered dropout handles chains"):
+    with pytest.raises(ConfigError, match="fjord: ordered dropout cannot narrow"):
         od.plan(resnet18((3, 32, 32), 10), "fc")
     with pytest.raises(ConfigError, match="plain chain"):
         od.plan(nn.Sequential(nn.Linear(4, 5), nn.Linear(6, 2)))

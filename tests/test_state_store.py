@@ -89,3 +89,24 @@ def test_feddyn_running_sum_equals_full_mean_after_many_rounds(tmp_path, monkeyp
     running = ck["server_state"]["lambda_sum"].double() / 12
     assert full.abs().max() > 1e-3  # not trivially zero
     torch.testing.assert_close(running, full, atol=1e-6, rtol=0)
+
+
+def test_closing_releases_every_descriptor(tmp_path):
+    import os
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    exp = Experiment(tiny_config(algorithm="feddyn"))
+    states = ClientStates(exp.algorithm, exp.space, tmp_path / "cs", exp.num_clients)
+    states.put(1, {"lambda": torch.ones(exp.space.total)})
+    generation = states.state_dict()["__store__"]["generation"]
+    assert open_fds() > before  # the two maps
+    states.close()
+    assert states.store is None and open_fds() == before
+    again = ClientStates(exp.algorithm, exp.space, tmp_path / "cs", exp.num_clients)
+    again.load_state_dict({"__store__": {"generation": generation}})
+    assert torch.equal(again.get(1)["lambda"], torch.ones(exp.space.total))
+    again.close()
+    assert open_fds() == before

@@ -566,6 +566,12 @@ class ClientStates:
         else:
             self.states[client] = state
 
+    def close(self) -> None:
+        """Unmap the on-disk store (its files stay for a resume); states in memory are kept."""
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
     def state_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {str(k): v for k, v in sorted(self.states.items())}
         if self.store is not None:
@@ -726,6 +732,23 @@ def _run(
     stop_after: int | None,
     executor_factory: ExecutorFactory | None = None,
 ) -> RunResult:
+    """:func:`_run_in`, releasing what it registers in ``cleanup`` however it ends."""
+    with contextlib.ExitStack() as cleanup:
+        args = (cfg, rd, resume, dataset, model, on_round, stop_after, executor_factory)
+        return _run_in(cleanup, *args)
+
+
+def _run_in(
+    cleanup: contextlib.ExitStack,
+    cfg: BaseConfig,
+    rd: RunDir | None,
+    resume: bool,
+    dataset: FederatedDataset | None,
+    model: ModelSource,
+    on_round: RoundCallback | None,
+    stop_after: int | None,
+    executor_factory: ExecutorFactory | None = None,
+) -> RunResult:
     exp = Experiment(cfg, dataset, model)
     cfg = exp.cfg
     weights = exp.initial_weights()
@@ -738,6 +761,7 @@ def _run(
         rd.path / "client_states" if on_disk else None,
         exp.num_clients,
     )
+    cleanup.callback(states.close)  # the on-disk store's maps; its files stay for a resume
     sim = Simulation(exp)
     local_mean = (
         LocalModelMean(weights, exp.num_clients)
@@ -747,10 +771,6 @@ def _run(
     records: list[dict[str, Any]] = []
     start = 1
     chash = config_hash(cfg)
-    if executor_factory is not None:
-        executor = executor_factory(exp)
-    else:
-        executor = build_executor(exp, rd.path if rd is not None else None)
     if rd is not None:
         if resume and rd.checkpoint_path.exists():
             ck = rd.load_checkpoint()
@@ -806,6 +826,11 @@ def _run(
                 test_parts=exp.test_parts,
                 test_labels=exp.dataset.test_y if exp.test_parts is not None else None,
             )
+    # workers start only once the run folder is settled (a refused resume starts none)
+    if executor_factory is not None:
+        executor = executor_factory(exp)
+    else:
+        executor = build_executor(exp, rd.path if rd is not None else None)
     t_run = time.perf_counter()
     last_round = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
     shared = set(exp.algorithm.shared_units(exp.space.num_units))

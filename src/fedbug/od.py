@@ -42,6 +42,14 @@ from fedbug.flops import LossFn, ce_loss, training_flops
 from fedbug.units import ParamSpace
 
 Kind = Literal["conv", "linear", "lstm", "embedding"]
+# Layers that normalise over units: with or without parameters they see the dropped units.
+_NORMS = (
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+    nn.RMSNorm,
+)
 _EPS = 1e-9  # ceil(0.1 * 30) must be 3, not 4 (0.1 * 30 = 3.0000000000000004)
 
 
@@ -139,6 +147,13 @@ def plan(
     :func:`fedbug.units.traced_module_order`); by default their registration order, which the
     dimension checks below must then confirm. ``classifier``, when given, must be the last.
     """
+    for name, m in model.named_modules():
+        if isinstance(m, _NORMS) or any(b.is_floating_point() for b in m.buffers(False)):
+            raise ConfigError(
+                f"fjord: ordered dropout cannot narrow {type(model).__name__}.{name} "
+                f"({type(m).__name__}): a normalisation layer or a module with running "
+                "statistics mixes kept and dropped units; use a model without one"
+            )
     owners = [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(False))]
     by_name = dict(owners)
     names = list(order) if order is not None else [n for n, _ in owners]
@@ -160,11 +175,9 @@ def plan(
         in_units, block = 0, 1
         if kind != "embedding" and prev is not None and prev.kind != "embedding":
             given, k_prev = _in_features(m), prev.out_units
-            if given == k_prev:
-                block = 1
-            elif kind == "linear" and prev.kind == "conv" and given % k_prev == 0:
+            if kind == "linear" and prev.kind == "conv" and given != k_prev and given % k_prev == 0:
                 block = given // k_prev  # conv -> flatten -> linear: H*W features per channel
-            else:
+            elif given != k_prev:
                 raise ConfigError(
                     f"fjord: {name} takes {given} input features but {prev.name} gives "
                     f"{k_prev} units; ordered dropout needs a plain chain of layers"
@@ -181,9 +194,8 @@ def plan(
             )
         if last and kind != "linear":
             raise ConfigError(f"fjord: the last layer must be a Linear classifier; {name} is not")
-        layer = ODLayer(name, kind, _out_units(m), in_units, block, drop_out=not last)
-        if kind == "embedding":
-            layer = ODLayer(name, kind, _out_units(m), 0, 1, drop_out=False)
+        drop = not last and kind != "embedding"  # an embedding's output is the model input
+        layer = ODLayer(name, kind, _out_units(m), in_units, block, drop_out=drop)
         layers.append(layer)
         prev = layer
     if classifier is not None and names[-1] != classifier:
@@ -329,9 +341,9 @@ class ODModel(nn.Module):
             return None
         return [f"model.{n}" if isinstance(n, str) else [f"model.{m}" for m in n] for n in names]
 
-    def forward(self, *args: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.width is None:
-            return self.model(*args)
+            return self.model(*args, **kwargs)
         ms = self.masks(self.width)
         params = {n: p * ms[n].to(p.device) for n, p in self.model.named_parameters() if n in ms}
-        return functional_call(self.model, params, args)
+        return functional_call(self.model, params, args, kwargs)

@@ -56,7 +56,6 @@ class StateStore:
         self.generation = generation
         self.cache_bytes = cache_bytes
         self._touched = 0
-        self._files = []
         self._maps: list[mmap.mmap] = []
         self.data = self._map(DATA, np.float32, num_clients * 2 * self.record)
         self.stamps = self._map(STAMPS, np.int64, num_clients * 2).reshape(num_clients, 2)
@@ -64,11 +63,10 @@ class StateStore:
     def _map(self, name: str, dtype: type, count: int) -> np.ndarray:
         path = self.folder / name
         size = max(1, count) * np.dtype(dtype).itemsize
-        f = open(path, "r+b" if path.exists() else "w+b")  # noqa: SIM115  (kept open: mapped)
-        if f.seek(0, 2) != size:
-            f.truncate(size)  # sparse: unwritten records take no disk
-        m = mmap.mmap(f.fileno(), size)
-        self._files.append(f)
+        with open(path, "r+b" if path.exists() else "w+b") as f:  # the map keeps its own fd
+            if f.seek(0, 2) != size:
+                f.truncate(size)  # sparse: unwritten records take no disk
+            m = mmap.mmap(f.fileno(), size)
         self._maps.append(m)
         return np.frombuffer(m, dtype=dtype, count=count)
 
@@ -170,6 +168,4 @@ class StateStore:
         self.data = self.stamps = None  # type: ignore[assignment]  # release the buffers
         for m in self._maps:
             m.close()
-        for f in self._files:
-            f.close()
-        self._maps, self._files = [], []
+        self._maps = []

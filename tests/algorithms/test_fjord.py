@@ -374,6 +374,9 @@ def test_presets():
         ({"policy": "bottom_up"}, "not policy: bottom_up"),
         ({"schedule": "vanilla"}, "not schedule: vanilla"),
         ({"system": {**SYSTEM, "cost": "measured"}}, "system.cost: flops"),
+        ({"fjord": {"widths": [0.25, 0.5]}}, "must end with 1"),
+        ({"system": {**SYSTEM, "abilities": "none"}}, "abilities: uniform or tiers"),
+        ({"upload": "full"}, "use upload: partial"),
     ],
 )
 def test_bad_settings_are_one_clear_config_error(override, needle):
@@ -391,7 +394,7 @@ def test_no_system_block_through_a_yaml_override(tmp_path):
 
 
 def test_models_it_cannot_handle_are_refused():
-    with pytest.raises(ConfigError, match="ordered dropout handles chains"):
+    with pytest.raises(ConfigError, match="ordered dropout cannot narrow"):
         Experiment(_cfg(dataset="digits", model="resnet18", model_options={"stem": "cifar"}))
 
 

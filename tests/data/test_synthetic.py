@@ -47,6 +47,10 @@ def test_same_seed_same_data_and_iid_variant_shares_the_model():
     assert not torch.equal(a.train_x[:10], c.train_x[:10])
     iid = generate(num_clients=4, iid=True, seed=1, max_size=300)
     assert max(len(p) for p in iid.natural_clients) <= 270
+    # Synthetic-IID: every client draws x ~ N(0, Sigma), however large beta
+    wide = generate(num_clients=4, iid=True, seed=1, beta=5.0, max_size=300)
+    for c in wide.natural_clients:
+        assert wide.train_x[c, 0].mean().abs() < 4 / len(c) ** 0.5  # feature 0: sd 1
 
 
 def test_options_from_the_config_and_a_logreg_run():

@@ -120,8 +120,12 @@ class Algorithm:
         return None
 
     # -- the model and its loss ----------------------------------------------------------
-    def wrap_model(self, model: nn.Module, classifier: str) -> nn.Module:
-        """A model with the algorithm's own parts added (FedROD's personal head)."""
+    def wrap_model(
+        self, model: nn.Module, classifier: str, order: Sequence[str] | None = None
+    ) -> nn.Module:
+        """A model with the algorithm's own parts added (FedROD's personal head); ``order``:
+        the model's parameter-owning modules in the order its forward pass calls them (the
+        classifier last), where the engine traced it."""
         return model
 
     def loss(self, output: Any, y: Tensor) -> Tensor:

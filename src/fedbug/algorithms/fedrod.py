@@ -32,6 +32,7 @@ head is the last unit, an *extra* unit of the layout (neither base nor head).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -95,7 +96,9 @@ class FedROD(BodyHead):
         self._labels: Tensor | None = None
         self._counts: Tensor | None = None
 
-    def wrap_model(self, model: nn.Module, classifier: str) -> nn.Module:
+    def wrap_model(
+        self, model: nn.Module, classifier: str, order: Sequence[str] | None = None
+    ) -> nn.Module:
         return PersonalHeadModel(model, classifier)
 
     def shared_units(self, num_units: int) -> tuple[int, ...]:

@@ -8,7 +8,10 @@ layer), p drawn uniformly from the widths <= p_max^k with the client's seeded ge
 (``sample: uniform``, FjORD Sec. 3.2) or p = p_max^k every step (``sample: fixed``, the FreezeFL
 authors' code). An entry outside the step's sub-model does not move in that step, whatever
 weight decay or momentum say (it is put back after the optimiser step), so an entry outside the
-p_max sub-model never moves at all.
+p_max sub-model never moves at all. The optimiser's own state for such an entry (momentum,
+Adam's moments) goes on as under a zero gradient, as with one optimiser over the full model; the
+one-step equality with the narrow network holds exactly, later steps differ from an optimiser
+built for the narrow network by that state alone.
 
 The client sends and receives only its p_max sub-model (4 bytes an entry both ways); the server
 averages each entry over the clients whose p_max sub-model holds it (FjORD Sec. 3.3, weighted as
@@ -62,6 +65,11 @@ class FjordParams(Params):
                 f"fjord.widths must be strictly ascending without repeats; got {v} "
                 f"(e.g. {sorted(set(v))})"
             )
+        if v[-1] != 1.0:
+            raise ValueError(
+                f"fjord.widths must end with 1 (the full model, which is evaluated and which "
+                f"the fastest clients train); got {v}, e.g. {[*v, 1.0]}"
+            )
         return [float(w) for w in v]
 
 
@@ -108,6 +116,16 @@ class Fjord(Algorithm):
             raise ValueError(
                 "fjord charges each client its sub-model's FLOPs; use system.cost: flops"
             )
+        if cfg.system.abilities == "none":
+            raise ValueError(
+                "fjord gives the slowest clients the narrowest widths, but system.abilities: "
+                "none makes every client equally fast; use abilities: uniform or tiers"
+            )
+        if cfg.upload != "partial":
+            raise ValueError(
+                "fjord clients send their sub-model only; use upload: partial (the default), "
+                f"not upload: {cfg.upload}"
+            )
         if cfg.policy != "none" or cfg.schedule != "none":
             what = f"policy: {cfg.policy}" if cfg.policy != "none" else f"schedule: {cfg.schedule}"
             raise ValueError(
@@ -116,8 +134,10 @@ class Fjord(Algorithm):
             )
 
     # -- the model -----------------------------------------------------------------------
-    def wrap_model(self, model: nn.Module, classifier: str) -> nn.Module:
-        self.plan = od.plan(model, classifier)
+    def wrap_model(
+        self, model: nn.Module, classifier: str, order: Sequence[str] | None = None
+    ) -> nn.Module:
+        self.plan = od.plan(model, classifier, order)
         self.inner = model
         return od.ODModel(model, self.plan)
 

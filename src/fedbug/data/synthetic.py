@@ -8,8 +8,9 @@ for client k, ``u_k ~ N(0, alpha)``, ``W_k ~ N(u_k, 1)`` (60 x 10), ``b_k ~ N(u_
 Client sizes follow LEAF's power law: ``floor(lognormal(size_mu=4, size_sigma=2)) + min_size
 (50)``, capped at ``max_size`` when given. Each client's first ``int(0.9 n_k)`` samples are its
 training data (its natural client); the rest of every client together form the test set.
-``iid=True`` is the paper's Synthetic-IID: one W and b for all, ``v_k = B_k`` in every
-coordinate.
+``iid=True`` is the paper's Synthetic-IID (its ``generate_iid.py``): one W and b for all
+clients and ``v_k = 0``, so every client draws x from the same N(0, Sigma) (``alpha`` and
+``beta`` play no part).
 
 Options come from the config's ``dataset_options`` (``alpha``, ``beta``, ``iid``,
 ``num_clients`` (default: the run's), ``seed`` (default 0, the data set's own: twins of an
@@ -92,7 +93,7 @@ def generate(
         u = rng.normal(0.0, alpha, k)
         big_b = rng.normal(0.0, beta, k)
         if iid:
-            v = np.repeat(big_b[:, None], DIM, axis=1)
+            v = np.zeros((k, DIM))
             w = np.broadcast_to(w_iid, (k, DIM, CLASSES))
             b = np.broadcast_to(b_iid, (k, CLASSES))
         else:

@@ -67,7 +67,6 @@ def _worker_main(spec: WorkerSpec, threads: int, conn: Connection) -> None:
         exp = Experiment(spec.cfg, spec.dataset, spec.model)
         torch.set_num_threads(threads)  # Experiment sets the config's count; keep ours
         runtime = exp.make_runtime()
-        spec = None  # type: ignore[assignment]  # the experiment holds what it needs
         _send(conn, ("ready", None))
     except BaseException:
         _send(conn, ("error", traceback.format_exc()))
