@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from tiny import tiny_config
 
 from fedbug.client import ClientTask, train_client
-from fedbug.engine import Experiment, run_experiment
+from fedbug.engine import ClientStates, Experiment, run_experiment
 from fedbug.models import build_model
 from fedbug.seeding import torch_generator
 
@@ -63,6 +63,16 @@ def test_channels_last_equals_contiguous():
     assert x.shape[1] == 1 and x.stride() == (64, 1, 8, 1)  # NHWC strides even for 1 channel
     out = exp.make_runtime().model.conv1(x)
     assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+
+
+def test_personalized_evaluation_follows_the_memory_format():
+    pfl = {"evaluation": "personalized", "partition": "dirichlet_classwise"}
+    cfg = tiny_config(**CNN, **pfl, memory_format="channels_last", num_clients=4)
+    exp = Experiment(cfg)
+    seen = []
+    exp.personal.model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].stride()))
+    exp.personal.evaluate(exp.initial_weights(), ClientStates(exp.algorithm, exp.space).get)
+    assert seen and all(st[1] == 1 for st in seen)  # NHWC: the channel stride is 1
 
 
 def _backward_ops(exp: Experiment, frozen: set[int]) -> list[tuple[str, list]]:

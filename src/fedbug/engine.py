@@ -220,6 +220,7 @@ class Experiment:
                 self.test_parts,
                 cfg.eval_batch_size,
                 self.augmentation(),
+                cfg.memory_format,
             )
 
     def _build_model(self, model: ModelSource) -> nn.Module:
