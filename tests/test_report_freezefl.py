@@ -154,7 +154,7 @@ def test_beta_groups_and_figures(tmp_path):
         write_run(root, "freezefl", 0, [0.5, acc], [length, length], beta=beta)
     res = freezefl_report(collect_runs([root]), out=tmp_path / "rep")
     labels = [r["label"] for r in res["rows"]]
-    assert "freezefl (freezefl.beta=2.0)" in labels and "fedavg (freezefl.beta=4.0)" in labels
+    assert "freezefl (freezefl.beta=2.0)" in labels and "fedavg" in labels  # one group: no key
     betas = {r["freezefl_beta"]: r for r in res["rows"] if r["beta_varies"]}
     assert sorted(betas) == [2.0, 4.0, 8.0]
     assert betas[8.0]["mean_round_length_vs_fedavg"] == pytest.approx(-50.0)
@@ -209,3 +209,22 @@ def test_parse_target():
     assert parse_target("0.75") == 0.75 and parse_target("75%") == pytest.approx(0.75)
     with pytest.raises(ConfigError):
         parse_target("-0.1")
+
+
+def test_labels_show_only_where_a_group_departs_from_its_method():
+    from fedbug.report import group_labels
+    from fedbug.sweep import Cell
+
+    def group(method: str, **freezefl: str) -> tuple:
+        values = {"method": method, "freezefl": {"probe": "rollback", "importance": "l1"}}
+        values["freezefl"].update(freezefl)
+        return Cell(values), [{"summary": {"config": {"method": method}}}]
+
+    groups = [group("fedavg"), group("freezefl"), group("freezefl", probe="restart")]
+    groups.append(group("freezefl", importance="sqrt_l1"))
+    assert group_labels(groups)[1] == [
+        "fedavg",
+        "freezefl",
+        "freezefl (freezefl.probe=restart)",
+        "freezefl (freezefl.importance=sqrt_l1)",
+    ]

@@ -141,11 +141,32 @@ def group_labels(groups: list[Group]) -> tuple[list[str], list[str]]:
             per_method.setdefault(m, set()).add(leaf.get(k))
         if any(len(v) > 1 for v in per_method.values()):
             extra.append(k)
-    labels = [
+    full = [
         f"{m} ({', '.join(f'{k}={leaf.get(k)}' for k in extra)})" if extra else m
         for m, leaf in zip(methods, leaves)
     ]
-    return methods, labels
+    short = [_short_label(m, leaf, extra, methods, leaves) for m, leaf in zip(methods, leaves)]
+    return methods, (short if len(set(short)) == len(short) else full)
+
+
+def _short_label(
+    method: str,
+    leaf: dict[str, str],
+    extra: list[str],
+    methods: list[str],
+    leaves: list[dict[str, str]],
+) -> str:
+    """``method`` with the varied keys where this group departs from its method's other groups:
+    a key whose values all differ (a beta sweep) always; else only a value that is not the
+    most common one (one code variant at a time shows just that variant)."""
+    shown = []
+    for k in extra:
+        values = [lf.get(k) for m, lf in zip(methods, leaves) if m == method]
+        counts = {v: values.count(v) for v in values}
+        modal = max(counts, key=lambda v: counts[v])  # ties: the first seen
+        if len(values) > 1 and (max(counts.values()) == 1 or leaf.get(k) != modal):
+            shown.append(f"{k}={leaf.get(k)}")
+    return f"{method} ({', '.join(shown)})" if shown else method
 
 
 # ---------------------------------------------------------------- numbers
