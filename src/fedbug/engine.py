@@ -702,7 +702,9 @@ def run_experiment(
     writing ``summary.json`` with ``"status": "diverged"``.
     """
     if run_dir is None:
-        return _run(cfg, None, resume, dataset, model, on_round, stop_after, executor_factory)
+        with contextlib.ExitStack() as cleanup:  # what the run opens is closed however it ends
+            args = (cfg, None, resume, dataset, model, on_round, stop_after, executor_factory)
+            return _run(cleanup, *args)
     rd = RunDir(Path(run_dir))
     created = not rd.path.exists()
     rd.create()
@@ -715,7 +717,9 @@ def run_experiment(
         raise
     try:
         rd.remove_stale_temps()  # a killed run's half-written files; the lock is ours now
-        return _run(cfg, rd, resume, dataset, model, on_round, stop_after, executor_factory)
+        with contextlib.ExitStack() as cleanup:
+            args = (cfg, rd, resume, dataset, model, on_round, stop_after, executor_factory)
+            return _run(cleanup, *args)
     finally:
         rd.release_lock()
         if created:
@@ -724,22 +728,6 @@ def run_experiment(
 
 
 def _run(
-    cfg: BaseConfig,
-    rd: RunDir | None,
-    resume: bool,
-    dataset: FederatedDataset | None,
-    model: ModelSource,
-    on_round: RoundCallback | None,
-    stop_after: int | None,
-    executor_factory: ExecutorFactory | None = None,
-) -> RunResult:
-    """:func:`_run_in`, releasing what it registers in ``cleanup`` however it ends."""
-    with contextlib.ExitStack() as cleanup:
-        args = (cfg, rd, resume, dataset, model, on_round, stop_after, executor_factory)
-        return _run_in(cleanup, *args)
-
-
-def _run_in(
     cleanup: contextlib.ExitStack,
     cfg: BaseConfig,
     rd: RunDir | None,

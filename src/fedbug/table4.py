@@ -182,6 +182,13 @@ def _grid(n: int) -> tuple[Any, list[Any]]:
     return fig, list(axes[0])
 
 
+def _label(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+
+
 def _colours(labels: list[str]) -> dict[str, Any]:
     """One colour per line label, the same in every panel."""
     import matplotlib
@@ -229,10 +236,7 @@ def plot_rounds(cell_runs: CellRuns, path: Path) -> bool:
             lo = [100 * (m - s) for m, s in zip(mean, std)]
             hi = [100 * (m + s) for m, s in zip(mean, std)]
             ax.fill_between(rounds, lo, hi, color=line.get_color(), alpha=0.15)
-        ax.set_title(ds or "accuracy per round")
-        ax.set_xlabel("round")
-        ax.set_ylabel("client mean accuracy (%), before FT")
-        ax.grid(alpha=0.3)
+        _label(ax, ds, "round", "client mean accuracy (%), before FT")
     _save(fig, axes, path)
     return True
 
@@ -260,10 +264,7 @@ def plot_clients(cell_runs: CellRuns, path: Path, ft: str = "paper") -> bool:
             xs = [100 * i / max(1, len(ys) - 1) for i in range(len(ys))]
             style = "--" if key == "before_ft" and ft == "both" else "-"
             ax.plot(xs, [100 * y for y in ys], style, color=colour[label], label=name)
-        ax.set_title(ds or "clients")
-        ax.set_xlabel("clients, ranked worst to best (%)")
-        ax.set_ylabel("own test accuracy (%)")
-        ax.grid(alpha=0.3)
+        _label(ax, ds, "clients, ranked worst to best (%)", "own test accuracy (%)")
     _save(fig, axes, path)
     return True
 
