@@ -21,8 +21,11 @@ outside the mask is exactly zero):
 :func:`plan` reads a model's layer chain (this module is the one place that knows layer
 shapes); :func:`masks` and :func:`flat_mask` give the masks of a width; :class:`ODModel` runs
 the model with masked weights; :func:`sub_model` builds the real narrower network (for FLOP
-counts). Models with anything else that owns parameters (normalisation layers, ResNets,
-grouped convolutions) are refused with a :class:`~fedbug.errors.ConfigError`.
+counts). Models with a normalisation layer (with or without parameters: it mixes kept and
+dropped units) or a module with running statistics, and models with anything else that owns
+parameters (ResNets, grouped convolutions) are refused with a
+:class:`~fedbug.errors.ConfigError`. The chain's order is the forward pass's where the caller
+traced it (the engine does), else the registration order, which the width checks must confirm.
 """
 
 from __future__ import annotations
