@@ -528,3 +528,22 @@ def test_data_dir_option_is_searched_first(tmp_path, capsys):
     assert summary["config"]["data_dir"] == str(folder)
     part = json.loads((run / "partition.json").read_text())
     assert part["summary"]["num_samples"] == 60
+
+
+def test_a_reader_that_stops_early_gets_no_error_from_fedbug():
+    code = (
+        "import sys, fedbug.cli as c\n"
+        "def big(args):\n"
+        "    for _ in range(200_000):\n"
+        "        print('x' * 50)\n"
+        "    return 0\n"
+        "c.cmd_theory = big\n"
+        "sys.exit(c.main(['theory']))\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert p.stdout.read(10) == b"x" * 10
+    p.stdout.close()  # as `fedbug ... | head -c 10` does
+    assert p.wait(timeout=60) == 141
+    assert p.stderr.read() == b""

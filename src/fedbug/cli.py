@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -330,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     except FedbugError as e:
         print(f"fedbug: error: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:  # `fedbug cost ... | head`: the reader has all it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 141  # 128 + SIGPIPE, as a shell reports a pipe's writer that the reader closed
     except OSError as e:
         where = f" {e.filename}" if e.filename else ""
         print(f"fedbug: error: cannot write or read{where}: {e.strerror or e}", file=sys.stderr)
