@@ -10,6 +10,7 @@ The model, optimiser buffers and FLOP counts it needs are built once per worker 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,21 @@ def to_channels_last(x: Tensor) -> Tensor:
         n, _, h, w = x.shape
         return x.contiguous().as_strided(x.shape, (h * w, 1, w, 1))
     return x.contiguous(memory_format=torch.channels_last)
+
+
+def with_memory_format(
+    prepare: Callable[[Tensor], Tensor], memory_format: str
+) -> Callable[[Tensor], Tensor]:
+    """``prepare`` followed, for ``channels_last``, by an NHWC copy of 4-D batches. The weights
+    stay contiguous (they are views into the flat vector): oneDNN takes the layout from the
+    input, so convolutions and pooling then run in NHWC."""
+    if memory_format != "channels_last":
+        return prepare
+    return functools.partial(_prepare_channels_last, prepare)
+
+
+def _prepare_channels_last(prepare: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    return to_channels_last(prepare(x))
 
 
 @dataclass

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from fedbug.client import (
     ClientRuntime,
     ClientTask,
     TrainSettings,
-    to_channels_last,
+    with_memory_format,
 )
 from fedbug.config import BaseConfig, config_hash, resolve
 from fedbug.data import FederatedDataset, load_dataset, partition, partition_summary
@@ -142,6 +141,9 @@ class Experiment:
             self.units, cfg.head_units, cfg.sublayers, self.algorithm.extra_modules
         )
         self.algorithm.setup(self.layout)
+        # the units the server and clients exchange (the rest stay on each client)
+        self.shared = set(self.algorithm.shared_units(self.space.num_units))
+        self.shared_mask = [u in self.shared for u in range(self.space.num_units)]
         # freeze policies see the model's own units, not those an algorithm adds (as the client)
         policy_units = self.space.num_units - len(self.layout.extra)
         self.policy = build_policy(
@@ -188,7 +190,6 @@ class Experiment:
                 labels,
                 self.algorithm.loss,
             )[:policy_units]  # an algorithm's own units (FedROD's personal head) always train
-            shared = set(self.algorithm.shared_units(self.space.num_units))
             self.system = SystemModel(
                 cfg.system,
                 self.space,
@@ -198,7 +199,7 @@ class Experiment:
                 self.num_clients,
                 cfg.seed,
                 policy_units=policy_units,
-                shared=[u in shared for u in range(self.space.num_units)],
+                shared=self.shared_mask,
             )
             width_costs = getattr(self.algorithm, "width_costs", None)  # Fjord's sub-models
             if width_costs is not None:
@@ -266,21 +267,6 @@ class Experiment:
 
     def lr_at(self, round: int) -> float:
         return self.cfg.lr * self.cfg.lr_decay ** (round - 1)
-
-
-def with_memory_format(
-    prepare: Callable[[Tensor], Tensor], memory_format: str
-) -> Callable[[Tensor], Tensor]:
-    """``prepare`` followed, for ``channels_last``, by an NHWC copy of 4-D batches. The weights
-    stay contiguous (they are views into the flat vector): oneDNN takes the layout from the
-    input, so convolutions and pooling then run in NHWC."""
-    if memory_format != "channels_last":
-        return prepare
-    return functools.partial(_prepare_channels_last, prepare)
-
-
-def _prepare_channels_last(prepare: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
-    return to_channels_last(prepare(x))
 
 
 def subsample(ds: FederatedDataset, share: float) -> FederatedDataset:
@@ -822,8 +808,7 @@ def _run(
         executor = build_executor(exp, rd.path if rd is not None else None)
     t_run = time.perf_counter()
     last_round = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
-    shared = set(exp.algorithm.shared_units(exp.space.num_units))
-    shared_mask = [u in shared for u in range(exp.space.num_units)]
+    shared, shared_mask = exp.shared, exp.shared_mask
     model_bytes = exp.space.bytes_of(shared_mask)
     upload_mask = getattr(exp.algorithm, "upload_mask", None)  # Fjord: per-entry averaging
     diverged: DivergenceError | None = None

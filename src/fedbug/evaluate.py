@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedbug.client import to_channels_last
+from fedbug.client import with_memory_format
 from fedbug.data.base import FederatedDataset
 from fedbug.units import ParamSpace
 
@@ -28,7 +28,7 @@ class Evaluator:
         self.flat = space.bind(self.model)
         self.dataset = dataset
         self.batch_size = batch_size
-        self.channels_last = memory_format == "channels_last"
+        self.prepare = with_memory_format(dataset.prepare, memory_format)
 
     @torch.inference_mode()
     def evaluate(self, weights: Tensor) -> tuple[float, float]:
@@ -39,9 +39,7 @@ class Evaluator:
         loss_sum = torch.zeros((), dtype=torch.float64)
         n = len(ds.test_y)
         for start in range(0, n, self.batch_size):
-            x = ds.prepare(ds.test_x[start : start + self.batch_size])
-            if self.channels_last:
-                x = to_channels_last(x)
+            x = self.prepare(ds.test_x[start : start + self.batch_size])
             y = ds.test_y[start : start + self.batch_size]
             out = self.model(x)
             loss_sum += F.cross_entropy(out, y, reduction="sum").double()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm
-from fedbug.client import load_local_parts, to_channels_last
+from fedbug.client import load_local_parts, with_memory_format
 from fedbug.data import FederatedDataset
 from fedbug.seeding import torch_generator
 from fedbug.units import ParamSpace
@@ -73,7 +73,7 @@ class PersonalizedEvaluator:
         memory_format: str = "contiguous",
     ) -> None:
         self.model = copy.deepcopy(model)
-        self.channels_last = memory_format == "channels_last"
+        self.prepare = with_memory_format(dataset.prepare, memory_format)
         self.space = space
         self.flat = space.bind(self.model)
         self.algorithm = algorithm
@@ -82,10 +82,6 @@ class PersonalizedEvaluator:
         self.test_parts = test_parts
         self.batch_size = batch_size
         self.augment = augment
-
-    def _prepare(self, x: Tensor) -> Tensor:
-        x = self.dataset.prepare(x)
-        return to_channels_last(x) if self.channels_last else x
 
     def client_weights(self, weights: Tensor, state: dict[str, Tensor]) -> Tensor:
         """Client i's model: the shared weights with its local parts in place."""
@@ -100,7 +96,7 @@ class PersonalizedEvaluator:
         correct = 0
         for start in range(0, len(idx), self.batch_size):
             b = idx[start : start + self.batch_size]
-            out = self.model(self._prepare(ds.test_x[b]))
+            out = self.model(self.prepare(ds.test_x[b]))
             if not generic:
                 out = self.algorithm.logits(out)
             correct += int((out.argmax(1) == ds.test_y[b]).sum())
@@ -157,7 +153,7 @@ class PersonalizedEvaluator:
                     x = ds.train_x[b]
                     if self.augment is not None:
                         x = self.augment(x, gen)
-                    out = self.algorithm.logits(self.model(self._prepare(x)))
+                    out = self.algorithm.logits(self.model(self.prepare(x)))
                     loss = F.cross_entropy(out, ds.train_y[b])
                     opt.zero_grad(set_to_none=True)
                     loss.backward()

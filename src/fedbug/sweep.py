@@ -236,15 +236,24 @@ def run_sweep(
     rows = summarise(cell_runs)
     name = base_doc.get("name", "sweep")
     atomic_write_text(out / "sweep.json", json.dumps({"name": name, "rows": rows}, indent=1))
-    plot_sweep(cell_runs, out / "accuracy.png", f"{name}: accuracy over rounds")
-    files = [out / "accuracy.png", *write_figures(cell_runs, out, ft)]
-    text = format_table(rows, ft) + _images(*files)
-    atomic_write_text(out / "sweep.md", f"# {name}\n\n{text}\n")
+    write_markdown(cell_runs, rows, out / "sweep.md", name, ft)
     return rows
 
 
-def _images(*files: Path) -> str:
-    return "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in files)
+def write_markdown(
+    cell_runs: list[tuple[Cell, list[dict[str, Any]]]],
+    rows: list[dict[str, Any]],
+    path: Path,
+    name: str,
+    ft: str = "paper",
+) -> None:
+    """``path`` (sweep.md, report.md): the table, then the figures drawn beside it in its
+    folder (accuracy.png; for personalized runs FedSeq's Figs. 4-7)."""
+    out = path.parent
+    plot_sweep(cell_runs, out / "accuracy.png", f"{name}: accuracy over rounds")
+    files = [out / "accuracy.png", *write_figures(cell_runs, out, ft)]
+    images = "\n".join(f"![{p.stem}]({p.name})" for p in files)
+    atomic_write_text(path, f"# {name}\n\n{format_table(rows, ft)}\n\n{images}\n")
 
 
 def collect_runs(dirs: list[Path]) -> list[dict[str, Any]]:
@@ -294,8 +303,5 @@ def report(
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "report.json", json.dumps({"rows": rows}, indent=1))
-        plot_sweep(cell_runs, out / "accuracy.png", "accuracy over rounds")
-        files = [out / "accuracy.png", *write_figures(cell_runs, out, ft)]
-        text = format_table(rows, ft) + _images(*files)
-        atomic_write_text(out / "report.md", f"# report\n\n{text}\n")
+        write_markdown(cell_runs, rows, out / "report.md", "report", ft)
     return rows
