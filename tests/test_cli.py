@@ -184,7 +184,7 @@ BAD_OVERRIDES = [
     pytest.param(["lrr=0.1"], ["unknown key 'lrr'", "'lr'"], id="unknown-key"),
     pytest.param(["fedprox.mux=1"], ["'fedprox.mux'", "'fedprox.mu'"], id="nested-key"),
     pytest.param(["rounds=abc"], ["rounds", "integer", "'abc'"], id="wrong-type"),
-    pytest.param(["gu_ratio=1.5"], ["gu_ratio", "1.5"], id="gu-ratio-range"),
+    pytest.param(["bottom_up.gu_ratio=1.5"], ["gu_ratio", "1.5"], id="gu-ratio-range"),
     pytest.param(["lr=-1"], ["lr", "greater than 0"], id="negative-lr"),
     pytest.param(["participation=0"], ["participation", "greater than 0"], id="participation-0"),
     pytest.param(
@@ -215,7 +215,9 @@ BAD_OVERRIDES = [
     pytest.param(["partition=zipf"], ["partition", "'zipf'"], id="partition-literal"),
     pytest.param(["units=[nosuch]"], ["'nosuch'", "classifier"], id="unknown-unit"),
     pytest.param(["num_clients=5000", "clients_per_round=2"], ["num_clients"], id="too-many"),
-    pytest.param(["policy=fixed_top", "fixed_units=9"], ["fixed_units"], id="freezes-all"),
+    pytest.param(
+        ["policy=fixed_top", "fixed_top.fixed_units=9"], ["fixed_units"], id="freezes-all"
+    ),
     pytest.param(["algorithm=fedexp", "global_lr=2"], ["global_lr"], id="fedexp-global-lr"),
 ]
 
@@ -350,7 +352,7 @@ def test_console_script_missing_config(tmp_path):
 
 
 def test_sweep_grid_times_seeds_table_and_files(tmp_path, capsys, fast_plots):
-    cfg = write_config(tmp_path, policy="bottom_up", grid={"gu_ratio": [0.0, 0.5]})
+    cfg = write_config(tmp_path, policy="bottom_up", grid={"bottom_up.gu_ratio": [0.0, 0.5]})
     out = tmp_path / "out"
     rc, stdout, err = cli(
         capsys,
@@ -374,16 +376,16 @@ def test_sweep_grid_times_seeds_table_and_files(tmp_path, capsys, fast_plots):
     assert {"sweep.md", "sweep.json", "accuracy.png"} <= {p.name for p in sweep.iterdir()}
     assert (sweep / "accuracy.png").read_bytes().startswith(b"\x89PNG")
 
-    rows = [line for line in stdout.splitlines() if line.startswith("| gu_ratio=")]
+    rows = [line for line in stdout.splitlines() if line.startswith("| bottom_up.gu_ratio=")]
     assert len(rows) == 4
     assert all("±" in r for r in rows)
-    assert "| gu_ratio=0.5, algorithm=fedprox | 2 |" in stdout
-    assert "| gu_ratio=0.5, algorithm=fedprox | 2 |" in (sweep / "sweep.md").read_text()
+    assert "| bottom_up.gu_ratio=0.5, algorithm=fedprox | 2 |" in stdout
+    assert "| bottom_up.gu_ratio=0.5, algorithm=fedprox | 2 |" in (sweep / "sweep.md").read_text()
 
     data = json.loads((sweep / "sweep.json").read_text())
     assert data["name"] == "tiny"
     assert len(data["rows"]) == 4
-    cells = {(r["cell"]["gu_ratio"], r["cell"]["algorithm"]) for r in data["rows"]}
+    cells = {(r["cell"]["bottom_up.gu_ratio"], r["cell"]["algorithm"]) for r in data["rows"]}
     assert cells == {(g, a) for g in (0.0, 0.5) for a in ("fedavg", "fedprox")}
     for row in data["rows"]:
         assert row["seeds"] == [0, 1]
@@ -394,7 +396,7 @@ def test_sweep_grid_times_seeds_table_and_files(tmp_path, capsys, fast_plots):
         assert math.isclose(row["final_acc_mean"], statistics.fmean(finals), abs_tol=1e-12)
         assert math.isclose(row["final_acc_std"], statistics.stdev(finals), abs_tol=1e-12)
         configs = [yaml.safe_load((Path(p) / "config.yaml").read_text()) for p in row["runs"]]
-        assert {c["gu_ratio"] for c in configs} == {row["cell"]["gu_ratio"]}
+        assert {c["bottom_up"]["gu_ratio"] for c in configs} == {row["cell"]["bottom_up.gu_ratio"]}
         assert {c["algorithm"] for c in configs} == {row["cell"]["algorithm"]}
         assert [c["seed"] for c in configs] == [0, 1]
 
@@ -402,7 +404,9 @@ def test_sweep_grid_times_seeds_table_and_files(tmp_path, capsys, fast_plots):
 @pytest.mark.parametrize(
     "grid, words",
     [
-        pytest.param("gu_ratio=0,7", ["gu_ratio=7", "less than or equal to 1"], id="range"),
+        pytest.param(
+            "bottom_up.gu_ratio=0,7", ["gu_ratio=7", "less than or equal to 1"], id="range"
+        ),
         pytest.param("lrr=0.1,0.2", ["'lrr'", "'lr'"], id="unknown-key"),
         pytest.param("algorithm=fedavg,fedbugg", ["'fedbugg'", "fedprox"], id="unknown-name"),
         pytest.param("gu_ratio", ["key=v1,v2"], id="no-equals"),
@@ -418,7 +422,7 @@ def test_sweep_bad_grid_exits_2_before_any_run(tmp_path, capsys, grid, words):
 
 
 def test_sweep_bad_grid_in_file_exits_2_before_any_run(tmp_path, capsys):
-    cfg = write_config(tmp_path, grid={"gu_ratio": [0.0, 1.5]})
+    cfg = write_config(tmp_path, grid={"bottom_up.gu_ratio": [0.0, 1.5]})
     out = tmp_path / "out"
     rc, _, err = cli(capsys, "sweep", str(cfg), "--out", str(out), "-q")
     assert_one_line_error(rc, err, "gu_ratio=1.5")
@@ -436,7 +440,9 @@ def test_sweep_unknown_model_in_grid_fails_before_any_run(tmp_path, capsys, fast
 def test_sweep_duplicate_grid_values_fail_before_any_run(tmp_path, capsys, fast_plots):
     cfg = write_config(tmp_path)
     out = tmp_path / "out"
-    rc, _, err = cli(capsys, "sweep", str(cfg), "--out", str(out), "-q", "-g", "gu_ratio=0.5,.5")
+    rc, _, err = cli(
+        capsys, "sweep", str(cfg), "--out", str(out), "-q", "-g", "bottom_up.gu_ratio=0.5,.5"
+    )
     assert_one_line_error(rc, err, "gu_ratio")
     assert empty_or_absent(out)
 

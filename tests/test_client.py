@@ -21,7 +21,7 @@ def test_fedavg_sgd_step_with_weight_decay_by_hand():
     expected = np.array(W0) - 0.1 * (ce_grad(np.array(W0), [1.0, 2.0], 1) + 0.01 * np.array(W0))
     np.testing.assert_allclose(res.delta.numpy() + W0, expected, atol=1e-6)
     assert res.trained == [True, True]
-    assert res.metrics["bytes_up"] == 4 * 12
+    assert res.bytes_up == 4 * 12
 
 
 def test_bottom_up_trains_first_unit_first_by_hand():
@@ -75,8 +75,8 @@ def test_fixed_head_is_not_uploaded_and_unchanged():
     res = train_client(torch.tensor(W0), task(), data([[1.0, 2.0]], [1]), {}, rt)
     assert res.trained == [True, False]
     assert torch.equal(res.delta[6:], torch.zeros(6))
-    assert res.metrics["bytes_up"] == 4 * 6
-    assert res.metrics["trained_params"] == 6
+    assert res.bytes_up == 4 * 6
+    assert res.trained_params == 6
 
 
 def test_flops_skip_frozen_weight_gradients_and_backward_below_lowest_trainable():
@@ -98,4 +98,4 @@ def test_randomness_is_addressed_by_round_and_client():
     c = train_client(torch.tensor(W0), task(round=4, client=5), data(xs, ys), {}, rt)
     assert torch.equal(a.delta, b.delta)
     assert not torch.equal(a.delta, c.delta)
-    assert a.metrics["steps"] == 2 * 4  # ceil(10 / 3) = 4 steps an epoch
+    assert a.steps == 2 * 4  # ceil(10 / 3) = 4 steps an epoch

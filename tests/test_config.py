@@ -62,8 +62,8 @@ def test_other_defaults_match_the_readme():
         "algorithm": "fedavg",
         "global_lr": 1.0,
         "policy": "none",
-        "gu_ratio": 0.0,
-        "fixed_units": 1,
+        "bottom_up.gu_ratio": 0.4,
+        "fixed_top.fixed_units": 1,
         "participation": 0.1,
         "clients_per_round": None,
         "weighting": "samples",
@@ -76,7 +76,14 @@ def test_other_defaults_match_the_readme():
         "grid": None,
         "seeds": 1,
     }
-    assert {k: getattr(cfg, k) for k in expected} == expected
+
+    def value(key):
+        node = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        return node
+
+    assert {k: value(k) for k in expected} == expected
     assert cfg.resolved_selection() == "bernoulli"
 
 
@@ -158,7 +165,7 @@ def test_overrides_apply_typed_values():
             "algorithm=fedprox",
             "fedprox.mu=1e-3",
             "fedexp={variant: code, eps_decay: 0.996}",
-            "grid={gu_ratio: [0, 0.5]}",
+            "grid={bottom_up.gu_ratio: [0, 0.5]}",
         ],
     )
     assert cfg.rounds == 7 and isinstance(cfg.rounds, int)
@@ -170,12 +177,12 @@ def test_overrides_apply_typed_values():
     assert cfg.fedprox.mu == 1e-3
     assert cfg.fedexp.variant == "code" and cfg.fedexp.eps_decay == 0.996
     assert cfg.fedexp.epsilon(1) == 1.0
-    assert cfg.grid == {"gu_ratio": [0, 0.5]}
+    assert cfg.grid == {"bottom_up.gu_ratio": [0, 0.5]}
 
 
 def test_later_overrides_win_and_dotted_keys_merge_into_blocks(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("fedexp: {variant: code}\nlr: 0.2\n", encoding="utf-8")
+    path.write_text("algorithm: fedexp\nfedexp: {variant: code}\nlr: 0.2\n", encoding="utf-8")
     cfg = load_config(path, ["lr=0.3", "lr=0.4", "fedexp.eps=2"])
     assert cfg.lr == 0.4
     assert cfg.fedexp.variant == "code"  # kept from the file
@@ -208,11 +215,11 @@ def test_validate_refuses_non_mappings(doc):
     [
         (["lrr=0.1"], ["unknown key 'lrr'", "did you mean 'lr'"]),
         (["fedprox.mux=1"], ["'fedprox.mux'", "'fedprox.mu'"]),
-        (["gu_ratoi=0.5"], ["'gu_ratio'"]),
+        (["bottom_up.gu_ratoi=0.5"], ["'bottom_up.gu_ratio'"]),
         (["zzzzzz=1"], ["unknown key 'zzzzzz'", "README"]),
         (["rounds=abc"], ["rounds", "'abc'"]),
         (["rounds=2.5"], ["rounds"]),
-        (["gu_ratio=1.5"], ["gu_ratio"]),
+        (["bottom_up.gu_ratio=1.5"], ["gu_ratio"]),
         (["lr=-1"], ["lr"]),
         (["lr=0"], ["lr"]),
         (["lr=.nan"], ["lr"]),
@@ -307,7 +314,7 @@ def test_config_hash_ignores_bookkeeping_but_not_numbers():
     same = [
         ["name=other"],
         ["seeds=5"],
-        ["grid={gu_ratio: [0, 0.5]}"],
+        ["grid={bottom_up.gu_ratio: [0, 0.5]}"],
         ["name=x", "seeds=3", "grid={lr: [0.1]}"],
         ["count_flops=false"],
     ]
@@ -316,8 +323,9 @@ def test_config_hash_ignores_bookkeeping_but_not_numbers():
     different = [
         ["lr=0.05"],
         ["seed=1"],
-        ["fedprox.mu=0.01"],
-        ["gu_ratio=0.5"],
+        ["algorithm=fedprox", "fedprox.mu=0.01"],
+        ["policy=bottom_up"],
+        ["policy=bottom_up", "bottom_up.gu_ratio=0.5"],
         ["algorithm=fedprox"],
         ["num_clients=10"],
     ]
@@ -326,11 +334,29 @@ def test_config_hash_ignores_bookkeeping_but_not_numbers():
     assert len(hashes) == len(different)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "before"),
+    [
+        ([], "87aa743fed"),
+        (["policy=bottom_up", "bottom_up.gu_ratio=0.5"], "9b68ddb944"),
+        (["policy=fixed_top", "fixed_top.fixed_units=3"], "46c977afb6"),
+        (["method=freezefl", "system={abilities: uniform}", "clients_per_round=5"], "0e1b898c4c"),
+    ],
+)
+def test_config_hash_kept_when_policies_took_their_options_into_blocks(overrides, before):
+    """Hashes written by fedbug before policy options moved into blocks (then top-level
+    gu_ratio / fixed_units): their run folders still resume."""
+    assert config_hash(load_config(None, overrides)) == before
+
+
 def test_config_hash_same_for_equal_values_written_differently(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("lr: 0.05\nrounds: 3\nfedprox: {mu: 0.001}\n", encoding="utf-8")
+    path.write_text(
+        "lr: 0.05\nrounds: 3\nalgorithm: fedprox\nfedprox: {mu: 0.001}\n", encoding="utf-8"
+    )
     from_file = load_config(path)
-    from_overrides = load_config(None, ["lr=5e-2", "rounds=3.0", "fedprox.mu=1.0e-3"])
+    overrides = ["lr=5e-2", "rounds=3.0", "algorithm=fedprox", "fedprox.mu=1.0e-3"]
+    from_overrides = load_config(None, overrides)
     assert config_hash(from_file) == config_hash(from_overrides)
 
 
@@ -400,12 +426,12 @@ keys = (
 WORDS = [*ALGORITHMS.names(), *POLICIES.names(), "iid", "dirichlet", "sgd", "adam", "uniform"]
 WORDS += ["bernoulli", "samples", "paper", "code", "digits", "mlp"]
 float_keys = st.sampled_from(
-    ["lr", "gu_ratio", "participation", "momentum", "weight_decay", "alpha", "lr_decay"]
+    ["lr", "bottom_up.gu_ratio", "participation", "momentum", "weight_decay", "alpha", "lr_decay"]
     + ["global_lr", "fedprox.mu", "feddyn.alpha", "feddecorr.beta", "fedexp.eps"]
 )
 int_keys = st.sampled_from(
     ["rounds", "num_clients", "clients_per_round", "seed", "local_steps", "batch_size"]
-    + ["fixed_units", "seeds", "threads", "eval_every", "checkpoint_every"]
+    + ["fixed_top.fixed_units", "seeds", "threads", "eval_every", "checkpoint_every"]
 )
 word_keys = st.sampled_from(
     ["algorithm", "policy", "name", "partition", "optimizer", "selection", "weighting"]
@@ -430,7 +456,7 @@ def test_any_overrides_give_a_valid_config_or_a_config_error(overrides):
         assert str(e)
         return
     assert isinstance(cfg, BaseConfig)
-    assert 0.0 <= cfg.gu_ratio <= 1.0
+    assert 0.0 <= cfg.bottom_up.gu_ratio <= 1.0
     assert cfg.lr > 0 and not math.isnan(cfg.lr)
     assert cfg.algorithm in ALGORITHMS and cfg.policy in POLICIES
     assert len(config_hash(cfg)) == 10

@@ -25,7 +25,10 @@ def test_config_and_grid_validate(path):
 def test_demo_compares_fedavg_and_fedbug_half():
     cfg = validate(read_config_doc(Path(__file__).parent.parent / "configs/digits-demo.yaml"))
     assert cfg.dataset == "digits" and cfg.partition == "dirichlet" and cfg.alpha == 0.3
-    assert cfg.policy == "bottom_up" and cfg.grid == {"gu_ratio": [0.0, 0.5]}
+    assert cfg.policy == "bottom_up" and cfg.bottom_up.gu_ratio == 0.5
+    assert cfg.grid == {
+        "variant": [{"policy": "none"}, {"policy": "bottom_up", "bottom_up.gu_ratio": 0.5}]
+    }
 
 
 def test_readme_and_ci_run_the_same_test_command():
@@ -38,7 +41,11 @@ def test_readme_and_ci_run_the_same_test_command():
 
 
 def test_a_grid_cell_merges_into_a_block_the_base_has():
-    doc = {"freezefl": {"beta": 6.0, "T0": 2.0}, "system": {"abilities": "uniform"}}
+    doc = {
+        "policy": "freezefl",
+        "freezefl": {"beta": 6.0, "T0": 2.0},
+        "system": {"abilities": "uniform"},
+    }
     grid = {"variant": [{"freezefl": {"probe": "restart"}}, {"freezefl.beta": 8.0}]}
     (_, a), (_, b) = expand(doc, grid)
     assert (a.freezefl.beta, a.freezefl.T0, a.freezefl.probe) == (6.0, 2.0, "restart")

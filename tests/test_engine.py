@@ -26,7 +26,6 @@ def test_every_policy_algorithm_pair_runs_two_rounds(algorithm, policy):
     doc = dict(
         algorithm=algorithm,
         policy=policy,
-        gu_ratio=0.5,
         count_flops=simulated,
         evaluation=evaluation,
         finetune_epochs=1,
@@ -46,7 +45,7 @@ def test_every_policy_algorithm_pair_runs_two_rounds(algorithm, policy):
 
 
 def test_same_config_and_seed_give_identical_numbers():
-    cfg = tiny_config(algorithm="feddyn", policy="bottom_up", gu_ratio=0.4, rounds=3)
+    cfg = tiny_config(algorithm="feddyn", policy="bottom_up", bottom_up={"gu_ratio": 0.4}, rounds=3)
     a, b = run_experiment(cfg), run_experiment(cfg)
     assert _strip(a.records) == _strip(b.records)
     assert torch.equal(a.weights, b.weights)
@@ -94,7 +93,11 @@ def test_record_fields(tmp_path):
 @pytest.mark.parametrize("algorithm", ["feddyn", "fedexp"])
 def test_resume_equals_uninterrupted(tmp_path, algorithm):
     cfg = tiny_config(
-        algorithm=algorithm, policy="bottom_up", gu_ratio=0.5, rounds=5, checkpoint_every=2
+        algorithm=algorithm,
+        policy="bottom_up",
+        bottom_up={"gu_ratio": 0.5},
+        rounds=5,
+        checkpoint_every=2,
     )
     full = run_experiment(cfg, tmp_path / "full")
     part = run_experiment(cfg, tmp_path / "cut", stop_after=3)  # killed after round 3
@@ -230,4 +233,6 @@ def test_policy_checks_count_only_the_models_own_units():
     from fedbug.engine import Experiment
 
     with pytest.raises(ConfigError, match="freezes all 3 units"):
-        Experiment(tiny_config(algorithm="fedrod", policy="fixed_top", fixed_units=3))
+        Experiment(
+            tiny_config(algorithm="fedrod", policy="fixed_top", fixed_top={"fixed_units": 3})
+        )

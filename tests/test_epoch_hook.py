@@ -1,35 +1,45 @@
 """The end-of-epoch policy hook: roll units back to the received weights, or restart."""
 
-from dataclasses import dataclass, field
-
 import torch
 from handcalc import W0
 from tiny import TwoLayer, data, runtime, set_weights, task
 
 from fedbug.client import EpochAction, TrainSettings, train_client
-from fedbug.policies import StepCtx
+from fedbug.policies import FreezePolicy, PolicySession, StepCtx
 
 
-@dataclass
-class RollbackFirst:
+class RollbackFirst(FreezePolicy):
     """Trains everything in epoch 1, then puts unit 0 back and freezes it."""
 
-    restart: bool = False
-    frozen: set = field(default_factory=set)
-    calls: list = field(default_factory=list)
+    def __init__(self, restart: bool = False) -> None:
+        super().__init__()
+        self.restart = restart
+        self.calls: list = []
+
+    def trainable_units(self, ctx: StepCtx):
+        return range(ctx.num_units)
+
+    def start_client(self, task):
+        return _RollbackFirstClient(self, task)
+
+
+class _RollbackFirstClient(PolicySession):
+    def __init__(self, policy, task) -> None:
+        super().__init__(policy, task)
+        self.frozen: set = set()
 
     def trainable_units(self, ctx: StepCtx):
         return tuple(u for u in range(ctx.num_units) if u not in self.frozen)
 
     def end_of_epoch(self, ctx):
-        self.calls.append((ctx.epoch, ctx.epochs))
+        self.policy.calls.append((ctx.epoch, ctx.epochs))
         if ctx.epoch == 1 and not self.frozen:
             self.frozen.add(0)
-            return EpochAction(restart=True) if self.restart else EpochAction(restore=(0,))
+            return EpochAction(restart=True) if self.policy.restart else EpochAction(restore=(0,))
         return None
 
-    def client_metrics(self, task):
-        return {"n_frozen": len(self.frozen)}
+    def finish(self, result):
+        result.n_frozen = len(self.frozen)
 
 
 def _run(policy):
@@ -48,7 +58,7 @@ def test_rollback_restores_and_freezes_the_unit_and_it_is_not_uploaded():
     assert torch.equal(res.delta[:6], torch.zeros(6))
     assert res.delta[6:].abs().sum() > 0
     assert res.trained == [False, True] and res.uploaded == [False, True]
-    assert res.metrics["n_frozen"] == 1 and res.metrics["bytes_up"] == 4 * 6
+    assert res.n_frozen == 1 and res.bytes_up == 4 * 6
     assert policy.calls == [(1, 3), (2, 3)]
 
 
@@ -56,5 +66,5 @@ def test_restart_runs_all_epochs_again_with_the_unit_frozen():
     policy = RollbackFirst(restart=True)
     res = _run(policy)
     assert torch.equal(res.delta[:6], torch.zeros(6))
-    assert res.metrics["probe_steps"] == 2 and res.metrics["steps"] == 6
+    assert res.probe_steps == 2 and res.steps == 6
     assert policy.calls == [(1, 3), (1, 3), (2, 3)]

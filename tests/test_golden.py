@@ -43,17 +43,17 @@ BASE: dict[str, Any] = {
 }
 SIM = {"count_flops": True, "system": {"abilities": "uniform"}, "unbalanced_sigma": 0.5}
 PFL = {"evaluation": "personalized", "finetune_epochs": 1, "augment": "none"}
-GU = {"policy": "bottom_up", "gu_ratio": 0.5}
+GU = {"policy": "bottom_up", "bottom_up": {"gu_ratio": 0.5}}
 
 FAMILIES: dict[str, dict[str, Any]] = {
     **{f"fedbug-{a}": {**GU, "algorithm": a} for a in ("fedavg", "fedprox", "feddyn")},
     "fedbug-fedexp": {**GU, "algorithm": "fedexp"},
     "fedbug-feddecorr": {**GU, "algorithm": "feddecorr"},
     "vanilla-fedavg-bernoulli": {"clients_per_round": None, "participation": 0.4},
-    "ablation-top_down": {"policy": "top_down", "gu_ratio": 0.5},
+    "ablation-top_down": {"policy": "top_down", "top_down": {"gu_ratio": 0.5}},
     "ablation-fixed_head": {"policy": "fixed_head"},
     "ablation-fixed_last_two": {"policy": "fixed_last_two"},
-    "ablation-fixed_top": {"policy": "fixed_top", "fixed_units": 3},
+    "ablation-fixed_top": {"policy": "fixed_top", "fixed_top": {"fixed_units": 3}},
     "fedbug-mean-of-local-models": {**GU, "evaluation": "mean_of_local_models"},
     "freezefl-freezing": {**SIM, "method": "freezing", "local_steps": None, "local_epochs": 2},
     "freezefl-freezing_cs": {

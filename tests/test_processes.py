@@ -40,7 +40,9 @@ def _children() -> set[int]:
 
 def test_process_executor_equals_sequential_bitwise_with_client_state():
     # FedDyn: lambda_i travels to the workers and back; 2 workers, 2 rounds
-    cfg = tiny_config(algorithm="feddyn", policy="bottom_up", gu_ratio=0.5, threads=1)
+    cfg = tiny_config(
+        algorithm="feddyn", policy="bottom_up", bottom_up={"gu_ratio": 0.5}, threads=1
+    )
     before = _children()
     seq = run_experiment(cfg)
     par = run_experiment(cfg.model_copy(update={"executor": "processes", "workers": 2}))

@@ -11,8 +11,8 @@ import torch
 from pydantic import ValidationError
 
 from fedbug.errors import ConfigError
-from fedbug.rbcsf import Rbcsf, RbcsfParams, solve
 from fedbug.selection import SELECTIONS, SelectionFeedback
+from fedbug.selection.rbcsf import Rbcsf, RbcsfParams, solve
 
 
 def brute_force(times: np.ndarray, queues: np.ndarray, k: int, v: float) -> tuple[float, list]:

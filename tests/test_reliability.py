@@ -74,7 +74,7 @@ def good_result() -> tuple[ClientResult, object]:
         delta=torch.zeros(space.total),
         trained=[True] * space.num_units,
         state={},
-        metrics={"train_loss": 0.5},
+        train_loss=0.5,
     )
     return res, space
 
@@ -94,7 +94,7 @@ def test_check_update_accepts_a_well_formed_update():
         (lambda r, s: setattr(r, "trained", [True] * (s.num_units + 1)), "trained has", False),
         (lambda r, s: setattr(r, "num_samples", 0), "num_samples", False),
         (lambda r, s: setattr(r, "num_samples", -3), "num_samples", False),
-        (lambda r, s: r.metrics.update(train_loss=float("inf")), "train loss", True),
+        (lambda r, s: setattr(r, "train_loss", float("inf")), "train loss", True),
         (lambda r, s: r.delta.__setitem__(1, float("nan")), "weights", True),
     ],
     ids=["long", "2d", "list", "uploaded", "trained", "zero-n", "neg-n", "inf-loss", "nan-delta"],

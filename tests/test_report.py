@@ -14,10 +14,12 @@ from fedbug.sweep import report
 def test_report_groups_by_varied_keys_and_pools_seeds(tmp_path, capsys):
     for gu in (0.0, 0.5):
         for seed in (0, 1):
-            cfg = tiny_config(policy="bottom_up", gu_ratio=gu, seed=seed, count_flops=False)
+            cfg = tiny_config(
+                policy="bottom_up", bottom_up={"gu_ratio": gu}, seed=seed, count_flops=False
+            )
             run_experiment(cfg, tmp_path / f"gu{gu}-s{seed}")
     rows = report([tmp_path], tmp_path / "rep")
-    assert [r["label"] for r in rows] == ["gu_ratio=0.0", "gu_ratio=0.5"]
+    assert [r["label"] for r in rows] == ["bottom_up.gu_ratio=0.0", "bottom_up.gu_ratio=0.5"]
     assert all(len(r["seeds"]) == 2 for r in rows)
     summaries = [
         json.loads((tmp_path / f"gu0.5-s{s}" / "summary.json").read_text()) for s in (0, 1)

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from torch import nn
 
 from fedbug.errors import CheckpointError, ConfigError
-from fedbug.reputation import Reputation, ReputationParams
 from fedbug.selection import SELECTIONS, SelectionFeedback
+from fedbug.selection.reputation import Reputation, ReputationParams
 from fedbug.units import ParamSpace, find_units
 
 

@@ -4,7 +4,9 @@ Updates are added in ascending client id; each unit is averaged over the clients
 (weighted by sample count or uniformly), so partial uploads and frozen units need nothing
 special: a unit nobody trained gets a zero mean update and keeps its value. An update may also
 say which entries of its units it holds (``entries``, Fjord's sub-model): from then on each entry
-is averaged over the clients that hold it (FjORD's ordered-dropout aggregation).
+is averaged over the clients that hold it (FjORD's ordered-dropout aggregation). Extra tensors a
+client sends (``extras``, e.g. SCAFFOLD's control-variate change) are summed per key in client
+order (:meth:`Aggregate.extra_sum`, :meth:`Aggregate.extra_count`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class Aggregate:
         # per-entry weight and count, kept from the first update that names its entries
         self._entry_w: Tensor | None = None
         self._entry_n: Tensor | None = None
+        self._extras: dict[str, Tensor] = {}
+        self._extra_n: dict[str, int] = {}
 
     def add(
         self,
@@ -39,6 +43,7 @@ class Aggregate:
         trained: list[bool],
         num_samples: int,
         entries: Tensor | None = None,
+        extras: dict[str, Tensor] | None = None,
     ) -> None:
         """Add one client's update (full-length; entries of untrained units are ignored).
 
@@ -64,6 +69,12 @@ class Aggregate:
                     self._entry_n[s] += held
                 d = delta[s].double()
                 self.sq_norm_sum += float(torch.dot(d, d))  # what was sent, nothing else
+        for key, value in (extras or {}).items():
+            if key in self._extras:
+                self._extras[key] = self._extras[key] + value
+            else:
+                self._extras[key] = value.clone()
+            self._extra_n[key] = self._extra_n.get(key, 0) + 1
         self.count += 1
         self.num_samples += num_samples
 
@@ -90,6 +101,14 @@ class Aggregate:
             if n > 0:
                 held[self.space.unit_slices[u]] = True
         return held
+
+    def extra_sum(self, key: str) -> Tensor | None:
+        """The sum over the added updates of their extra tensor ``key`` (None: none sent one)."""
+        return self._extras.get(key)
+
+    def extra_count(self, key: str) -> int:
+        """How many added updates sent an extra tensor ``key``."""
+        return self._extra_n.get(key, 0)
 
     def delta_sum(self) -> Tensor:
         """sum_i Delta_i (unweighted, over all units)."""

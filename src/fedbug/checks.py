@@ -42,8 +42,7 @@ def check_update(result: Any, space: ParamSpace) -> str | None:
     n = getattr(result, "num_samples", None)
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         return f"num_samples is {n!r}, expected a positive integer"
-    metrics = getattr(result, "metrics", None) or {}
-    loss = metrics.get("train_loss")
+    loss = getattr(result, "train_loss", None)
     if loss is not None:
         try:
             value = float(loss)

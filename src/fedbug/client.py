@@ -12,67 +12,28 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm, LocalCtx
-from fedbug.flops import training_flops
+from fedbug.flops import LossFn, training_flops
 from fedbug.policies import FreezePolicy, StepCtx
+from fedbug.policies.base import EpochAction, EpochCtx
+from fedbug.protocol import ClientData, ClientResult, ClientTask, TrainSettings
 from fedbug.seeding import torch_generator
 from fedbug.units import ParamSpace
 
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Local-training settings that stay fixed for a run."""
-
-    local_epochs: int = 5
-    local_steps: int | None = None
-    batch_size: int = 50
-    optimizer: str = "sgd"
-    momentum: float = 0.0
-    weight_decay: float = 1e-3
-    clip_grad_norm: float | None = None
-    count_flops: bool = True
-
-
-@dataclass(frozen=True)
-class ClientTask:
-    """The per-round config one client receives with the weights."""
-
-    round: int
-    client: int
-    seed: int
-    lr: float
-    mean_samples: float
-    payload: dict[str, Tensor] = field(default_factory=dict)
-    rounds: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)  # per-client round config (FreezeFL's T_r)
-
-
-@dataclass
-class EpochCtx:
-    """What a policy sees at the end of a local epoch (``end_of_epoch`` hook, FreezeFL's probe):
-    epochs done and planned, the task, the local and received weights (flat, unit by unit)."""
-
-    epoch: int
-    epochs: int
-    task: ClientTask
-    space: ParamSpace
-    local: Tensor
-    received: Tensor
-
-
-@dataclass(frozen=True)
-class EpochAction:
-    """A policy's answer at the end of an epoch: units to put back to the received weights (and
-    freeze, as the policy then says), or start the round over (``restart``)."""
-
-    restore: tuple[int, ...] = ()
-    restart: bool = False
+__all__ = [
+    "ClientData",
+    "ClientResult",
+    "ClientRuntime",
+    "ClientTask",
+    "EpochAction",
+    "EpochCtx",
+    "TrainSettings",
+    "train_client",
+]
 
 
 def to_channels_last(x: Tensor) -> Tensor:
@@ -100,32 +61,6 @@ def with_memory_format(
 
 def _prepare_channels_last(prepare: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     return to_channels_last(prepare(x))
-
-
-@dataclass
-class ClientData:
-    """One client's raw training samples (a batch is an index into them)."""
-
-    x: Tensor
-    y: Tensor
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-
-@dataclass
-class ClientResult:
-    client: int
-    num_samples: int
-    delta: Tensor
-    trained: list[bool]
-    state: dict[str, Tensor]
-    metrics: dict[str, Any]
-    uploaded: list[bool] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.uploaded:
-            self.uploaded = list(self.trained)
 
 
 class ClientRuntime:
@@ -196,13 +131,16 @@ class ClientRuntime:
                 regions.append(slice(sl[u].start, sl[u].stop))
         return regions
 
-    def flops(self, units: tuple[int, ...] | range, x: Tensor, y: Tensor) -> int:
+    def flops(
+        self, units: tuple[int, ...] | range, x: Tensor, y: Tensor, loss: LossFn | None = None
+    ) -> int:
         """FLOPs of one forward+backward with ``units`` trainable, counted once and cached."""
         units = tuple(units)
         key = (units, len(y))
         if key not in self._flops:
             names = [name for u in units for name in self.space.units[u].params]
-            self._flops[key] = training_flops(self.flop_model, names, x, y, self.algorithm.loss)
+            loss_fn = loss if loss is not None else self.algorithm.loss
+            self._flops[key] = training_flops(self.flop_model, names, x, y, loss_fn)
         return self._flops[key]
 
     def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
@@ -220,20 +158,24 @@ def train_client(
     state: dict[str, Tensor],
     runtime: ClientRuntime,
 ) -> ClientResult:
-    """Local training of one client for one round (FedBug Algorithm 3, lines 5-11)."""
+    """Local training of one client for one round (FedBug Algorithm 3, lines 5-11).
+
+    The algorithm's and the policy's per-client halves (:meth:`Algorithm.start_client`,
+    :meth:`FreezePolicy.start_client`) are opened here and hold whatever this client needs; the
+    result's typed fields come from this loop, then from the policy's and the algorithm's
+    ``finish``."""
     rt, settings, space, alg = runtime, runtime.settings, runtime.space, runtime.algorithm
     rt.model.train()
     rt.flat.copy_(weights)
     load_local_parts(rt.flat, state, space)
     n = len(data)
-    alg.begin_client(data.y)
-    local_steps, per_epoch = alg.local_step_count(n, settings)
     gen = torch_generator(task.seed, "client", task.round, task.client)
+    session = alg.start_client(task, data.y, rt, gen)
+    policy = rt.policy.start_client(task)
+    local_steps, per_epoch = session.local_step_count(n, settings)
     opt = rt.make_optimizer(task.lr)
-    # an algorithm's per-client step hooks (Fjord's sub-model of each step), if it has them
-    open_session = getattr(alg, "client_session", None)
-    session = open_session(task, rt, gen) if open_session is not None else None
     trained = [False] * space.num_units
+    unit_steps = [0] * space.num_units
     current: tuple[int, ...] | None = None
     regions: list[slice] = []
     ctx: LocalCtx | None = None
@@ -242,7 +184,6 @@ def train_client(
     flops = 0
     probe_steps = 0
     probe_flops = 0
-    end_of_epoch = getattr(rt.policy, "end_of_epoch", None)
     perm = torch.empty(0, dtype=torch.long)
     k = 0
     while k < local_steps:
@@ -258,8 +199,8 @@ def train_client(
         # Freeze policies see the model's own units; units an algorithm adds (FedROD's personal
         # head, traced last) are the algorithm's to freeze.
         step = StepCtx(k, local_steps, rt.policy_units, task.round, task.client, task.rounds)
-        units = tuple(rt.policy.trainable_units(step)) + rt.extra_units
-        allowed = alg.allowed_units(k, local_steps, per_epoch)
+        units = tuple(policy.trainable_units(step)) + rt.extra_units
+        allowed = session.allowed_units(k, local_steps, per_epoch)
         if allowed is not None:
             allowed = set(allowed)
             units = tuple(u for u in units if u in allowed)
@@ -281,12 +222,14 @@ def train_client(
                 num_samples=n,
                 mean_samples=task.mean_samples,
                 payload=task.payload,
+                lr=task.lr,
             )
-        if session is not None:
-            session.before_step(x, y)
+        for u in units:
+            unit_steps[u] += 1
+        session.before_step(x, y)
         for r in regions:
             rt.grad[r].zero_()
-        loss = alg.loss(rt.model(x), y)
+        loss = session.loss(rt.model(x), y)
         loss_sum += loss.detach()
         loss = alg.extra_loss(ctx, loss, rt._features)
         loss.backward()
@@ -297,12 +240,11 @@ def train_client(
             for r in regions:
                 rt.grad[r].mul_(scale)
         opt.step()
-        if session is not None:
-            session.after_step()
+        session.after_step()
         if settings.count_flops:
-            flops += rt.flops(units, x, y)
-        if end_of_epoch is not None and k % per_epoch == 0 and k < local_steps:
-            action = end_of_epoch(
+            flops += rt.flops(units, x, y, session.loss)
+        if k % per_epoch == 0 and k < local_steps:
+            action = policy.end_of_epoch(
                 EpochCtx(k // per_epoch, local_steps // per_epoch, task, space, rt.flat, weights)
             )
             if action is not None and action.restart:
@@ -313,12 +255,14 @@ def train_client(
                 load_local_parts(rt.flat, state, space)
                 opt = rt.make_optimizer(task.lr)
                 trained = [False] * space.num_units
+                unit_steps = [0] * space.num_units
                 current = None
                 k = 0
             elif action is not None:
                 for u in action.restore:  # back to the received weights, optimiser state kept
                     rt.flat[space.unit_slices[u]] = weights[space.unit_slices[u]]
                     trained[u] = False
+                    unit_steps[u] = 0
                 current = None
     rt._features = None
     delta = rt.flat - weights
@@ -332,26 +276,33 @@ def train_client(
         num_samples=n,
         mean_samples=task.mean_samples,
         payload=task.payload,
+        lr=task.lr,
+        unit_steps=unit_steps,
     )
-    new_state = save_local_parts(alg.finish_client(full_ctx, delta), rt.flat, alg, space)
+    finished = alg.finish_client(full_ctx, delta)
+    extras = alg.client_extras(full_ctx, state, finished)
+    new_state = save_local_parts(finished, rt.flat, alg, space)
     shared = set(alg.shared_units(space.num_units))
     uploaded = [t and u in shared for u, t in enumerate(trained)]
-    trained_params = sum(c for c, t in zip(space.unit_param_numel, trained) if t)
-    metrics = {
-        "train_loss": float(loss_sum) / max(1, local_steps + probe_steps - idle),
-        "steps": local_steps,
-        "probe_steps": probe_steps,
-        "probe_flops": probe_flops,
-        "flops": flops,
-        "trained_params": trained_params,
-        "bytes_up": space.bytes_of(uploaded),
-    }
-    policy_metrics = getattr(rt.policy, "client_metrics", None)
-    if policy_metrics is not None:
-        metrics.update(policy_metrics(task))
-    if session is not None:
-        metrics.update(session.finish())
-    return ClientResult(task.client, n, delta, trained, new_state, metrics, uploaded)
+    result = ClientResult(
+        client=task.client,
+        num_samples=n,
+        delta=delta,
+        trained=trained,
+        state=new_state,
+        train_loss=float(loss_sum) / max(1, local_steps + probe_steps - idle),
+        steps=local_steps,
+        flops=flops,
+        probe_flops=probe_flops,
+        probe_steps=probe_steps,
+        trained_params=sum(c for c, t in zip(space.unit_param_numel, trained) if t),
+        bytes_up=space.bytes_of(uploaded),
+        extras=extras,
+        uploaded=uploaded,
+    )
+    policy.finish(result)
+    session.finish(result)
+    return result
 
 
 def load_local_parts(flat: Tensor, state: dict[str, Tensor], space: ParamSpace) -> None:

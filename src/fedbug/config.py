@@ -11,6 +11,7 @@ import difflib
 import hashlib
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -18,15 +19,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedbug.algorithms import ALGORITHMS
+from fedbug.compat import blocks_used_elsewhere, check_compatible, owners
 from fedbug.data import DATASETS
 from fedbug.data.augment import AUGMENTATIONS
 from fedbug.errors import ConfigError
 from fedbug.flower.params import FlowerParams
 from fedbug.models import MODELS
 from fedbug.policies import POLICIES
-from fedbug.policies.freezefl import FreezeFLParams
-from fedbug.rbcsf import RbcsfParams
-from fedbug.reputation import ReputationParams
+from fedbug.selection import SELECTIONS
 from fedbug.system import SystemParams
 
 
@@ -80,8 +80,6 @@ class BaseConfig(BaseModel):
     algorithm: str = "fedavg"
     global_lr: float = Field(1.0, gt=0.0, le=1e3)
     policy: str = "none"
-    gu_ratio: float = Field(0.0, ge=0.0, le=1.0, description="FedBug's P")
-    fixed_units: int = Field(1, ge=1, le=10_000)
     schedule: Literal["none", "vanilla", "anti"] = Field(
         "none", description="FedSeq round schedule of the base sub-layers"
     )
@@ -90,11 +88,8 @@ class BaseConfig(BaseModel):
     )
     participation: float = Field(0.1, gt=0.0, le=1.0)
     clients_per_round: int | None = Field(None, ge=1)
-    selection: Literal["bernoulli", "uniform", "reputation", "rbcsf"] | None = None
-    reputation: ReputationParams = Field(default_factory=ReputationParams)
-    rbcsf: RbcsfParams = Field(default_factory=RbcsfParams)
+    selection: str | None = None
     system: SystemParams | None = Field(None, description="simulated devices (FreezeFL Sec. V-A)")
-    freezefl: FreezeFLParams = Field(default_factory=FreezeFLParams)
     weighting: Literal["samples", "uniform"] = "samples"
     aggregation: Literal["layerwise", "full"] = Field(
         "layerwise",
@@ -155,11 +150,6 @@ class BaseConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> BaseConfig:
-        if self.executor.startswith("flower") and self.evaluation == "personalized":
-            raise ValueError(
-                f"executor {self.executor} keeps personal model parts on the nodes, so the "
-                "server cannot run evaluation: personalized; use executor: sequential"
-            )
         if self.algorithm not in ALGORITHMS:
             raise ValueError(_unknown("algorithm", self.algorithm, ALGORITHMS.names()))
         if self.augment != "auto" and self.augment not in AUGMENTATIONS:
@@ -170,21 +160,19 @@ class BaseConfig(BaseModel):
             raise ValueError(_unknown("dataset", self.dataset, DATASETS.names()))
         if self.policy not in POLICIES:
             raise ValueError(_unknown("policy", self.policy, POLICIES.names()))
+        if self.selection is not None and self.selection not in SELECTIONS:
+            raise ValueError(_unknown("selection", self.selection, SELECTIONS.names()))
         if self.clients_per_round is not None and self.clients_per_round > self.num_clients:
             raise ValueError(
                 f"clients_per_round={self.clients_per_round} exceeds num_clients="
                 f"{self.num_clients}; lower it or add clients"
             )
-        if self.selection not in (None, "bernoulli") and self.clients_per_round is None:
-            raise ValueError(f"selection: {self.selection} needs clients_per_round")
-        if self.policy == "freezefl" and self.system is None:
-            raise ValueError("policy: freezefl needs a system: block (the simulated devices)")
-        if self.system is not None and not self.count_flops:
-            raise ValueError("a system: block times clients from their FLOPs; keep count_flops")
-        check = getattr(ALGORITHMS.get(self.algorithm), "check_config", None)
-        if check is not None:  # what an algorithm cannot run with (fjord: no system: block)
-            check(self)
+        check_compatible(self)
         return self
+
+    def options(self, name: str) -> Any:
+        """The options block named ``name`` (a method's ``params_cls``), None if it has none."""
+        return self.__dict__.get(name)
 
     def resolved_selection(self) -> str:
         if self.selection:
@@ -203,18 +191,41 @@ def _unknown(kind: str, name: str, known: list[str]) -> str:
 
 
 def _build_config_class() -> type[BaseConfig]:
+    """BaseConfig plus one options block per algorithm, policy and selection that has a
+    ``params_cls``, named after it (``fedprox:``, ``bottom_up:``, ``reputation:``)."""
     blocks: dict[str, Any] = {}
-    for name, cls in ALGORITHMS.items():
-        if cls.params_cls is not None:
-            blocks[name] = (cls.params_cls, cls.params_cls())
+    for registry in (ALGORITHMS, POLICIES, SELECTIONS):
+        for name, cls in registry.items():
+            if cls.params_cls is not None:
+                blocks[name] = (cls.params_cls, Field(default_factory=cls.params_cls))
     return create_model("Config", __base__=BaseConfig, **blocks)
 
 
+def _blocks_key() -> tuple[str, ...]:
+    return tuple(
+        f"{kind}:{name}:{id(cls.params_cls)}"
+        for kind, registry in (("a", ALGORITHMS), ("p", POLICIES), ("s", SELECTIONS))
+        for name, cls in registry.items()
+        if cls.params_cls is not None
+    )
+
+
 Config = _build_config_class()
+_CONFIG_FOR: dict[tuple[str, ...], type[BaseConfig]] = {_blocks_key(): Config}
 
 
-def all_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+def config_class() -> type[BaseConfig]:
+    """The config class for the methods registered now: a method registered after import (a
+    user's own algorithm or policy) brings its options block with it."""
+    key = _blocks_key()
+    if key not in _CONFIG_FOR:
+        _CONFIG_FOR[key] = _build_config_class()
+    return _CONFIG_FOR[key]
+
+
+def all_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
     """Every valid dotted key, for 'did you mean' hints."""
+    model = model if model is not None else config_class()
     keys = []
     for name, field in model.model_fields.items():
         keys.append(prefix + name)
@@ -386,8 +397,11 @@ def validate(doc: Any) -> BaseConfig:
         raise ConfigError(f"a config must be a mapping of keys to values, not {type(doc).__name__}")
     _check_size(doc)
     doc = apply_method(doc)
+    # a sweep's base may hold the options of every method its cells compare
+    relaxed = blocks_used_elsewhere(frozenset(owners())) if doc.get("grid") else nullcontext()
     try:
-        return Config.model_validate(doc)
+        with relaxed:
+            return config_class().model_validate(doc)
     except ValidationError as e:
         raise ConfigError(_format_error(e)) from None
 
@@ -449,4 +463,44 @@ def config_hash(cfg: BaseConfig) -> str:
     for key in _LATER_KEYS:
         if d.get(key) == BaseConfig.model_fields[key].get_default(call_default_factory=True):
             d.pop(key, None)
+    _policy_options_as_before(d, cfg.policy)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+
+#: Policy options that were top-level keys before policies owned their blocks, with the value
+#: they had when unset; hashed where they were, so run folders from then still resume.
+_FORMER_POLICY_KEYS = {"gu_ratio": 0.0, "fixed_units": 1}
+#: The options blocks every hash held, chosen or not; a block added since counts only when its
+#: method is chosen (and a former top-level key goes back to the top level).
+_ALWAYS_HASHED_BLOCKS = {
+    "fedprox",
+    "feddyn",
+    "fedexp",
+    "feddecorr",
+    "fedrep",
+    "fjord",
+    "freezefl",
+    "reputation",
+    "rbcsf",
+}
+
+
+def _policy_options_as_before(d: dict[str, Any], policy: str) -> None:
+    """Options blocks in ``d`` hashed as they were before policies owned their blocks: the
+    chosen policy's former top-level keys at the top level (their former defaults otherwise),
+    blocks added since only when their method is chosen."""
+    former = dict(_FORMER_POLICY_KEYS)
+    chosen = {d.get("algorithm"), policy, d.get("selection")}
+    for registry in (ALGORITHMS, POLICIES, SELECTIONS):
+        for name, cls in registry.items():
+            if cls.params_cls is None or name in _ALWAYS_HASHED_BLOCKS:
+                continue
+            block = d.pop(name, None)
+            if name not in chosen or block is None:
+                continue
+            for key, value in block.items():
+                if key in former and registry is POLICIES:
+                    former[key] = value
+                else:
+                    d.setdefault(name, {})[key] = value
+    d.update(former)

@@ -28,8 +28,6 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-from fedbug import rbcsf as _rbcsf  # noqa: F401  (registers the selection)
-from fedbug import reputation as _reputation  # noqa: F401  (registers the selection)
 from fedbug.aggregate import Aggregate
 from fedbug.algorithms import Algorithm, build_algorithm
 from fedbug.algorithms.base import ServerStep
@@ -67,7 +65,7 @@ from fedbug.results import RunDir, atomic_write_text, environment, plot_run
 from fedbug.seeding import derive_seed, numpy_rng
 from fedbug.selection import SELECTIONS, SelectionFeedback
 from fedbug.state_store import StateStore
-from fedbug.system import Clock, SoftDeadline, SystemModel, per_sample_costs
+from fedbug.system import Clock, SystemModel, per_sample_costs
 from fedbug.units import ParamSpace, find_units, traced_module_order
 
 ModelSource = nn.Module | Callable[[], nn.Module] | None
@@ -124,7 +122,7 @@ class Experiment:
             self.parts, self.test_parts, ds = personal_test_sets(ds, self.parts, cfg)
             self.dataset = ds
         self.num_clients = len(self.parts)
-        blocks = {name: getattr(cfg, name) for name in type(cfg).model_fields}
+        blocks = {name: cfg.options(name) for name in type(cfg).model_fields}
         self.algorithm: Algorithm = build_algorithm(cfg.algorithm, cfg.global_lr, blocks)
         if cfg.evaluation != "personalized" and not self.algorithm.has_global_model:
             raise ConfigError(
@@ -146,9 +144,7 @@ class Experiment:
         self.shared_mask = [u in self.shared for u in range(self.space.num_units)]
         # freeze policies see the model's own units, not those an algorithm adds (as the client)
         policy_units = self.space.num_units - len(self.layout.extra)
-        self.policy = build_policy(
-            cfg.policy, gu_ratio=cfg.gu_ratio, fixed_units=cfg.fixed_units, freezefl=cfg.freezefl
-        )
+        self.policy = build_policy(cfg.policy, cfg.options(cfg.policy))
         if not len(self.policy.trainable_units(StepCtx(1, 1, policy_units))):
             raise ConfigError(f"policy {cfg.policy!r} trains no unit of this model")
         self.schedule: RoundSchedule | None = None
@@ -178,10 +174,8 @@ class Experiment:
         self.sizes = sizes
         self.mean_samples = sum(sizes) / len(sizes)
         self.system: SystemModel | None = None
-        self.deadline: SoftDeadline | None = None
         if cfg.system is not None:
             labels = ds.train_y[: len(example)]
-            self.algorithm.begin_client(labels)
             costs = per_sample_costs(
                 cfg.system,
                 copy.deepcopy(self.template),
@@ -201,12 +195,11 @@ class Experiment:
                 policy_units=policy_units,
                 shared=self.shared_mask,
             )
-            width_costs = getattr(self.algorithm, "width_costs", None)  # Fjord's sub-models
-            if width_costs is not None:
-                self.system.width_costs = width_costs(copy.deepcopy(self.template), example, labels)
-            if cfg.policy == "freezefl":
-                self.deadline = SoftDeadline(cfg.freezefl.T0, cfg.freezefl.deadline_ema)
-        self.selection = SELECTIONS.get(cfg.resolved_selection()).from_experiment(self)
+            self.algorithm.setup_system(self.system, copy.deepcopy(self.template), example, labels)
+        self.policy.setup_server(self.system, cfg)
+        self.selection = SELECTIONS.get(cfg.resolved_selection()).build(
+            cfg, self.num_clients, self.system
+        )
         self.evaluator = Evaluator(
             self.template, self.space, ds, cfg.eval_batch_size, cfg.memory_format
         )
@@ -396,28 +389,25 @@ class Simulation:
         self.participations = [0] * exp.num_clients
 
     def client_extra(self, client: int) -> dict[str, Any]:
+        """Client ``client``'s round config: the algorithm's (Fjord's width), then the
+        policy's (FreezeFL's soft deadline and charged times)."""
         exp = self.exp
-        alg_extra = getattr(exp.algorithm, "client_extra", None)  # Fjord's p_max
-        extra = alg_extra(client, exp.system) if alg_extra is not None else {}
-        if exp.deadline is None or exp.system is None:
-            return extra
         return {
-            **extra,
-            "deadline": exp.deadline.value,
-            "tau": exp.system.tau(client, exp.cfg.freezefl.probe),
+            **exp.algorithm.client_config(client, exp.system),
+            **exp.policy.client_config(client),
         }
 
     def charged_time(self, res: ClientResult, bytes_down: int) -> float:
-        """What client ``res.client`` is charged: the freezing policy's own figure, else its
-        counted FLOPs and bytes (or its full-model time when costs are measured)."""
+        """What client ``res.client`` is charged: the policy's own figure, else its counted
+        FLOPs and bytes (or its full-model time when costs are measured)."""
         system = self.exp.system
-        if "charged_time" in res.metrics:
-            return float(res.metrics["charged_time"])
+        if res.charged_time is not None:
+            return float(res.charged_time)
         if self.exp.cfg.system.cost == "measured":
             return system.full_time(res.client)
-        work = res.metrics["flops"] - res.metrics.get("probe_flops", 0)
-        down = res.metrics.get("bytes_down", bytes_down)  # Fjord: the client's sub-model
-        return system.time(res.client, work, down, res.metrics["bytes_up"])
+        work = res.flops - res.probe_flops
+        down = res.bytes_down if res.bytes_down is not None else bytes_down
+        return system.time(res.client, work, down, res.bytes_up)
 
     def finish(
         self, r: int, results: list[ClientResult], bytes_down: int, delta_global: Tensor
@@ -429,46 +419,42 @@ class Simulation:
         times: dict[int, float] = {}
         if exp.system is not None:
             times = {res.client: self.charged_time(res, bytes_down) for res in results}
-            sent = exp.deadline.value if exp.deadline is not None else None
+            sent = exp.policy.round_deadline()
             fields["round_length"] = self.clock.advance(list(times.values()))
             fields["sim_clock"] = self.clock.now
             fields["soft_deadline"] = sent
-            if exp.deadline is not None:
-                exp.deadline.update(list(times.values()))
-        update = getattr(exp.selection, "update", None)
-        if update is not None:
-            update(
-                SelectionFeedback(
-                    round=r,
-                    clients=[res.client for res in results],
-                    num_clients=exp.num_clients,
-                    n_frozen={res.client: int(res.metrics.get("n_frozen", 0)) for res in results},
-                    num_units=exp.space.num_units - len(exp.layout.extra),
-                    space=exp.space,
-                    local_deltas={res.client: res.delta for res in results},
-                    trained={res.client: res.trained for res in results},
-                    global_delta=delta_global,
-                    times=times,
-                    u_sys=(  # Fjord + reputation (FreezeFL Table IV): U_sys = p_max
-                        {res.client: float(res.metrics["width"]) for res in results}
-                        if all("width" in res.metrics for res in results)
-                        else None
-                    ),
-                )
+            exp.policy.end_round(list(times.values()))
+        exp.selection.update(
+            SelectionFeedback(
+                round=r,
+                clients=[res.client for res in results],
+                num_clients=exp.num_clients,
+                n_frozen={res.client: res.n_frozen for res in results},
+                num_units=exp.space.num_units - len(exp.layout.extra),
+                space=exp.space,
+                local_deltas={res.client: res.delta for res in results},
+                trained={res.client: res.trained for res in results},
+                global_delta=delta_global,
+                times=times,
+                u_sys=(  # Fjord + reputation (FreezeFL Table IV): U_sys = p_max
+                    {res.client: float(res.u_sys) for res in results if res.u_sys is not None}
+                    if all(res.u_sys is not None for res in results)
+                    else None
+                ),
             )
+        )
         if exp.system is not None:
-            utility = getattr(exp.selection, "utility", None)
             fields["per_client"] = [
                 {
                     "id": res.client,
                     "ability": float(exp.system.ability(res.client)),
-                    "n_frozen": int(res.metrics.get("n_frozen", 0)),
-                    "width": res.metrics.get("width"),
-                    "bytes_down": res.metrics.get("bytes_down", bytes_down),
-                    "bytes_up": res.metrics["bytes_up"],
-                    "flops": res.metrics["flops"],
+                    "n_frozen": res.n_frozen,
+                    "width": res.width,
+                    "bytes_down": res.bytes_down if res.bytes_down is not None else bytes_down,
+                    "bytes_up": res.bytes_up,
+                    "flops": res.flops,
                     "time": times[res.client],
-                    "utility": None if utility is None else float(utility[res.client]),
+                    "utility": exp.selection.client_utility(res.client),
                 }
                 for res in results
             ]
@@ -476,12 +462,11 @@ class Simulation:
 
     def state_dict(self) -> dict[str, Any]:
         exp = self.exp
-        sel = getattr(exp.selection, "state_dict", None)
         return {
             "clock": self.clock.state_dict(),
             "system": exp.system.state_dict() if exp.system is not None else {},
-            "deadline": exp.deadline.state_dict() if exp.deadline is not None else {},
-            "selection": sel() if sel is not None else {},
+            "deadline": exp.policy.state_dict(),
+            "selection": exp.selection.state_dict(),
             "participations": torch.tensor(self.participations),
         }
 
@@ -490,10 +475,8 @@ class Simulation:
         self.clock.load_state_dict(d["clock"])
         if exp.system is not None:
             exp.system.load_state_dict(d["system"])  # measured costs are not re-timed
-        if exp.deadline is not None:
-            exp.deadline.load_state_dict(d["deadline"])
-        if hasattr(exp.selection, "load_state_dict"):
-            exp.selection.load_state_dict(d["selection"])
+        exp.policy.load_state_dict(d["deadline"])
+        exp.selection.load_state_dict(d["selection"])
         self.participations = [int(x) for x in d["participations"]]
 
     def summary(self) -> dict[str, Any]:
@@ -810,7 +793,6 @@ def _run(
     last_round = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
     shared, shared_mask = exp.shared, exp.shared_mask
     model_bytes = exp.space.bytes_of(shared_mask)
-    upload_mask = getattr(exp.algorithm, "upload_mask", None)  # Fjord: per-entry averaging
     diverged: DivergenceError | None = None
     try:
         for r in range(start, last_round + 1):
@@ -834,11 +816,10 @@ def _run(
             t_train = time.perf_counter()
             results = executor.run_round(weights, tasks, client_states)
             t_train = time.perf_counter() - t_train
-            lost = list(getattr(executor, "dropped", []))  # clients whose update never came
+            lost = executor.lost()  # clients whose update never came
             results, dropped = screen_updates(exp, r, results)
             dropped = sorted(lost + dropped, key=lambda d: d["client"])
-            needed = getattr(executor, "required", None)
-            aggregated = len(results) >= (needed(len(tasks)) if needed else cfg.min_results)
+            aggregated = len(results) >= executor.required(len(tasks), cfg.min_results)
             agg = Aggregate(exp.space, cfg.weighting)
             if aggregated:
                 for res in results:
@@ -847,7 +828,8 @@ def _run(
                         res.delta,
                         sent if cfg.aggregation == "layerwise" else shared_mask,
                         res.num_samples,
-                        upload_mask(res, exp.space) if upload_mask is not None else None,
+                        res.entries,
+                        res.extras,
                     )
                     if exp.keeps_client_state:
                         states.put(res.client, res.state)
@@ -870,20 +852,19 @@ def _run(
             record: dict[str, Any] = {
                 "round": r,
                 **evaluated,
-                "train_loss": sum(x.metrics["train_loss"] for x in results) / n if n else None,
+                "train_loss": sum(x.train_loss for x in results) / n if n else None,
                 "clients": [x.client for x in results],
                 "num_clients": n,
                 "lr": exp.lr_at(r),
-                "trained_params": (
-                    sum(x.metrics["trained_params"] for x in results) / n if n else None
+                "trained_params": (sum(x.trained_params for x in results) / n if n else None),
+                "bytes_down": sum(
+                    x.bytes_down if x.bytes_down is not None else down_each for x in results
                 ),
-                "bytes_down": sum(x.metrics.get("bytes_down", down_each) for x in results),
                 "trained_sublayers": trained_sublayers(exp, r),
                 "bytes_up": sum(
-                    x.metrics["bytes_up"] if cfg.upload == "partial" else model_bytes
-                    for x in results
+                    x.bytes_up if cfg.upload == "partial" else model_bytes for x in results
                 ),
-                "flops": sum(x.metrics["flops"] for x in results),
+                "flops": sum(x.flops for x in results),
                 "client_drift": agg.client_drift(),
                 **step.metrics,
                 **simulated,
@@ -893,7 +874,7 @@ def _run(
             }
             if dropped:
                 record["dropped"] = dropped
-            resets = [x.client for x in results if x.metrics.get("state_reset")]
+            resets = [x.client for x in results if x.state_reset]
             if resets:  # their node had lost their state (a restarted Flower SuperNode)
                 record["state_reset"] = resets
             if not aggregated:

@@ -51,3 +51,13 @@ def unknown_name_message(kind: str, name: str, known: object) -> str:
     close = difflib.get_close_matches(str(name), names, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return f"unknown {kind} {name!r}.{hint} Known: {', '.join(names)}."
+
+
+def register_all(package: str, path: list[str]) -> None:
+    """Import every module of ``package`` (one method a file): each registers itself."""
+    import importlib
+    import pkgutil
+
+    for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
+        if not info.name.startswith("_") and info.name != "base":
+            importlib.import_module(f"{package}.{info.name}")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedbug.config import BaseConfig, Config, set_dotted, validate
+from fedbug.compat import blocks_used_elsewhere, owners, used_blocks
+from fedbug.config import BaseConfig, config_class, set_dotted, validate
 from fedbug.errors import ConfigError
 from fedbug.results import atomic_write_bytes, atomic_write_text
 from fedbug.table4 import format_pfl_table, write_figures
@@ -45,7 +46,7 @@ class Cell:
 def is_variant_group(key: str, value: Any) -> bool:
     """A grid key that is not a config key and whose value is a mapping sets several keys at
     once: ``grid: {data: [{dataset: digits}, {dataset: fashion_mnist, subsample: 0.1}]}``."""
-    return isinstance(value, dict) and key.split(".")[0] not in Config.model_fields
+    return isinstance(value, dict) and key.split(".")[0] not in config_class().model_fields
 
 
 def parse_grid_arg(text: str) -> tuple[str, list[Any]]:
@@ -78,24 +79,37 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
         if not isinstance(values, list) or not values:
             raise ConfigError(f"grid key {key!r} needs a non-empty list of values")
     keys = list(grid)
-    cells = []
-    slugs: set[str] = set()
+    docs = []
     for combo in itertools.product(*(grid[k] for k in keys)):
         doc = copy.deepcopy(base_doc)
         doc.pop("grid", None)
         values = dict(zip(keys, combo))
         for k, v in Cell(values).items():
             merge_dotted(doc, k, v)
-        try:
-            cfg = validate(doc)
-        except ConfigError as e:
-            label = Cell(values).label
-            raise ConfigError(f"grid cell {label}: {e}") from None
-        cell = Cell(values)
-        if cell.slug in slugs:
-            raise ConfigError(f"grid cell {cell.label} appears twice; list each value once")
-        slugs.add(cell.slug)
-        cells.append((cell, cfg))
+        docs.append((Cell(values), doc))
+    # A base may hold the options of every method its grid compares: each cell is validated
+    # allowing other methods' blocks, then a block no cell uses is refused.
+    cells = []
+    slugs: set[str] = set()
+    used: set[str] = set()
+    with blocks_used_elsewhere(frozenset(owners())):
+        for cell, doc in docs:
+            try:
+                cfg = validate(doc)
+            except ConfigError as e:
+                raise ConfigError(f"grid cell {cell.label}: {e}") from None
+            if cell.slug in slugs:
+                raise ConfigError(f"grid cell {cell.label} appears twice; list each value once")
+            slugs.add(cell.slug)
+            used |= used_blocks(cfg)
+            cells.append((cell, cfg))
+    unused = sorted(b for b in owners() if base_doc.get(b) and b not in used)
+    if unused:
+        kind, method = owners()[unused[0]]
+        raise ConfigError(
+            f"{unused[0]}: has no effect: no run of this sweep uses {kind} {method}; remove "
+            "the block or add that method to the grid"
+        )
     return cells
 
 
@@ -273,9 +287,23 @@ def collect_runs(dirs: list[Path]) -> list[dict[str, Any]]:
     return runs
 
 
+def flatten_blocks(config: dict[str, Any]) -> dict[str, Any]:
+    """A config with the options blocks of methods (``bottom_up: {gu_ratio: 0.5}``) as dotted
+    keys (``bottom_up.gu_ratio: 0.5``); other values as they are."""
+    blocks = owners()
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if k in blocks and isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
 def group_runs(runs: list[dict[str, Any]]) -> list[tuple[Cell, list[dict[str, Any]]]]:
     """Runs grouped by the config keys that vary between them (seeds pooled)."""
-    configs = [r["summary"]["config"] for r in runs]
+    # options blocks compared key by key: a group reads bottom_up.gu_ratio=0.5, not the block
+    configs = [flatten_blocks(r["summary"]["config"]) for r in runs]
     ignore = {"seed", "name", "grid", "seeds", "threads", "count_flops"}
     keys = sorted(
         k

@@ -37,9 +37,16 @@ def test_term_reaches_the_model():
 
 
 def test_beta_zero_equals_fedavg_exactly():
-    a = run_experiment(tiny_config(algorithm="fedavg", policy="top_down", gu_ratio=0.5))
+    a = run_experiment(
+        tiny_config(algorithm="fedavg", policy="top_down", top_down={"gu_ratio": 0.5})
+    )
     b = run_experiment(
-        tiny_config(algorithm="feddecorr", feddecorr={"beta": 0.0}, policy="top_down", gu_ratio=0.5)
+        tiny_config(
+            algorithm="feddecorr",
+            feddecorr={"beta": 0.0},
+            policy="top_down",
+            top_down={"gu_ratio": 0.5},
+        )
     )
     assert torch.equal(a.weights, b.weights)
 

@@ -31,9 +31,16 @@ def test_frozen_unit_gets_no_proximal_term():
 
 
 def test_mu_zero_equals_fedavg_exactly():
-    a = run_experiment(tiny_config(algorithm="fedavg", policy="bottom_up", gu_ratio=0.5))
+    a = run_experiment(
+        tiny_config(algorithm="fedavg", policy="bottom_up", bottom_up={"gu_ratio": 0.5})
+    )
     b = run_experiment(
-        tiny_config(algorithm="fedprox", fedprox={"mu": 0.0}, policy="bottom_up", gu_ratio=0.5)
+        tiny_config(
+            algorithm="fedprox",
+            fedprox={"mu": 0.0},
+            policy="bottom_up",
+            bottom_up={"gu_ratio": 0.5},
+        )
     )
     assert torch.equal(a.weights, b.weights)
     assert [r["test_acc"] for r in a.records] == [r["test_acc"] for r in b.records]

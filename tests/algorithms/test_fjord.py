@@ -334,7 +334,7 @@ def test_evaluation_uses_the_full_model():
 
 
 def test_fjord_cs_passes_p_max_as_u_sys(monkeypatch):
-    from fedbug.reputation import Reputation
+    from fedbug.selection.reputation import Reputation
 
     seen = []
     update = Reputation.update

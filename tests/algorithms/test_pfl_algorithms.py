@@ -78,7 +78,7 @@ def test_fedbabu_trains_the_base_only_and_uploads_it_only():
     assert torch.equal(res.delta[HEAD], torch.zeros(6))
     assert res.trained == [True, False]
     assert res.uploaded == [True, False]
-    assert res.metrics["bytes_up"] == 4 * 6
+    assert res.bytes_up == 4 * 6
     assert res.state == {}  # nothing of its own to keep
 
 
@@ -92,7 +92,7 @@ def test_fedbabu_with_top_down_skips_the_step_that_would_train_only_the_head():
     np.testing.assert_allclose(
         res.delta.numpy() + W0, w - 0.5 * masked(ce_grad(w, X, Y), BASE), atol=1e-6
     )
-    assert res.metrics["train_loss"] == pytest.approx(ce_loss(w, X, Y), abs=1e-6)
+    assert res.train_loss == pytest.approx(ce_loss(w, X, Y), abs=1e-6)
     assert res.trained == [True, False]
 
 
@@ -105,7 +105,7 @@ def test_fedper_trains_all_keeps_its_head_and_uploads_the_base():
     np.testing.assert_allclose(res.delta.numpy() + W0, w1, atol=1e-6)
     assert res.trained == [True, True]
     assert res.uploaded == [True, False]
-    assert res.metrics["bytes_up"] == 4 * 6
+    assert res.bytes_up == 4 * 6
     assert set(res.state) == {"local.1"}
     np.testing.assert_allclose(res.state["local.1"].numpy(), w1[HEAD], atol=1e-6)
     # next round: the server's new base, but the client's own head from its state
@@ -126,7 +126,7 @@ def test_lg_fedavg_keeps_its_base_and_uploads_the_head():
     np.testing.assert_allclose(res.delta.numpy() + W0, w1, atol=1e-6)
     assert res.trained == [True, True]
     assert res.uploaded == [False, True]
-    assert res.metrics["bytes_up"] == 4 * 6
+    assert res.bytes_up == 4 * 6
     assert set(res.state) == {"local.0"}
     server = torch.tensor(W0)
     server[HEAD] -= 0.5
@@ -152,7 +152,7 @@ def test_fedrep_head_epochs_then_base_epochs_by_hand():
     w2 = w1 - 0.3 * b_head
     w3 = w2 - 0.3 * masked(ce_grad(w2, X, Y), BASE)  # the base's first step: no buffer yet
     np.testing.assert_allclose(res.delta.numpy() + W0, w3, atol=1e-6)
-    assert res.metrics["steps"] == 3
+    assert res.steps == 3
     assert res.trained == [True, True]
     assert res.uploaded == [True, False]
     np.testing.assert_allclose(res.state["local.1"].numpy(), w2[HEAD], atol=1e-6)
@@ -160,7 +160,7 @@ def test_fedrep_head_epochs_then_base_epochs_by_hand():
 
 def test_fedrep_step_counts_and_phases():
     rt = pfl_runtime("fedrep", params={"head_epochs": 1})
-    alg = rt.algorithm
+    alg = rt.algorithm.start_client(task(), torch.zeros(10))  # the client's half
     k, per_epoch = alg.local_step_count(10, TrainSettings(local_epochs=2, batch_size=3))
     assert (k, per_epoch) == (12, 4)  # (1 + 2) epochs of ceil(10 / 3) = 4 steps
     assert [tuple(alg.allowed_units(s, k, per_epoch)) for s in (1, 4, 5, 12)] == [
@@ -258,7 +258,7 @@ def test_fedrod_step_by_hand():
     w = w0.double().numpy()
     loss, grad = rod_step(w, xs, ys, np.array([2, 1]))
     np.testing.assert_allclose(res.delta.numpy() + w0.numpy(), w - 0.4 * grad, atol=1e-6)
-    assert res.metrics["train_loss"] == pytest.approx(loss, abs=1e-5)
+    assert res.train_loss == pytest.approx(loss, abs=1e-5)
     assert res.trained == [True, True, True]
     assert res.uploaded == [True, True, False]
     assert set(res.state) == {"local.2"}

@@ -50,7 +50,6 @@ def test_every_policy_algorithm_pair_equals_in_process(algorithm, policy):
     cfg = tiny_config(
         algorithm=algorithm,
         policy=policy,
-        gu_ratio=0.5,
         rounds=1,
         threads=1,
         count_flops=simulated,

@@ -24,7 +24,18 @@ def space():
 
 def result(space, sent=(False, True)):
     delta = torch.arange(space.total, dtype=torch.float32) / 10
-    return ClientResult(3, 5, delta, list(sent), {}, {"train_loss": 0.5}, list(sent))
+    return ClientResult(
+        3,
+        5,
+        delta,
+        list(sent),
+        {},
+        train_loss=0.5,
+        uploaded=list(sent),
+        extras={"c_delta": torch.ones(space.total)},
+        info={"importance": [0.25, 0.5]},
+        n_frozen=1,
+    )
 
 
 def test_a_reply_round_trips_with_only_the_sent_units(space):
@@ -37,7 +48,10 @@ def test_a_reply_round_trips_with_only_the_sent_units(space):
     second = space.unit_slices[1]
     assert torch.equal(back.delta[second], res.delta[second])
     assert back.num_samples == 5 and back.trained == [False, True]
-    assert back.metrics["train_loss"] == 0.5
+    assert back.train_loss == 0.5 and back.n_frozen == 1
+    assert back.info == {"importance": [0.25, 0.5]}
+    assert back.extras.keys() == {"c_delta"}
+    assert torch.equal(back.extras["c_delta"], torch.ones(space.total))  # the extras channel
 
 
 def test_unknown_key_wrong_shape_and_wrong_client_are_refused(space):

@@ -1,6 +1,5 @@
 """FreezeFL's client half: Eq. 2 (importance), Eq. 3 (how many units to freeze), the probe."""
 
-from dataclasses import dataclass, field
 from math import sqrt
 
 import pytest
@@ -12,7 +11,7 @@ from torch import nn
 
 from fedbug.client import ClientTask, EpochAction, TrainSettings, train_client
 from fedbug.policies import POLICIES, StepCtx, build_policy
-from fedbug.policies.base import Intersection
+from fedbug.policies.base import FreezePolicy, Intersection, PolicySession
 from fedbug.policies.freezefl import FreezeFL, FreezeFLParams, choose_frozen, importance
 from fedbug.policies.vanilla import Vanilla
 from fedbug.units import ParamSpace, find_units
@@ -154,9 +153,9 @@ def test_params_defaults_and_validation():
 def test_registered_and_built_from_the_options():
     assert "freezefl" in POLICIES
     params = FreezeFLParams(beta=2.0, probe="restart")
-    p = build_policy("freezefl", gu_ratio=0.0, fixed_units=1, freezefl=params)
+    p = build_policy("freezefl", params)
     assert isinstance(p, FreezeFL) and p.params == params
-    assert build_policy("freezefl", freezefl={"beta": 1.0}).params.beta == 1.0
+    assert build_policy("freezefl", beta=1.0).params.beta == 1.0
     assert build_policy("freezefl").params == FreezeFLParams()
     # before a decision every unit trains (the engine's sanity check calls this)
     assert list(p.trainable_units(StepCtx(1, 1, 3))) == [0, 1, 2]
@@ -187,12 +186,21 @@ def _train(policy, extra, client: int = 0, epochs: int = 3, rt=None):
     return train_client(torch.tensor(W0), _task(extra, client), data(XS, YS), {}, rt)
 
 
-@dataclass
-class _FreezeFirst:
+class _FreezeFirst(FreezePolicy):
     """Reference: trains everything in epoch 1, then unit 0 is rolled back or restarted."""
 
-    restart: bool = False
-    frozen: set = field(default_factory=set)
+    def __init__(self, restart: bool = False) -> None:
+        super().__init__()
+        self.restart = restart
+
+    def start_client(self, task):
+        return _FreezeFirstClient(self, task)
+
+
+class _FreezeFirstClient(PolicySession):
+    def __init__(self, policy, task):
+        super().__init__(policy, task)
+        self.frozen: set = set()
 
     def trainable_units(self, ctx):
         return tuple(u for u in range(ctx.num_units) if u not in self.frozen)
@@ -200,7 +208,7 @@ class _FreezeFirst:
     def end_of_epoch(self, ctx):
         if ctx.epoch == 1 and not self.frozen:
             self.frozen.add(0)
-            return EpochAction(restart=True) if self.restart else EpochAction(restore=(0,))
+            return EpochAction(restart=True) if self.policy.restart else EpochAction(restore=(0,))
         return None
 
 
@@ -209,8 +217,8 @@ def test_rollback_freezes_the_chosen_units_at_the_received_weights():
     res = _train(policy, SLOW)
     assert torch.equal(res.delta[:6], torch.zeros(6))  # bitwise the received weights
     assert res.trained == [False, True] and res.uploaded == [False, True]
-    assert res.metrics["bytes_up"] == 4 * 6 and res.metrics["probe_steps"] == 0
-    assert res.metrics["n_frozen"] == 1 and res.metrics["charged_time"] == 1.0
+    assert res.bytes_up == 4 * 6 and res.probe_steps == 0
+    assert res.n_frozen == 1 and res.charged_time == 1.0
     # the probe epoch is kept for unit 1: the same as rolling unit 0 back by hand
     ref = _train(_FreezeFirst(), SLOW)
     assert torch.equal(res.delta, ref.delta)
@@ -221,7 +229,7 @@ def test_importance_is_measured_after_the_first_epoch():
     res = _train(policy, SLOW)
     one_epoch = _train(Vanilla(), SLOW, epochs=1)  # same batches: generator per (round, client)
     expect = [float(one_epoch.delta[:6].abs().mean()), float(one_epoch.delta[6:].abs().mean())]
-    assert res.metrics["importance"] == pytest.approx(expect, rel=1e-6)
+    assert res.info["importance"] == pytest.approx(expect, rel=1e-6)
     assert min(expect) > 0
 
 
@@ -230,8 +238,8 @@ def test_restart_trains_all_epochs_again_with_the_units_frozen():
     res = _train(policy, SLOW)
     assert torch.equal(res.delta[:6], torch.zeros(6))
     assert res.trained == [False, True] and res.uploaded == [False, True]
-    assert res.metrics["probe_steps"] == 2 and res.metrics["steps"] == 6
-    assert res.metrics["n_frozen"] == 1 and res.metrics["charged_time"] == 1.0
+    assert res.probe_steps == 2 and res.steps == 6
+    assert res.n_frozen == 1 and res.charged_time == 1.0
     ref = _train(_FreezeFirst(restart=True), SLOW)
     assert torch.equal(res.delta, ref.delta)
 
@@ -242,35 +250,36 @@ def test_a_fast_client_trains_everything(probe):
     res = _train(policy, FAST)
     ref = _train(Vanilla(), FAST)
     assert torch.equal(res.delta, ref.delta)
-    assert res.uploaded == [True, True] and res.metrics["probe_steps"] == 0
-    assert res.metrics["n_frozen"] == 0 and res.metrics["charged_time"] == 0.5
-    assert len(res.metrics["importance"]) == 2
+    assert res.uploaded == [True, True] and res.probe_steps == 0
+    assert res.n_frozen == 0 and res.charged_time == 0.5
+    assert len(res.info["importance"]) == 2
 
 
-def test_decisions_are_per_client_and_cleared_when_the_next_task_starts():
+def test_decisions_are_per_client_and_live_on_the_client_session():
     policy = FreezeFL(FreezeFLParams(probe="restart"))
     rt = _runtime(policy)
     slow = _train(policy, SLOW, client=0, rt=rt)
     fast = _train(policy, FAST, client=1, rt=rt)
-    assert slow.metrics["n_frozen"] == 1 and fast.metrics["n_frozen"] == 0
+    assert slow.n_frozen == 1 and fast.n_frozen == 0
     assert fast.uploaded == [True, True]
-    assert list(policy.decisions) == [(1, 1)]
+    assert not hasattr(policy, "decisions")  # nothing per client on the shared policy
     # the same client again (a rerun) decides afresh
     again = _train(policy, SLOW, client=0, rt=rt)
-    assert torch.equal(again.delta, slow.delta) and again.metrics == slow.metrics
+    assert torch.equal(again.delta, slow.delta) and again.n_frozen == slow.n_frozen
+    assert again.charged_time == slow.charged_time and again.info == slow.info
 
 
 def test_one_epoch_leaves_no_probe_to_act_on():
     res = _train(FreezeFL(), SLOW, epochs=1)
     assert res.uploaded == [True, True]
-    assert res.metrics["n_frozen"] == 0 and res.metrics["importance"] == []
-    assert res.metrics["charged_time"] == 10.0
+    assert res.n_frozen == 0 and res.info["importance"] == []
+    assert res.charged_time == 10.0
 
 
 def test_works_inside_an_intersection():
     policy = Intersection((FreezeFL(), Vanilla()))
     res = _train(policy, SLOW)
-    assert torch.equal(res.delta[:6], torch.zeros(6)) and res.metrics["n_frozen"] == 1
+    assert torch.equal(res.delta[:6], torch.zeros(6)) and res.n_frozen == 1
 
 
 def test_missing_round_config_is_named():

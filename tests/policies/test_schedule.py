@@ -183,4 +183,4 @@ def test_engine_rejects_bad_unfreeze_rounds_and_empty_compositions():
         Experiment(tiny_config(schedule="vanilla", rounds=3, unfreeze_rounds=[0, 1, 2]))
     # fixed_top 2 trains only unit 0; anti schedules sub-layer 2 (unit 1) and the head first
     with pytest.raises(ConfigError, match="trains no unit in round 1"):
-        Experiment(tiny_config(schedule="anti", policy="fixed_top", fixed_units=2))
+        Experiment(tiny_config(schedule="anti", policy="fixed_top", fixed_top={"fixed_units": 2}))

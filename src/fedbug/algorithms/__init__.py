@@ -1,25 +1,25 @@
-"""Algorithms, one file each; importing this package registers them all."""
+"""Algorithms, one file each; importing this package imports (and so registers) every module
+in it: a new algorithm is a new file, nothing else to edit."""
 
-from fedbug.algorithms import (  # noqa: F401  (registration)
-    fedavg,
-    fedbabu,
-    feddecorr,
-    feddyn,
-    fedexp,
-    fedper,
-    fedprox,
-    fedrep,
-    fedrod,
-    fjord,
-    lg_fedavg,
-)
 from fedbug.algorithms.base import (
     ALGORITHMS,
     Algorithm,
+    ClientSession,
     LocalCtx,
     Params,
     ServerStep,
     build_algorithm,
 )
+from fedbug.registry import register_all
 
-__all__ = ["ALGORITHMS", "Algorithm", "LocalCtx", "Params", "ServerStep", "build_algorithm"]
+register_all(__name__, __path__)
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "ClientSession",
+    "LocalCtx",
+    "Params",
+    "ServerStep",
+    "build_algorithm",
+]

@@ -1,15 +1,23 @@
 """What an algorithm is: a local objective (client half) and a server update (server half).
 
-Both halves live in one class. The client half only ever touches the *trainable* regions of the flat
-weight vector (the slices of the units a freeze policy lets train), so a frozen unit takes no
-proximal, dynamic or decay term: freezing reaches an algorithm only through those regions.
+Both halves live in one class, and every hook the engine calls is declared on :class:`Algorithm`
+with FedAvg's behaviour (mostly: nothing) as the default, so a new algorithm overrides only what
+it changes. The client half only ever touches the *trainable* regions of the flat weight vector
+(the slices of the units a freeze policy lets train), so a frozen unit takes no proximal, dynamic
+or decay term: freezing reaches an algorithm only through those regions.
+
+Per-client values (FedROD's class counts, FedRep's head steps, Fjord's width) live on a
+:class:`ClientSession`, one per client and round (:meth:`Algorithm.start_client`), never on the
+algorithm object every client shares. Extra tensors a client sends (SCAFFOLD's control-variate
+change) go in :meth:`Algorithm.client_extras`; the server reads their per-key sums from the
+round's aggregate (:meth:`fedbug.aggregate.Aggregate.extra_sum`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +27,9 @@ from torch import Tensor, nn
 from fedbug.layout import Layout
 from fedbug.registry import Registry
 from fedbug.units import ParamSpace
+
+if TYPE_CHECKING:
+    from fedbug.protocol import ClientResult, ClientTask
 
 
 class Params(BaseModel):
@@ -46,6 +57,8 @@ class LocalCtx:
     num_samples: int
     mean_samples: float
     payload: dict[str, Tensor] = field(default_factory=dict)
+    lr: float = 0.0
+    unit_steps: list[int] = field(default_factory=list)  # local steps each unit trained
 
     def trainable(self) -> Iterator[tuple[Tensor, Tensor, Tensor, slice]]:
         """(weights, grads, received, slice) views of each trainable region."""
@@ -67,13 +80,53 @@ class ServerStep:
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
 
 
+class ClientSession:
+    """An algorithm's half of one client's local training in one round.
+
+    The defaults ask the algorithm; an algorithm with per-client values returns its own session
+    from :meth:`Algorithm.start_client` and keeps them here."""
+
+    def __init__(self, alg: Algorithm, task: ClientTask, labels: Tensor) -> None:
+        self.alg = alg
+        self.task = task
+        self.labels = labels
+
+    def local_step_count(self, num_samples: int, settings: Any) -> tuple[int, int]:
+        """(K, steps per epoch) of this client's local training."""
+        return self.alg.local_step_count(num_samples, settings)
+
+    def allowed_units(self, step: int, local_steps: int, per_epoch: int) -> Sequence[int] | None:
+        """Units the algorithm lets train at a local step (None: all); the client intersects
+        this with the freeze policy (FedBABU: never the head; FedRep: head, then base)."""
+        return self.alg.allowed_units(step, local_steps, per_epoch)
+
+    def loss(self, output: Any, y: Tensor) -> Tensor:
+        """This client's training loss of the model's output."""
+        return self.alg.loss(output, y)
+
+    def before_step(self, x: Tensor, y: Tensor) -> None:
+        """Before each local step's forward pass (Fjord: draw the step's sub-model)."""
+        return None
+
+    def after_step(self) -> None:
+        """After each optimiser step (Fjord: put back the entries outside the sub-model)."""
+        return None
+
+    def finish(self, result: ClientResult) -> None:
+        """Fill the fields of the client's result this algorithm decides (Fjord: its width, its
+        sub-model's bytes and FLOPs, the entries it holds); nothing by default."""
+        return None
+
+
 class Algorithm:
     """FedAvg's behaviour; other algorithms override a hook or two.
 
-    Client half: ``extra_loss`` (terms on the loss, e.g. FedDecorr) and ``adjust_grads`` (terms
-    whose gradient is known in closed form, added to the gradient of the trainable regions:
-    exact and cheaper than building them into the graph), ``finish_client`` (new client state).
-    Server half: ``server_update`` from the aggregate of the round's updates.
+    Client half: ``start_client`` (a per-client :class:`ClientSession`), ``extra_loss`` (terms on
+    the loss, e.g. FedDecorr) and ``adjust_grads`` (terms whose gradient is known in closed form,
+    added to the gradient of the trainable regions: exact and cheaper than building them into the
+    graph), ``finish_client`` (new client state), ``client_extras`` (extra tensors sent).
+    Server half: ``client_config`` and ``payload`` (what clients are sent), ``server_update``
+    from the aggregate of the round's updates, ``setup_system`` (the simulated devices).
     """
 
     name: ClassVar[str] = "base"
@@ -82,6 +135,11 @@ class Algorithm:
     stateful_clients: ClassVar[bool] = False
     has_global_model: ClassVar[bool] = True
     extra_modules: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> str | None:
+        """Why ``cfg`` cannot run this algorithm (one sentence naming the fix), or None."""
+        return None
 
     def __init__(self, global_lr: float = 1.0, params: Params | None = None) -> None:
         self.global_lr = global_lr
@@ -114,9 +172,26 @@ class Algorithm:
         k = settings.local_steps if settings.local_steps else settings.local_epochs * per_epoch
         return k, per_epoch
 
-    def begin_client(self, y: Tensor) -> None:
-        """Called before a client's local training with the labels of its training samples
-        (FedROD counts its classes); nothing by default."""
+    def start_client(
+        self,
+        task: ClientTask,
+        labels: Tensor,
+        runtime: Any = None,
+        gen: torch.Generator | None = None,
+    ) -> ClientSession:
+        """This algorithm's half of one client's round (``labels``: the client's training
+        labels; ``runtime``: the worker's :class:`~fedbug.client.ClientRuntime`; ``gen``: the
+        client's generator, addressed by (seed, round, client))."""
+        return ClientSession(self, task, labels)
+
+    def client_config(self, client: int, system: Any) -> dict[str, Any]:
+        """What client ``client`` is sent with the weights this round (its ``task.extra``;
+        Fjord: its width). ``system``: the simulated devices, or None."""
+        return {}
+
+    def setup_system(self, system: Any, model: nn.Module, x: Tensor, y: Tensor) -> None:
+        """Called once with the simulated system and an example batch (Fjord: the per-sample
+        FLOPs of each width's sub-model); nothing by default."""
         return None
 
     # -- the model and its loss ----------------------------------------------------------
@@ -162,7 +237,17 @@ class Algorithm:
         return None
 
     def finish_client(self, ctx: LocalCtx, delta: Tensor) -> dict[str, Tensor]:
+        """The client's new persistent state after local training (``ctx.unit_steps``: the
+        steps each unit trained)."""
         return ctx.state
+
+    def client_extras(
+        self, ctx: LocalCtx, old: dict[str, Tensor], new: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """Extra tensors the client sends (its state before and after the round given), which
+        the server sums per key over the round's clients (SCAFFOLD's Delta c_i); none by
+        default."""
+        return {}
 
 
 def build_algorithm(name: str, global_lr: float, blocks: dict[str, Any]) -> Algorithm:

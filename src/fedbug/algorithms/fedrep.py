@@ -15,8 +15,7 @@ Each step's trainable units are the phase's units intersected with the freeze po
 where that leaves nothing is idle. The head (``local.<unit>`` in the client's state) is the
 server's initial head until the client is first selected. No global model exists.
 
-``allowed_units`` reads the head-phase length that ``local_step_count`` computed for the client
-being trained, so the two must be called for the same client (the client function does).
+The head-phase length is a per-client value: it lives on the client's :class:`FedRepClient`.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from typing import Any
 
 from pydantic import Field
 
-from fedbug.algorithms.base import ALGORITHMS, Params
+from fedbug.algorithms.base import ALGORITHMS, ClientSession, Params
 from fedbug.algorithms.bodyhead import BodyHead
 
 
@@ -56,7 +55,6 @@ class FedRep(BodyHead):
     def __init__(self, global_lr: float = 1.0, params: FedRepParams | None = None) -> None:
         super().__init__(global_lr, params)
         self.head_epochs: int = self.params.head_epochs
-        self._head_steps = 0
 
     def shared_units(self, num_units: int) -> tuple[int, ...]:
         return self._check(num_units).base
@@ -65,16 +63,30 @@ class FedRep(BodyHead):
         lay = self._check(num_units)
         return lay.head + lay.extra
 
+    def start_client(self, task: Any, labels: Any, runtime: Any = None, gen: Any = None) -> Any:
+        return FedRepClient(self, task, labels)
+
+
+class FedRepClient(ClientSession):
+    """One client's round: head steps first, then the base."""
+
+    alg: FedRep
+
+    def __init__(self, alg: FedRep, task: Any, labels: Any) -> None:
+        super().__init__(alg, task, labels)
+        self.head_steps = 0
+
     def local_step_count(self, num_samples: int, settings: Any) -> tuple[int, int]:
         per_epoch = max(1, -(-num_samples // settings.batch_size))
+        h = self.alg.head_epochs
         if settings.local_steps:
             k = settings.local_steps
-            self._head_steps = head_steps(k, self.head_epochs, settings.local_epochs)
+            self.head_steps = head_steps(k, h, settings.local_epochs)
         else:
-            self._head_steps = self.head_epochs * per_epoch
-            k = self._head_steps + settings.local_epochs * per_epoch
+            self.head_steps = h * per_epoch
+            k = self.head_steps + settings.local_epochs * per_epoch
         return k, per_epoch
 
     def allowed_units(self, step: int, local_steps: int, per_epoch: int) -> Sequence[int] | None:
-        lay = self.split
-        return lay.head if step <= self._head_steps else lay.base + lay.extra
+        lay = self.alg.split
+        return lay.head if step <= self.head_steps else lay.base + lay.extra

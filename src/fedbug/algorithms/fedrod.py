@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedbug.algorithms.base import ALGORITHMS
+from fedbug.algorithms.base import ALGORITHMS, ClientSession
 from fedbug.algorithms.bodyhead import BodyHead
 
 
@@ -91,11 +91,6 @@ class FedROD(BodyHead):
     has_global_model = True
     extra_modules = ("personal_head",)
 
-    def __init__(self, global_lr: float = 1.0, params: Any = None) -> None:
-        super().__init__(global_lr, params)
-        self._labels: Tensor | None = None
-        self._counts: Tensor | None = None
-
     def wrap_model(
         self, model: nn.Module, classifier: str, order: Sequence[str] | None = None
     ) -> nn.Module:
@@ -107,23 +102,39 @@ class FedROD(BodyHead):
     def local_units(self, num_units: int) -> tuple[int, ...]:
         return self._check(num_units).extra
 
-    def begin_client(self, y: Tensor) -> None:
-        self._labels = y
-        self._counts = None
+    def start_client(self, task: Any, labels: Tensor, runtime: Any = None, gen: Any = None) -> Any:
+        return FedRODClient(self, task, labels)
 
-    def class_counts(self, num_classes: int) -> Tensor:
-        """n_c of the client being trained (set by ``begin_client``), over ``num_classes``."""
-        if self._labels is None:
-            raise RuntimeError("fedrod: begin_client(labels) must come before the loss")
-        if self._counts is None or len(self._counts) != num_classes:
-            self._counts = torch.bincount(self._labels.reshape(-1).long(), minlength=num_classes)
-        return self._counts
-
-    def loss(self, output: Any, y: Tensor) -> Tensor:
+    def loss(self, output: Any, y: Tensor, counts: Tensor | None = None) -> Tensor:
+        """Balanced softmax on the generic logits (``counts``: the client's n_c; None: counted
+        from ``y``) plus the personal head's CE."""
         z_g, z_p = output, output.personal_logits
-        generic = balanced_softmax_loss(z_g, y, self.class_counts(z_g.shape[-1]).to(z_g.device))
+        if counts is None:
+            counts = class_counts(y, z_g.shape[-1])
+        generic = balanced_softmax_loss(z_g, y, counts.to(z_g.device))
         personal = F.cross_entropy(z_g.detach() + z_p, y)
         return generic + personal
 
     def logits(self, output: Any) -> Tensor:
         return output + output.personal_logits
+
+
+def class_counts(labels: Tensor, num_classes: int) -> Tensor:
+    """n_c over ``num_classes`` classes."""
+    return torch.bincount(labels.reshape(-1).long(), minlength=num_classes)
+
+
+class FedRODClient(ClientSession):
+    """One client's round: its class counts n_c, counted once from its training labels."""
+
+    alg: FedROD
+
+    def __init__(self, alg: FedROD, task: Any, labels: Tensor) -> None:
+        super().__init__(alg, task, labels)
+        self.counts: Tensor | None = None
+
+    def loss(self, output: Any, y: Tensor) -> Tensor:
+        num_classes = output.shape[-1]
+        if self.counts is None or len(self.counts) != num_classes:
+            self.counts = class_counts(self.labels, num_classes)
+        return self.alg.loss(output, y, self.counts)

@@ -30,12 +30,13 @@ from pydantic import Field, field_validator
 from torch import Tensor, nn
 
 from fedbug import od
-from fedbug.algorithms.base import ALGORITHMS, Algorithm, Params, ServerStep
+from fedbug.algorithms.base import ALGORITHMS, Algorithm, ClientSession, Params, ServerStep
 from fedbug.errors import ConfigError
 from fedbug.units import ParamSpace
 
-if TYPE_CHECKING:  # client.py imports the algorithms package: no import cycle at run time
-    from fedbug.client import ClientResult, ClientRuntime, ClientTask
+if TYPE_CHECKING:
+    from fedbug.client import ClientRuntime
+    from fedbug.protocol import ClientResult, ClientTask
     from fedbug.system import SystemModel
 
 
@@ -105,33 +106,32 @@ class Fjord(Algorithm):
         return list(self.params.widths)
 
     @classmethod
-    def check_config(cls, cfg: Any) -> None:
-        """Refuse settings FjORD cannot run with (one ValueError, the config's message)."""
+    def check_config(cls, cfg: Any) -> str | None:
+        """Why FjORD cannot run with ``cfg``, or None."""
         if cfg.system is None:
-            raise ValueError(
+            return (
                 "fjord needs a system: block (the simulated devices' abilities assign each "
                 "client its width p_max), e.g. system: {abilities: uniform}"
             )
         if cfg.system.cost != "flops":
-            raise ValueError(
-                "fjord charges each client its sub-model's FLOPs; use system.cost: flops"
-            )
+            return "fjord charges each client its sub-model's FLOPs; use system.cost: flops"
         if cfg.system.abilities == "none":
-            raise ValueError(
+            return (
                 "fjord gives the slowest clients the narrowest widths, but system.abilities: "
                 "none makes every client equally fast; use abilities: uniform or tiers"
             )
         if cfg.upload != "partial":
-            raise ValueError(
+            return (
                 "fjord clients send their sub-model only; use upload: partial (the default), "
                 f"not upload: {cfg.upload}"
             )
         if cfg.policy != "none" or cfg.schedule != "none":
             what = f"policy: {cfg.policy}" if cfg.policy != "none" else f"schedule: {cfg.schedule}"
-            raise ValueError(
+            return (
                 f"fjord trains every layer's sub-model; use policy: none and schedule: none, "
                 f"not {what}"
             )
+        return None
 
     # -- the model -----------------------------------------------------------------------
     def wrap_model(
@@ -172,8 +172,12 @@ class Fjord(Algorithm):
         """Per-sample training FLOPs of every width's sub-model (the system model's costs)."""
         return {p: self.step_flops(model, p, x, y) / len(y) for p in self.widths}
 
+    def setup_system(self, system: Any, model: nn.Module, x: Tensor, y: Tensor) -> None:
+        """The system model's per-sample costs of each width (``system.width_costs``)."""
+        system.width_costs = self.width_costs(model, x, y)
+
     # -- the server's round config -------------------------------------------------------
-    def client_extra(self, client: int, system: SystemModel | None) -> dict[str, Any]:
+    def client_config(self, client: int, system: SystemModel | None) -> dict[str, Any]:
         """What client ``client`` is sent with the weights: its ``width`` p_max."""
         if system is None:
             raise ConfigError("fjord needs a system: block (the abilities assign the widths)")
@@ -181,16 +185,18 @@ class Fjord(Algorithm):
             self._p_max = assign_widths(system.abilities.tolist(), self.widths)
         return {"width": self._p_max[client]}
 
-    def client_session(
-        self, task: ClientTask, runtime: ClientRuntime, gen: torch.Generator
+    def start_client(
+        self,
+        task: ClientTask,
+        labels: Tensor,
+        runtime: ClientRuntime | None = None,
+        gen: torch.Generator | None = None,
     ) -> FjordClient:
-        return FjordClient(self, task, runtime, gen)
+        if runtime is None or gen is None:
+            raise ValueError("fjord: a client session needs the worker's runtime and generator")
+        return FjordClient(self, task, labels, runtime, gen)
 
     # -- server half ---------------------------------------------------------------------
-    def upload_mask(self, result: ClientResult, space: ParamSpace) -> Tensor:
-        """The entries client ``result`` sent: its p_max sub-model."""
-        return self.flat_mask(space, float(result.metrics["width"]))
-
     def server_update(
         self, weights: Tensor, agg: Any, state: dict[str, Tensor], round: int, num_clients: int
     ) -> ServerStep:
@@ -201,15 +207,22 @@ class Fjord(Algorithm):
         return ServerStep(new, new, state)
 
 
-class FjordClient:
-    """One client's local training under ordered dropout (the hooks ``train_client`` calls)."""
+class FjordClient(ClientSession):
+    """One client's local training under ordered dropout."""
+
+    alg: Fjord
 
     def __init__(
-        self, alg: Fjord, task: ClientTask, runtime: ClientRuntime, gen: torch.Generator
+        self,
+        alg: Fjord,
+        task: ClientTask,
+        labels: Tensor,
+        runtime: ClientRuntime,
+        gen: torch.Generator,
     ) -> None:
         if "width" not in task.extra:
             raise ValueError("fjord: the server sends each client its width (task.extra['width'])")
-        self.alg = alg
+        super().__init__(alg, task, labels)
         self.rt = runtime
         self.gen = gen
         self.p_max = float(task.extra["width"])
@@ -240,8 +253,9 @@ class FjordClient:
             self.rt.flat.index_copy_(0, self.alg.outside(self.rt.space, self.p), self.saved)
             self.saved = None
 
-    def finish(self) -> dict[str, Any]:
-        """The client's figures: its width, the sub-model's FLOPs and bytes both ways."""
+    def finish(self, result: ClientResult) -> None:
+        """The client's figures: its width (also its U_sys for reputation selection, FreezeFL
+        Table IV), the sub-model's FLOPs, bytes both ways and the entries it holds."""
         self.rt.model.set_width(None)
         space = self.rt.space
         sub = self.alg.sub_model_bytes(space, self.p_max)
@@ -251,10 +265,8 @@ class FjordClient:
             for off, n, is_param in zip(space.offsets, space.numels, space.is_param)
             if is_param
         )
-        return {
-            "width": self.p_max,
-            "flops": self.flops,
-            "bytes_up": sub,
-            "bytes_down": sub,
-            "trained_params": params,
-        }
+        result.width = result.u_sys = self.p_max
+        result.flops = self.flops
+        result.bytes_up = result.bytes_down = sub
+        result.trained_params = params
+        result.entries = mask

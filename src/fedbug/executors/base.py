@@ -1,19 +1,33 @@
-"""The executor protocol: run one round's client tasks, return results in client id order."""
+"""The executor base: run one round's client tasks, return results in client id order."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any
 
 from torch import Tensor
 
-from fedbug.client import ClientResult, ClientTask
+from fedbug.protocol import ClientResult, ClientTask
 
 
-class Executor(Protocol):
+class Executor:
+    """Where clients train. ``run_round`` is required; the rest have defaults for an executor
+    whose every update arrives (in-process, worker processes)."""
+
     def run_round(
         self, weights: Tensor, tasks: list[ClientTask], states: dict[int, dict[str, Tensor]]
     ) -> list[ClientResult]:
         """Train every task's client from ``weights``; results sorted by client id."""
-        ...
+        raise NotImplementedError
 
-    def close(self) -> None: ...
+    def lost(self) -> list[dict[str, Any]]:
+        """``{"client", "reason"}`` for each client of the last round whose update never came
+        (a Flower node that failed or timed out); none by default."""
+        return []
+
+    def required(self, selected: int, min_results: int) -> int:
+        """Valid updates a round of ``selected`` clients needs to be aggregated."""
+        return min_results
+
+    def close(self) -> None:
+        """Release what the executor holds (workers, connections); idempotent."""
+        return None

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from fedbug.client import ClientResult, ClientTask, train_client
+from fedbug.executors.base import Executor
 
 #: Seconds a worker may take to start (import torch, build its experiment) or to stop.
 START_TIMEOUT = 600.0
@@ -122,7 +123,7 @@ def _stop(procs: list[Any], conns: list[Connection]) -> None:
     conns.clear()
 
 
-class ProcessExecutor:
+class ProcessExecutor(Executor):
     """``workers`` processes of ``threads`` torch threads each, started at construction."""
 
     def __init__(

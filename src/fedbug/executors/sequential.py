@@ -7,9 +7,10 @@ from collections.abc import Callable
 from torch import Tensor
 
 from fedbug.client import ClientData, ClientResult, ClientRuntime, ClientTask, train_client
+from fedbug.executors.base import Executor
 
 
-class SequentialExecutor:
+class SequentialExecutor(Executor):
     def __init__(self, runtime: ClientRuntime, client_data: Callable[[int], ClientData]) -> None:
         self.runtime = runtime
         self.client_data = client_data
@@ -22,6 +23,3 @@ class SequentialExecutor:
             for t in sorted(tasks, key=lambda t: t.client)
         ]
         return results
-
-    def close(self) -> None:
-        return None

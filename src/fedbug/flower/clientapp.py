@@ -89,7 +89,7 @@ def train(msg: Message, context: Context) -> Message:
     state = stored if stored is not None else exp.algorithm.init_client_state(exp.space)
     result = train_client(weights, task, exp.client_data(task.client), state, runtime)
     if tcfg["has-state"] and stored is None:
-        result.metrics["state_reset"] = True
+        result.state_reset = True
     if result.state:
         _save_state(context, task.client, result.state)
     shared = set(exp.algorithm.shared_units(exp.space.num_units))

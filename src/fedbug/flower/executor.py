@@ -20,10 +20,11 @@ from flwr.serverapp import Grid
 from torch import Tensor
 
 from fedbug.client import ClientResult, ClientTask
+from fedbug.executors.base import Executor
 from fedbug.flower.messages import ReplyError, decode_reply, encode_task
 
 
-class FlowerExecutor:
+class FlowerExecutor(Executor):
     """Runs :func:`fedbug.client.train_client` on Flower nodes (see the module docstring)."""
 
     def __init__(self, grid: Grid, exp: Any, *, map_once: bool) -> None:
@@ -142,11 +143,11 @@ class FlowerExecutor:
         out.append(result)
         return None
 
-    def required(self, selected: int) -> int:
-        return self.params.required(selected, self.exp.cfg.min_results)
+    def lost(self) -> list[dict[str, Any]]:
+        return list(self.dropped)
 
-    def close(self) -> None:
-        return None
+    def required(self, selected: int, min_results: int) -> int:
+        return self.params.required(selected, min_results)
 
 
 def _one_line(text: Iterable[str] | str) -> str:

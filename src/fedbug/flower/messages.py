@@ -4,8 +4,9 @@ A TRAIN message's content holds ``weights`` (the global weights by parameter nam
 :class:`ArrayRecord`), ``payload`` (the algorithm's server payload, e.g. FedDyn's nothing,
 SCAFFOLD's control variate) and ``task`` (a :class:`ConfigRecord`: round, client, seed, learning
 rate, ...). The reply holds ``update`` (the deltas of the units the client sends: the units it
-trained under ``upload: partial``, all shared units under ``upload: full``), ``metrics``
-(numbers as a :class:`MetricRecord`) and ``result`` (flags and the full metrics as JSON).
+trained under ``upload: partial``, all shared units under ``upload: full``), ``extras`` (the
+result's extra tensors by key, and the entries it holds where not all), ``metrics`` (numbers as
+a :class:`MetricRecord`) and ``result`` (flags, and the typed fields as JSON).
 :class:`ArrayRecord` keeps float32 bits, so the server sees exactly what the client computed.
 """
 
@@ -83,18 +84,43 @@ def sent_units(result: ClientResult, shared: list[bool], upload: str) -> list[bo
     return list(result.uploaded) if upload == "partial" else list(shared)
 
 
+#: The result's scalar fields a reply carries as JSON (the rest: arrays and flags).
+SCALARS = (
+    "train_loss",
+    "steps",
+    "flops",
+    "probe_flops",
+    "probe_steps",
+    "trained_params",
+    "bytes_up",
+    "bytes_down",
+    "charged_time",
+    "n_frozen",
+    "u_sys",
+    "width",
+    "state_reset",
+)
+
+
 def encode_reply(result: ClientResult, space: ParamSpace, sent: list[bool]) -> RecordDict:
-    """The content of the reply to a TRAIN message: the sent units' deltas and the metrics."""
+    """The content of the reply to a TRAIN message: the sent units' deltas, the result's typed
+    fields, the entries it holds (if not all) and its extra tensors (``extras``, any keys)."""
     full = space.state_dict(result.delta)
     update = {n: full[n] for n, u in zip(space.names, space.unit_of) if sent[u]}
+    fields = {k: v for k, v in vars(result).items() if k in SCALARS}
     numbers = {
         k: float(v)
-        for k, v in result.metrics.items()
+        for k, v in fields.items()
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))
     }
+    arrays = dict(result.extras)
+    extra_keys = sorted(arrays)
+    if result.entries is not None:
+        arrays = {**arrays, ENTRIES: result.entries}
     return RecordDict(
         {
             "update": _arrays(update),
+            "extras": _arrays(arrays),
             "metrics": MetricRecord({"num-examples": result.num_samples, **numbers}),
             "result": ConfigRecord(
                 {
@@ -103,11 +129,17 @@ def encode_reply(result: ClientResult, space: ParamSpace, sent: list[bool]) -> R
                     "trained": [bool(t) for t in result.trained],
                     "sent": [bool(t) for t in sent],
                     "uploaded": [bool(t) for t in result.uploaded],
-                    "metrics": json.dumps(result.metrics),
+                    "fields": json.dumps(fields),
+                    "info": json.dumps(result.info),
+                    "extras": json.dumps(extra_keys),
                 }
             ),
         }
     )
+
+
+#: The key of the held-entries mask among a reply's arrays (not a valid extras key).
+ENTRIES = "__entries__"
 
 
 def flat_from(tensors: dict[str, Tensor], space: ParamSpace, units: set[int]) -> Tensor:
@@ -155,9 +187,18 @@ def decode_reply(content: RecordDict, space: ParamSpace, client: int) -> ClientR
     uploaded = _flags(info.get("uploaded"), space, "uploaded")
     delta = flat_from(update, space, {u for u, s in enumerate(sent) if s})
     try:
-        metrics = json.loads(str(info.get("metrics", "{}")))
+        fields = json.loads(str(info.get("fields", "{}")))
+        extra_info = json.loads(str(info.get("info", "{}")))
+        extra_keys = json.loads(str(info.get("extras", "[]")))
+        arrays = content.array_records["extras"].to_torch_state_dict()
     except json.JSONDecodeError:
-        raise ReplyError("reply metrics are not JSON") from None
+        raise ReplyError("reply fields are not JSON") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReplyError(f"reply lacks its extras ({e})") from None
+    if not isinstance(fields, dict) or set(fields) - set(SCALARS):
+        raise ReplyError(f"reply fields must be a mapping of {', '.join(SCALARS)}")
+    if not isinstance(extra_keys, list) or set(arrays) - {ENTRIES} != set(extra_keys):
+        raise ReplyError("reply extras do not match the keys it lists")
     n = info.get("num-samples")
     return ClientResult(
         client=client,
@@ -165,6 +206,9 @@ def decode_reply(content: RecordDict, space: ParamSpace, client: int) -> ClientR
         delta=delta,
         trained=trained,
         state={},
-        metrics=metrics if isinstance(metrics, dict) else {},
         uploaded=uploaded,
+        entries=arrays.get(ENTRIES),
+        extras={k: arrays[k] for k in extra_keys},
+        info=extra_info if isinstance(extra_info, dict) else {},
+        **fields,
     )

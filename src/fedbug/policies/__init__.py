@@ -1,14 +1,30 @@
-"""Freeze policies, one file each; importing this package registers them all."""
+"""Freeze policies, one file each; importing this package registers them all: every module
+in it is imported, so a new one is a new file."""
 
-from fedbug.policies import fixed, freezefl, gradual, vanilla  # noqa: F401  (registration)
-from fedbug.policies.base import POLICIES, FreezePolicy, StepCtx, build_policy
+from fedbug.policies.base import (
+    POLICIES,
+    EpochAction,
+    EpochCtx,
+    FreezePolicy,
+    Intersection,
+    PolicyParams,
+    PolicySession,
+    StepCtx,
+    build_policy,
+)
 from fedbug.policies.fixed import FixedTop
 from fedbug.policies.gradual import BottomUp, TopDown, unfrozen_count
 from fedbug.policies.vanilla import Vanilla
+from fedbug.registry import register_all
 
 __all__ = [
     "POLICIES",
+    "EpochAction",
+    "EpochCtx",
     "FreezePolicy",
+    "Intersection",
+    "PolicyParams",
+    "PolicySession",
     "StepCtx",
     "build_policy",
     "BottomUp",
@@ -17,3 +33,5 @@ __all__ = [
     "Vanilla",
     "unfrozen_count",
 ]
+
+register_all(__name__, __path__)

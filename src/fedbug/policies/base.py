@@ -1,12 +1,48 @@
-"""What a freeze policy is: which units may train at local step k of round r for client i."""
+"""What a freeze policy is: which units may train at local step k of round r for client i.
+
+A policy is one class with a client half and, where it needs one, a server half; every hook the
+engine calls is declared here with a default that does nothing, so a new policy overrides only
+what it changes:
+
+client half
+    :meth:`FreezePolicy.trainable_units` (required): the units that train at a step.
+    :meth:`FreezePolicy.start_client`: a :class:`PolicySession` for one client's round, the place
+    for per-client values (FreezeFL's probe decision); by default it asks the policy at each step.
+    :meth:`PolicySession.end_of_epoch`: restore or restart at an epoch's end (FreezeFL's probe).
+    :meth:`PolicySession.finish`: fill the typed result's fields the policy decides
+    (``n_frozen``, ``charged_time``).
+
+server half
+    :meth:`FreezePolicy.setup_server` (the simulated system, once), :meth:`client_config`
+    (what each client is sent with the weights), :meth:`round_deadline` (the deadline it sets
+    this round), :meth:`end_round` (the round's client times), :meth:`state_dict` /
+    :meth:`load_state_dict` (an exact resume).
+
+Options come from ``params_cls``, a block named after the policy in a config
+(``bottom_up: {gu_ratio: 0.4}``); :meth:`check_config` returns why a config cannot run the
+policy (``None``: it can), gathered in :func:`fedbug.compat.check_compatible`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+from torch import Tensor
 
 from fedbug.registry import Registry
+
+if TYPE_CHECKING:
+    from fedbug.protocol import ClientResult, ClientTask
+    from fedbug.units import ParamSpace
+
+
+class PolicyParams(BaseModel):
+    """Base of a policy's options block (``bottom_up: {gu_ratio: ...}`` in a config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 @dataclass(frozen=True)
@@ -22,19 +58,142 @@ class StepCtx:
     rounds: int = 1
 
 
-class FreezePolicy(Protocol):
-    """Returns the trainable units (indices into the ordered units, input to output), ascending:
-    a ``range`` for the contiguous policies, a tuple in general."""
+@dataclass
+class EpochCtx:
+    """What a policy sees at the end of a local epoch (FreezeFL's probe): epochs done and
+    planned, the task, the local and received weights (flat, unit by unit)."""
 
-    def trainable_units(self, ctx: StepCtx) -> Sequence[int]: ...
+    epoch: int
+    epochs: int
+    task: ClientTask
+    space: ParamSpace
+    local: Tensor
+    received: Tensor
 
 
 @dataclass(frozen=True)
-class Intersection:
-    """Units that every one of several policies lets train (masks of several policies intersect,
-    e.g. FedBug's gradual unfreezing inside a FedSeq round schedule)."""
+class EpochAction:
+    """A policy's answer at the end of an epoch: units to put back to the received weights (and
+    freeze, as the policy then says), or start the round over (``restart``)."""
 
-    policies: tuple[FreezePolicy, ...]
+    restore: tuple[int, ...] = ()
+    restart: bool = False
+
+
+class PolicySession:
+    """A policy's half of one client's local training in one round (one object per client, so
+    per-client values never sit on the policy every client shares)."""
+
+    def __init__(self, policy: FreezePolicy, task: ClientTask) -> None:
+        self.policy = policy
+        self.task = task
+
+    def trainable_units(self, ctx: StepCtx) -> Sequence[int]:
+        """The units that train at this step (ascending); by default the policy's answer."""
+        return self.policy.trainable_units(ctx)
+
+    def end_of_epoch(self, ctx: EpochCtx) -> EpochAction | None:
+        """Called after every local epoch but the last; None: go on."""
+        return None
+
+    def finish(self, result: ClientResult) -> None:
+        """Fill the fields of the client's result that this policy decides; nothing by default."""
+        return None
+
+
+POLICIES: Registry[type[FreezePolicy]] = Registry("freeze policy")
+
+
+class FreezePolicy:
+    """Base of every freeze policy; see the module docstring for the hooks."""
+
+    name: ClassVar[str] = "base"
+    params_cls: ClassVar[type[PolicyParams] | None] = None
+
+    def __init__(self, params: PolicyParams | None = None) -> None:
+        self.params = (
+            params if params is not None else (self.params_cls() if self.params_cls else None)
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.params!r})" if self.params else type(self).__name__
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> str | None:
+        """Why ``cfg`` cannot run this policy, or None."""
+        return None
+
+    # -- client half -------------------------------------------------------------------
+    def trainable_units(self, ctx: StepCtx) -> Sequence[int]:
+        """The trainable units (indices into the ordered units, input to output), ascending:
+        a ``range`` for the contiguous policies, a tuple in general."""
+        raise NotImplementedError
+
+    def start_client(self, task: ClientTask) -> PolicySession:
+        """The policy's half of one client's round."""
+        return PolicySession(self, task)
+
+    # -- server half -------------------------------------------------------------------
+    def setup_server(self, system: Any, cfg: Any) -> None:
+        """Called once the simulated system (None without a ``system:`` block) is built."""
+        return None
+
+    def client_config(self, client: int) -> dict[str, Any]:
+        """What client ``client`` is sent with the weights this round (its ``task.extra``)."""
+        return {}
+
+    def round_deadline(self) -> float | None:
+        """The deadline this policy gives this round's clients (FreezeFL's soft deadline T_r);
+        None: none."""
+        return None
+
+    def end_round(self, times: Sequence[float]) -> None:
+        """The simulated exchange times of the round's clients, after aggregation."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+class _IntersectionSession(PolicySession):
+    def __init__(self, policy: Intersection, sessions: list[PolicySession], task: Any) -> None:
+        super().__init__(policy, task)
+        self.sessions = sessions
+
+    def trainable_units(self, ctx: StepCtx) -> tuple[int, ...]:
+        allowed = set(range(ctx.num_units))
+        for s in self.sessions:
+            allowed &= set(s.trainable_units(ctx))
+        return tuple(sorted(allowed))
+
+    def end_of_epoch(self, ctx: EpochCtx) -> EpochAction | None:
+        for s in self.sessions:
+            action = s.end_of_epoch(ctx)
+            if action is not None:
+                return action
+        return None
+
+    def finish(self, result: ClientResult) -> None:
+        for s in self.sessions:
+            s.finish(result)
+
+
+class Intersection(FreezePolicy):
+    """Units that every one of several policies lets train (masks of several policies intersect,
+    e.g. FedBug's gradual unfreezing inside a FedSeq round schedule). Each hook goes to every
+    member."""
+
+    name = "intersection"
+
+    def __init__(self, policies: tuple[FreezePolicy, ...]) -> None:
+        super().__init__()
+        self.policies = tuple(policies)
+
+    def __repr__(self) -> str:
+        return f"Intersection({', '.join(map(repr, self.policies))})"
 
     def trainable_units(self, ctx: StepCtx) -> tuple[int, ...]:
         allowed = set(range(ctx.num_units))
@@ -42,19 +201,41 @@ class Intersection:
             allowed &= set(p.trainable_units(ctx))
         return tuple(sorted(allowed))
 
-    def __getattr__(self, name: str) -> Any:
-        # the optional client hooks (end_of_epoch, client_metrics) of the one member having them
-        if name in ("end_of_epoch", "client_metrics"):
-            for p in self.policies:
-                hook = getattr(p, name, None)
-                if hook is not None:
-                    return hook
-        raise AttributeError(name)
+    def start_client(self, task: ClientTask) -> PolicySession:
+        return _IntersectionSession(self, [p.start_client(task) for p in self.policies], task)
+
+    def setup_server(self, system: Any, cfg: Any) -> None:
+        for p in self.policies:
+            p.setup_server(system, cfg)
+
+    def client_config(self, client: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for p in self.policies:
+            out.update(p.client_config(client))
+        return out
+
+    def round_deadline(self) -> float | None:
+        deadlines = [d for p in self.policies if (d := p.round_deadline()) is not None]
+        return min(deadlines) if deadlines else None
+
+    def end_round(self, times: Sequence[float]) -> None:
+        for p in self.policies:
+            p.end_round(times)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {str(i): p.state_dict() for i, p in enumerate(self.policies)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for i, p in enumerate(self.policies):
+            p.load_state_dict(state.get(str(i), {}))
 
 
-POLICIES: Registry[Any] = Registry("freeze policy")
-
-
-def build_policy(name: str, **options: Any) -> FreezePolicy:
-    """Build the policy registered as ``name`` from the config's policy options."""
-    return POLICIES.get(name).from_options(**options)
+def build_policy(name: str, params: PolicyParams | None = None, **options: Any) -> FreezePolicy:
+    """The policy registered as ``name`` with its options block (None: the defaults), or with
+    the block's fields given as keywords (``build_policy("bottom_up", gu_ratio=0.4)``)."""
+    cls = POLICIES.get(name)
+    if options:
+        if params is not None or cls.params_cls is None:
+            raise TypeError(f"policy {name}: give its options as keywords or a block, not both")
+        params = cls.params_cls(**options)
+    return cls(params)

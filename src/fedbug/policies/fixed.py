@@ -1,27 +1,32 @@
 """The top k units stay frozen all round: k = 1 is FedBABU's fixed classifier (Oh et al. 2021),
-k = 2 the FedBug ablation "fix the last two layers" (Sec. 5.2)."""
+k = 2 the FedBug ablation "fix the last two layers" (Sec. 5.2). Options:
+``fixed_top: {fixed_units: k}``; ``fixed_head`` and ``fixed_last_two`` are k = 1 and 2."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
+
+from pydantic import Field
 
 from fedbug.errors import ConfigError
-from fedbug.policies.base import POLICIES, StepCtx
+from fedbug.policies.base import POLICIES, FreezePolicy, PolicyParams, StepCtx
+
+
+class FixedParams(PolicyParams):
+    """The ``fixed_top:`` block."""
+
+    fixed_units: int = Field(1, ge=1, le=10_000, description="k, the top units kept frozen")
 
 
 @POLICIES.register("fixed_top")
-@dataclass(frozen=True)
-class FixedTop:
-    fixed_units: int = 1
+class FixedTop(FreezePolicy):
+    name = "fixed_top"
+    params_cls: ClassVar[type[FixedParams] | None] = FixedParams
+    k: ClassVar[int | None] = None  # a subclass's fixed k (then it has no options block)
 
-    def __post_init__(self) -> None:
-        if self.fixed_units < 1:
-            raise ConfigError(f"fixed_units must be at least 1; got {self.fixed_units}")
-
-    @classmethod
-    def from_options(cls, fixed_units: int = 1, **_: Any) -> FixedTop:
-        return cls(fixed_units=fixed_units)
+    @property
+    def fixed_units(self) -> int:
+        return self.k if self.k is not None else self.params.fixed_units
 
     def trainable_units(self, ctx: StepCtx) -> range:
         if self.fixed_units >= ctx.num_units:
@@ -33,20 +38,18 @@ class FixedTop:
 
 
 @POLICIES.register("fixed_head")
-@dataclass(frozen=True)
 class FixedHead(FixedTop):
     """FixedTop with k = 1 (FedBABU)."""
 
-    @classmethod
-    def from_options(cls, **_: Any) -> FixedHead:
-        return cls(fixed_units=1)
+    name = "fixed_head"
+    params_cls = None
+    k = 1
 
 
 @POLICIES.register("fixed_last_two")
-@dataclass(frozen=True)
 class FixedLastTwo(FixedTop):
     """FixedTop with k = 2."""
 
-    @classmethod
-    def from_options(cls, **_: Any) -> FixedLastTwo:
-        return cls(fixed_units=2)
+    name = "fixed_last_two"
+    params_cls = None
+    k = 2

@@ -17,35 +17,40 @@ P_l, as the authors' code does. Then:
   all E epochs train units n*+1..L; the probe is not kept.
 
 The server gives each client its T_r and tau_0..tau_{L-1} in ``task.extra`` (``"deadline"``,
-``"tau"``); the policy reads nothing else. The decision lives in a dict keyed by
-(round, client) on the policy, shared by the clients a worker trains one after another; the
-entries of other tasks are dropped when a task starts (step 1). ``T0`` and ``deadline_ema`` are
-the server's (the soft deadline T_{r+1} = (1 - a) T_r + a mean(t_k)); they live here so that the
-config's ``freezefl:`` block is one place.
+``"tau"``); the client half reads nothing else, and its decision lives on the client's own
+session. The server half keeps the soft deadline T_{r+1} = (1 - a) T_r + a mean(t_k) (``T0``,
+``deadline_ema``), so all of FreezeFL's freezing sits in this one class.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import Tensor
 
-from fedbug.policies.base import POLICIES, StepCtx
+from fedbug.policies.base import (
+    POLICIES,
+    EpochAction,
+    EpochCtx,
+    FreezePolicy,
+    PolicyParams,
+    PolicySession,
+    StepCtx,
+)
+from fedbug.system import SoftDeadline
 
-if TYPE_CHECKING:  # client.py imports the policies package: no import cycle at run time
-    from fedbug.client import ClientTask, EpochAction, EpochCtx
+if TYPE_CHECKING:
+    from fedbug.protocol import ClientResult, ClientTask
+    from fedbug.system import SystemModel
     from fedbug.units import ParamSpace
 
 
-class FreezeFLParams(BaseModel):
+class FreezeFLParams(PolicyParams):
     """The config's ``freezefl:`` block."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     beta: float = Field(
         4.0, ge=0.0, allow_inf_nan=False, description="Eq. 3's beta (0: never freeze)"
@@ -111,84 +116,100 @@ def choose_frozen(
     return best
 
 
-@dataclass
-class _Decision:
-    """One (round, client)'s probe and choice."""
-
-    num_units: int
-    decided: bool = False
-    n_frozen: int = 0
-    importance: list[float] = field(default_factory=list)
-    awaiting_restart: bool = False
-
-
 @POLICIES.register("freezefl")
-class FreezeFL:
-    """All units train during the probe epoch; then units n*..L-1 (0-based) for that client."""
+class FreezeFL(FreezePolicy):
+    """All units train during the probe epoch; then units n*..L-1 (0-based) for that client.
+
+    Server half: the soft deadline (Eq. 1), sent to every client with its charged times
+    tau_0..tau_{L-1} from the simulated system; client half: :class:`FreezeFLClient`."""
+
+    name = "freezefl"
+    params_cls = FreezeFLParams
+    params: FreezeFLParams
 
     def __init__(self, params: FreezeFLParams | None = None) -> None:
-        self.params = params if params is not None else FreezeFLParams()
-        self.decisions: dict[tuple[int, int], _Decision] = {}
+        super().__init__(params)
+        self.system: SystemModel | None = None
+        self.deadline: SoftDeadline | None = None
 
     @classmethod
-    def from_options(
-        cls, freezefl: FreezeFLParams | dict[str, Any] | None = None, **_: Any
-    ) -> FreezeFL:
-        if isinstance(freezefl, dict):
-            freezefl = FreezeFLParams(**freezefl)
-        return cls(freezefl)
+    def check_config(cls, cfg: Any) -> str | None:
+        if cfg.system is None:
+            return "policy: freezefl needs a system: block (the simulated devices)"
+        return None
 
-    def __repr__(self) -> str:
-        return f"FreezeFL({self.params!r})"
-
-    # -- the client hooks ----------------------------------------------------------------
+    # -- client half ---------------------------------------------------------------------
     def trainable_units(self, ctx: StepCtx) -> range:
-        key = (ctx.round, ctx.client)
-        entry = self.decisions.get(key)
-        if ctx.step == 1:
-            for other in [k for k in self.decisions if k != key]:
-                del self.decisions[other]
-            if entry is not None and entry.awaiting_restart:
-                entry.awaiting_restart = False  # the round starts over with n* frozen
-            else:
-                entry = self.decisions[key] = _Decision(ctx.num_units)
-        if entry is None or not entry.decided:
+        """Every unit: what a client freezes is its own decision (:class:`FreezeFLClient`)."""
+        return range(ctx.num_units)
+
+    def start_client(self, task: ClientTask) -> FreezeFLClient:
+        return FreezeFLClient(self, task)
+
+    # -- server half ---------------------------------------------------------------------
+    def setup_server(self, system: Any, cfg: Any) -> None:
+        self.system = system
+        self.deadline = SoftDeadline(self.params.T0, self.params.deadline_ema)
+
+    def client_config(self, client: int) -> dict[str, Any]:
+        if self.system is None or self.deadline is None:
+            raise ValueError("policy freezefl: setup_server(system, cfg) must come first")
+        return {"deadline": self.deadline.value, "tau": self.system.tau(client, self.params.probe)}
+
+    def round_deadline(self) -> float | None:
+        return self.deadline.value if self.deadline is not None else None
+
+    def end_round(self, times: Sequence[float]) -> None:
+        if self.deadline is not None:
+            self.deadline.update(list(times))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.deadline.state_dict() if self.deadline is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.deadline is not None:
+            self.deadline.load_state_dict(state)
+
+
+class FreezeFLClient(PolicySession):
+    """One client's probe and choice in one round."""
+
+    policy: FreezeFL
+
+    def __init__(self, policy: FreezeFL, task: ClientTask) -> None:
+        super().__init__(policy, task)
+        self.decided = False
+        self.n_frozen = 0
+        self.importance: list[float] = []
+        self.num_units: int | None = None
+
+    def trainable_units(self, ctx: StepCtx) -> range:
+        self.num_units = ctx.num_units
+        if not self.decided:
             return range(ctx.num_units)
-        return range(min(entry.n_frozen, ctx.num_units - 1), ctx.num_units)
+        return range(min(self.n_frozen, ctx.num_units - 1), ctx.num_units)
 
     def end_of_epoch(self, ctx: EpochCtx) -> EpochAction | None:
-        from fedbug.client import EpochAction
-
-        if ctx.epoch != 1:
+        if ctx.epoch != 1 or self.decided:  # decided: epoch 1 of a restarted round
             return None
-        task = ctx.task
-        key = (task.round, task.client)
-        entry = self.decisions.get(key)
-        if entry is None:
-            entry = self.decisions[key] = _Decision(ctx.space.num_units)
-        if entry.decided:  # restart mode: epoch 1 of the second pass
-            return None
-        deadline, tau = _round_config(task, entry.num_units)
-        scores = importance(ctx.local, ctx.received, ctx.space, self.params.importance)
-        scores = scores[: entry.num_units]  # units an algorithm adds are not the policy's
-        n = choose_frozen(scores, deadline, tau, self.params.beta)
-        entry.decided, entry.n_frozen, entry.importance = True, n, scores
+        num_units = self.num_units if self.num_units is not None else ctx.space.num_units
+        deadline, tau = _round_config(self.task, num_units)
+        scores = importance(ctx.local, ctx.received, ctx.space, self.policy.params.importance)
+        scores = scores[:num_units]  # units an algorithm adds are not the policy's
+        n = choose_frozen(scores, deadline, tau, self.policy.params.beta)
+        self.decided, self.n_frozen, self.importance = True, n, scores
         if n == 0:
             return None
-        if self.params.probe == "restart":
-            entry.awaiting_restart = True
+        if self.policy.params.probe == "restart":
             return EpochAction(restart=True)
         return EpochAction(restore=tuple(range(n)))
 
-    def client_metrics(self, task: ClientTask) -> dict[str, Any]:
-        entry = self.decisions.get((task.round, task.client))
-        n = entry.n_frozen if entry is not None and entry.decided else 0
-        tau = task.extra.get("tau")
-        return {
-            "n_frozen": n,
-            "importance": list(entry.importance) if entry is not None else [],
-            "charged_time": float(tau[n]) if tau is not None and len(tau) > n else None,
-        }
+    def finish(self, result: ClientResult) -> None:
+        n = self.n_frozen if self.decided else 0
+        tau = self.task.extra.get("tau")
+        result.n_frozen = n
+        result.charged_time = float(tau[n]) if tau is not None and len(tau) > n else None
+        result.info["importance"] = list(self.importance)
 
 
 def _round_config(task: ClientTask, num_units: int) -> tuple[float, list[float]]:

@@ -2,18 +2,29 @@
 
 FedBug, Algorithm 3 (appendix C): at local step k = 1..K the first m = min(M, ceil(k*M/(P*K)))
 of the M units train; the whole received model is frozen before step 1, one unit thaws every
-P*K/M steps, and after the GU stage all units train. P = 0 is vanilla training. Top-down (the
-ablation of Sec. 5.2, ULMFiT-style) thaws the same number of units from the output down.
+P*K/M steps, and after the GU stage all units train. P = 0 is vanilla training (a warning says
+so). Top-down (the ablation of Sec. 5.2, ULMFiT-style) thaws the same number of units from the
+output down. Options: ``bottom_up: {gu_ratio: P}`` (or ``top_down:``), P = 0.4 by default (the
+paper's headline setting).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
 from math import ceil
-from typing import Any
+
+from pydantic import Field
 
 from fedbug.errors import ConfigError
-from fedbug.policies.base import POLICIES, StepCtx
+from fedbug.policies.base import POLICIES, FreezePolicy, PolicyParams, StepCtx
+
+
+class GradualParams(PolicyParams):
+    """The ``bottom_up:`` / ``top_down:`` block."""
+
+    gu_ratio: float = Field(
+        0.4, ge=0.0, le=1.0, description="P, the share of local steps spent unfreezing"
+    )
 
 
 def unfrozen_count(step: int, local_steps: int, num_units: int, gu_ratio: float) -> int:
@@ -26,35 +37,46 @@ def unfrozen_count(step: int, local_steps: int, num_units: int, gu_ratio: float)
     return max(1, min(num_units, m))
 
 
-@dataclass(frozen=True)
-class _Gradual:
-    gu_ratio: float = 0.0
+class _Gradual(FreezePolicy):
+    params_cls = GradualParams
+    params: GradualParams
 
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.gu_ratio <= 1.0:
-            raise ConfigError(f"gu_ratio must be in [0, 1] (the GU share P); got {self.gu_ratio}")
+    def __init__(self, params: GradualParams | float | None = None) -> None:
+        if isinstance(params, int | float):  # BottomUp(0.4): the ratio alone
+            if not 0.0 <= params <= 1.0:
+                raise ConfigError(f"gu_ratio must be in [0, 1] (the GU share P); got {params}")
+            params = GradualParams(gu_ratio=params)
+        super().__init__(params)
+        if self.gu_ratio == 0:
+            warnings.warn(
+                f"{self.name} with gu_ratio 0 unfreezes every unit at the first step: it is "
+                "plain training (policy: none)",
+                stacklevel=2,
+            )
 
-    @classmethod
-    def from_options(cls, gu_ratio: float = 0.0, **_: Any) -> _Gradual:
-        return cls(gu_ratio=gu_ratio)
+    @property
+    def gu_ratio(self) -> float:
+        return self.params.gu_ratio
 
     def count(self, ctx: StepCtx) -> int:
         return unfrozen_count(ctx.step, ctx.local_steps, ctx.num_units, self.gu_ratio)
 
 
 @POLICIES.register("bottom_up")
-@dataclass(frozen=True)
 class BottomUp(_Gradual):
     """FedBug: units 1..m train (input side first)."""
+
+    name = "bottom_up"
 
     def trainable_units(self, ctx: StepCtx) -> range:
         return range(self.count(ctx))
 
 
 @POLICIES.register("top_down")
-@dataclass(frozen=True)
 class TopDown(_Gradual):
     """Ablation: units M-m+1..M train (output side first)."""
+
+    name = "top_down"
 
     def trainable_units(self, ctx: StepCtx) -> range:
         return range(ctx.num_units - self.count(ctx), ctx.num_units)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedbug.errors import ConfigError
-from fedbug.policies.base import StepCtx
+from fedbug.policies.base import FreezePolicy, StepCtx
 
 SCHEDULES = ("vanilla", "anti")
 
@@ -32,15 +32,17 @@ def default_unfreeze_rounds(num_sublayers: int, rounds: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class RoundSchedule:
-    """Which base sub-layers train in a round. ``sublayers``: the layout's base sub-layers
-    (groups of unit indices, input to output); ``unfreeze_rounds``: t_1..t_K; ``rounds``: T,
-    which t_K must stay below (checked when given)."""
+class RoundSchedule(FreezePolicy):
+    """Which base sub-layers train in a round (a policy the engine intersects with the
+    config's own, :class:`~fedbug.policies.base.Intersection`). ``sublayers``: the layout's
+    base sub-layers (groups of unit indices, input to output); ``unfreeze_rounds``:
+    t_1..t_K; ``rounds``: T, which t_K must stay below (checked when given)."""
 
     mode: str
     sublayers: tuple[tuple[int, ...], ...]
     unfreeze_rounds: tuple[int, ...]
     rounds: int | None = None
+    params = None  # no options block: the schedule comes from the config's FedSeq keys
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sublayers", tuple(tuple(g) for g in self.sublayers))

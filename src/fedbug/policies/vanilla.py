@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from fedbug.policies.base import POLICIES, StepCtx
+from fedbug.policies.base import POLICIES, FreezePolicy, StepCtx
 
 
 @POLICIES.register("none")
-@dataclass(frozen=True)
-class Vanilla:
+class Vanilla(FreezePolicy):
+    name = "none"
+
     def trainable_units(self, ctx: StepCtx) -> range:
         return range(ctx.num_units)
-
-    @classmethod
-    def from_options(cls, **_: Any) -> Vanilla:
-        return cls()

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedbug.errors import CheckpointError, ConfigError
 from fedbug.seeding import numpy_rng
-from fedbug.selection import SELECTIONS, SelectionFeedback
+from fedbug.selection.base import SELECTIONS, Selection, SelectionFeedback
 
 UTILITY_FLOOR = 1e-5
 
@@ -64,7 +64,8 @@ class ReputationParams(BaseModel):
         "30 on Shakespeare)",
     )
     variant: Literal["paper", "code"] = Field(
-        "paper", description="paper: Eq. 5-8; code: the authors' code (see fedbug.reputation)"
+        "paper",
+        description="paper: Eq. 5-8; code: the authors' code (see fedbug.selection.reputation)",
     )
 
 
@@ -79,7 +80,7 @@ def draw_proportional(weights: np.ndarray, k: int, rng: np.random.Generator) -> 
 
 
 @SELECTIONS.register("reputation")
-class Reputation:
+class Reputation(Selection):
     """FreezeFL's reputation-based selection with warm restart (see the module docstring).
 
     ``num_clients`` may be given now or is taken from the first ``select``/``update``.
@@ -110,9 +111,17 @@ class Reputation:
             self._ensure(num_clients)
 
     @classmethod
-    def from_experiment(cls, exp: Any) -> Reputation:
-        cfg = exp.cfg
-        return cls(cfg.clients_per_round, params=cfg.reputation, num_clients=exp.num_clients)
+    def check_config(cls, cfg: Any) -> str | None:
+        if cfg.clients_per_round is None:
+            return "selection: reputation needs clients_per_round (K, the clients drawn a round)"
+        return None
+
+    @classmethod
+    def build(cls, cfg: Any, num_clients: int, system: Any) -> Reputation:
+        return cls(cfg.clients_per_round, params=cfg.reputation, num_clients=num_clients)
+
+    def client_utility(self, client: int) -> float | None:
+        return None if self.utility is None else float(self.utility[client])
 
     # --- state -------------------------------------------------------------------------------
 
@@ -223,7 +232,8 @@ class Reputation:
         """Eq. 7 for the round's participants, then Eq. 8 when a restart is due."""
         self._ensure(feedback.num_clients)
         assert self.utility is not None and self.participations is not None
-        missing = [name for name in ("space", "global_delta") if getattr(feedback, name) is None]
+        given = (("space", feedback.space), ("global_delta", feedback.global_delta))
+        missing = [name for name, value in given if value is None]
         missing += [
             f"local_deltas[{k}]" for k in feedback.clients if k not in feedback.local_deltas
         ]

@@ -28,7 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedbug.errors import ConfigError
-from fedbug.selection import SELECTIONS, SelectionFeedback
+from fedbug.selection.base import SELECTIONS, Selection, SelectionFeedback
 
 
 class RbcsfParams(BaseModel):
@@ -73,7 +73,7 @@ def solve(times: np.ndarray, queues: np.ndarray, k: int, v: float) -> list[int]:
 
 
 @SELECTIONS.register("rbcsf")
-class Rbcsf:
+class Rbcsf(Selection):
     """RBCS-F with known status. ``full_times[k]`` is client k's full-model round time tau_k,
     needed for every client before the first round; ``update`` may refresh tau_k from
     ``feedback.times``. State: the queues Z and the times."""
@@ -100,11 +100,19 @@ class Rbcsf:
             self.queues = np.zeros(len(self.times))
 
     @classmethod
-    def from_experiment(cls, exp: Any) -> Rbcsf:
-        if exp.system is None:
+    def check_config(cls, cfg: Any) -> str | None:
+        if cfg.system is None:
+            return "selection: rbcsf needs a system: block (its clients' round times)"
+        if cfg.clients_per_round is None:
+            return "selection: rbcsf needs clients_per_round (K, the clients a round)"
+        return None
+
+    @classmethod
+    def build(cls, cfg: Any, num_clients: int, system: Any) -> Rbcsf:
+        if system is None:
             raise ConfigError("selection: rbcsf needs a system: block (its clients' round times)")
-        times = [exp.system.full_time(k) for k in range(exp.num_clients)]
-        return cls(exp.cfg.clients_per_round, full_times=times, params=exp.cfg.rbcsf)
+        times = [system.full_time(k) for k in range(num_clients)]
+        return cls(cfg.clients_per_round, full_times=times, params=cfg.rbcsf)
 
     def rate(self, num_clients: int) -> float:
         """rho: ``rbcsf.rate``, or K/N."""

@@ -1,0 +1,92 @@
+"""What a client selection is: which clients join round r (draws from (seed, "select", r)),
+and what it learns from each round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel
+
+from fedbug.registry import Registry
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from fedbug.units import ParamSpace
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelectionFeedback:
+    """What round ``round`` produced, handed to a stateful selection's ``update`` after
+    aggregation. Only ``round``, ``clients`` and ``num_clients`` are always needed; each
+    selection says which other fields it reads (``reputation``: ``num_units``, ``space``,
+    ``n_frozen``, ``trained``, ``local_deltas``, ``global_delta``; ``rbcsf``: optionally
+    ``times``).
+
+    ``local_deltas[k]`` is w^k_{r+1} - w_r and ``global_delta`` w_{r+1} - w_r, full flat vectors
+    of the :class:`~fedbug.units.ParamSpace`; ``trained[k][l]`` says whether client k trained
+    unit l; ``n_frozen[k]`` is its n^k (FreezeFL Eq. 5); ``times[k]`` its full-model time tau_k.
+    ``u_sys`` optionally replaces Eq. 5's L - n^k per client (Fjord + reputation, FreezeFL
+    Table IV: the client's p_max).
+    """
+
+    round: int
+    clients: list[int]
+    num_clients: int
+    n_frozen: dict[int, int] = field(default_factory=dict)
+    num_units: int = 0
+    space: ParamSpace | None = None
+    local_deltas: dict[int, Tensor] = field(default_factory=dict)
+    trained: dict[int, list[bool]] = field(default_factory=dict)
+    global_delta: Tensor | None = None
+    times: dict[int, float] = field(default_factory=dict)
+    u_sys: dict[int, float] | None = None
+
+
+SELECTIONS: Registry[type[Selection]] = Registry("selection")
+
+
+class Selection:
+    """Base of every client selection; picks round r's clients (ascending ids), with draws
+    from ``numpy_rng(seed, "select", r)``.
+
+    Every hook the engine calls is declared here; a stateless selection overrides ``select``
+    (and ``build``) only. A *stateful* one (FreezeFL's ``reputation``, ``rbcsf``) also overrides
+    ``update`` (called once a round, after aggregation, with what the round produced),
+    ``state_dict`` / ``load_state_dict`` (everything an exact resume needs: plain values and
+    torch tensors, so a checkpoint loads with ``weights_only=True``) and ``client_utility`` (a
+    client's
+    current standing, recorded per client). Options come from ``params_cls``, a config block
+    named after the selection; ``check_config`` says why a config cannot use it.
+    """
+
+    name: ClassVar[str] = "base"
+    params_cls: ClassVar[type[BaseModel] | None] = None
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> str | None:
+        """Why ``cfg`` cannot use this selection, or None."""
+        return None
+
+    @classmethod
+    def build(cls, cfg: Any, num_clients: int, system: Any) -> Selection:
+        """The selection for a run (``system``: the simulated devices, or None)."""
+        raise NotImplementedError
+
+    def select(self, round: int, seed: int, num_clients: int) -> list[int]:
+        raise NotImplementedError
+
+    def update(self, feedback: SelectionFeedback) -> None:
+        """What round ``feedback.round`` produced; nothing by default."""
+        return None
+
+    def client_utility(self, client: int) -> float | None:
+        """Client ``client``'s current standing (reputation's u_k), None for none."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
