@@ -136,12 +136,33 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     def run_one(cfg: Any, run_dir: Path) -> dict[str, Any]:
         label = f"{run_dir.name}"
         resume = args.resume and run_dir.exists()
+        done = finished_run(cfg, run_dir) if resume else None
+        if done is not None:  # kept without its checkpoint (a committed benchmark run)
+            return done
         return _run_one(cfg, run_dir, resume, args.quiet, label)
 
     rows = run_sweep(doc, grid, seeds, out, run_one, ft=args.ft)
     print(format_table(rows, args.ft))
     print(f"sweep folder: {out} (sweep.md, sweep.json, accuracy.png)")
     return 0
+
+
+def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
+    """A completed run of this config in ``run_dir`` (its summary says so and its config hash
+    matches), read back instead of run again; None otherwise."""
+    from fedbug.config import config_hash
+    from fedbug.results import RunDir
+
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("status") != "completed":
+        return None
+    if summary.get("config_hash") != config_hash(cfg):
+        return None
+    return {"run_dir": run_dir, "records": RunDir(run_dir).read_metrics(), "summary": summary}
 
 
 def cmd_report(args: argparse.Namespace) -> int:
