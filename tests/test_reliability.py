@@ -230,6 +230,13 @@ def test_new_keys_at_their_defaults_keep_the_config_hash():
 
 # -- the run-folder lock -------------------------------------------------------------------
 
+#: another process holding a folder's lock as a run does: flock on .lock, its pid written
+HOLD_LOCK = (
+    "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+    "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'%d\\n' % os.getpid()); "
+    "print('locked', flush=True); time.sleep(60)"
+)
+
 
 def test_a_second_run_on_a_locked_folder_exits_2_naming_the_pid(tmp_path, capsys):
     from fedbug.cli import run_dir_for
@@ -239,9 +246,11 @@ def test_a_second_run_on_a_locked_folder_exits_2_naming_the_pid(tmp_path, capsys
     out = tmp_path / "out"
     rd = run_dir_for(load_config(path), out)
     rd.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(rd / ".lock")], stdout=subprocess.PIPE, text=True
+    )
     try:
-        (rd / ".lock").write_text(f"{holder.pid}\n")
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         code = main(["run", str(path), "--out", str(out), "-q"])
         err = capsys.readouterr().err.strip()
         assert code == 2

@@ -4,13 +4,15 @@ Every write that matters is atomic: a temporary file in the same folder, flushed
 renamed over the target. A checkpoint carries a SHA-256 of its payload, checked on load, and
 loads with ``torch.load(weights_only=True)`` only. ``metrics.jsonl`` gets one whole line per
 round; on resume a torn last line is dropped and the rounds after the checkpoint are redone.
-While a run writes its folder it holds ``.lock`` (its pid, created with O_CREAT|O_EXCL); a lock
-whose process is gone is taken over.
+While a run writes its folder it holds an OS file lock (``flock``) on ``.lock`` (which names its
+pid); the kernel releases it when the process ends, so a killed run leaves no stale lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import io
 import json
@@ -28,24 +30,27 @@ from fedbug.errors import CheckpointError, FedbugError, RunFolderBusy
 
 CHECKPOINT_MAGIC = b"FEDBUG-CHECKPOINT-1 "
 LOCK_NAME = ".lock"
-#: a lock file without a pid (its writer was killed between create and write) younger than this
-#: is taken as held
-LOCK_GRACE_S = 10.0
+#: times to retry when the ``.lock`` just locked had been removed by its releasing holder
+LOCK_TRIES = 100
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists (on this machine)."""
-    if pid <= 0:
-        return False
+def _read_pid(fd: int) -> int | None:
+    """The pid written in an open lock file; None when it holds none (not written yet)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists, owned by someone else
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
         return False
-    return True
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def check_writable(folder: Path | str, what: str = "--out") -> None:
@@ -169,6 +174,7 @@ class RunDir:
         self.checkpoint_path = self.path / "checkpoint.pt"
         self.summary_path = self.path / "summary.json"
         self.config_path = self.path / "config.yaml"
+        self._lock_fd: int | None = None
 
     def exists_with_results(self) -> bool:
         return self.metrics_path.exists() or self.checkpoint_path.exists()
@@ -181,44 +187,35 @@ class RunDir:
     def lock_path(self) -> Path:
         return self.path / LOCK_NAME
 
-    def _lock_holder(self) -> int | None:
-        """The pid in the lock file; None when it holds none (or cannot be read)."""
-        try:
-            text = self.lock_path.read_text(encoding="ascii", errors="replace").strip()
-        except OSError:
-            return None
-        return int(text) if text.isdigit() else None
-
     def acquire_lock(self) -> None:
-        """Take the folder's lock or raise :class:`RunFolderBusy` naming the live holder; a lock
-        left by a process that no longer exists is taken over. The folder must exist."""
-        for _ in range(3):
+        """Take the folder's lock or raise :class:`RunFolderBusy` naming the holder's pid. The
+        lock is an OS file lock (``flock``) on ``.lock``, held for the run's life; the kernel
+        drops it when its process ends however it ends, so a ``.lock`` left by a killed run is
+        free and there is no stale state to take over. The folder must exist."""
+        for _ in range(LOCK_TRIES):
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                pid = self._lock_holder()
-                if pid is not None and pid_alive(pid):
-                    raise RunFolderBusy(
-                        f"run folder {str(self.path)!r} is in use by another fedbug run "
-                        f"(pid {pid}); wait for it to finish or choose another --out"
-                    ) from None
-                if pid is None:
-                    try:
-                        age = time.time() - self.lock_path.stat().st_mtime
-                    except FileNotFoundError:
-                        continue
-                    if age < LOCK_GRACE_S:
-                        raise RunFolderBusy(
-                            f"run folder {str(self.path)!r} is being locked by another fedbug "
-                            "run (pid not written yet); try again in a few seconds"
-                        ) from None
-                with contextlib.suppress(FileNotFoundError):  # stale: its process is gone
-                    self.lock_path.unlink()
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = _read_pid(fd)
+                os.close(fd)
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise _naming(e, self.lock_path) from e
+                who = f" (pid {holder})" if holder is not None else ""
+                raise RunFolderBusy(
+                    f"run folder {str(self.path)!r} is in use by another fedbug run{who}; "
+                    "wait for it to finish or choose another --out"
+                ) from None
+            if not _same_file(fd, self.lock_path):
+                os.close(fd)  # its holder removed it as we opened it: lock the new one
                 continue
-            with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(f"{os.getpid()}\n")
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+            except OSError as e:
+                os.close(fd)
+                raise _naming(e, self.lock_path) from e
+            self._lock_fd = fd
             return
         raise RunFolderBusy(
             f"run folder {str(self.path)!r}: could not take its lock ({LOCK_NAME}); another run "
@@ -236,10 +233,17 @@ class RunDir:
         return removed
 
     def release_lock(self) -> None:
-        """Remove the lock if this process holds it."""
-        if self._lock_holder() == os.getpid():
-            with contextlib.suppress(FileNotFoundError):
-                self.lock_path.unlink()
+        """Remove ``.lock`` and drop the lock, if this object holds it. The file is removed
+        while still locked, so a process that opened it meanwhile sees it gone and retries."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is None:
+            return
+        try:
+            if _same_file(fd, self.lock_path):
+                with contextlib.suppress(FileNotFoundError):
+                    self.lock_path.unlink()
+        finally:
+            os.close(fd)
 
     def write_json(self, name: str, obj: Any) -> None:
         atomic_write_text(self.path / name, json.dumps(obj, indent=1, sort_keys=False) + "\n")
