@@ -16,10 +16,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from fedbug.algorithms import Algorithm, LocalCtx
-from fedbug.flops import LossFn, training_flops
+from fedbug.algorithms import Algorithm, ClientSession, LocalCtx
+from fedbug.flops import FlopCache, LossFn
 from fedbug.policies import FreezePolicy, StepCtx
-from fedbug.policies.base import EpochAction, EpochCtx
+from fedbug.policies.base import EpochAction, EpochCtx, PolicySession
 from fedbug.protocol import ClientData, ClientResult, ClientTask, TrainSettings
 from fedbug.seeding import torch_generator
 from fedbug.units import ParamSpace
@@ -86,13 +86,9 @@ class ClientRuntime:
         self.prepare = prepare
         self.augment = augment
         self.flat = space.bind(model)
-        layout = algorithm.layout
+        layout = algorithm.layout  # None: a runtime built by hand, every unit the model's own
         self.extra_units: tuple[int, ...] = layout.extra if layout is not None else ()
-        if self.extra_units and self.extra_units != tuple(
-            range(space.num_units - len(self.extra_units), space.num_units)
-        ):
-            raise ValueError("units an algorithm adds to the model must come last")
-        self.policy_units = space.num_units - len(self.extra_units)
+        self.policy_units = layout.policy_units if layout is not None else space.num_units
         self.grad = torch.zeros(space.total)
         self.unit_params: list[list[tuple[nn.Parameter, Tensor]]] = [[] for _ in space.units]
         for name, is_param, off, n, shape, u in zip(
@@ -107,7 +103,7 @@ class ClientRuntime:
             # pass calls (the engine passes its name; by default the last unit's last layer)
             head = model.get_submodule(classifier or space.units[-1].modules[-1])
             head.register_forward_pre_hook(self._capture)
-        self._flops: dict[tuple[tuple[int, ...], int], int] = {}
+        self.flop_count = FlopCache(self.flop_model, algorithm.loss)
 
     def _capture(self, _m: nn.Module, inputs: tuple[Tensor, ...]) -> None:
         self._features = inputs[0]
@@ -135,13 +131,7 @@ class ClientRuntime:
         self, units: tuple[int, ...] | range, x: Tensor, y: Tensor, loss: LossFn | None = None
     ) -> int:
         """FLOPs of one forward+backward with ``units`` trainable, counted once and cached."""
-        units = tuple(units)
-        key = (units, len(y))
-        if key not in self._flops:
-            names = [name for u in units for name in self.space.units[u].params]
-            loss_fn = loss if loss is not None else self.algorithm.loss
-            self._flops[key] = training_flops(self.flop_model, names, x, y, loss_fn)
-        return self._flops[key]
+        return self.flop_count.units(self.space.units, units, x, y, loss)
 
     def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
         s = self.settings
@@ -196,14 +186,8 @@ def train_client(
         if rt.augment is not None:
             x = rt.augment(x, gen)
         x = rt.prepare(x)
-        # Freeze policies see the model's own units; units an algorithm adds (FedROD's personal
-        # head, traced last) are the algorithm's to freeze.
         step = StepCtx(k, local_steps, rt.policy_units, task.round, task.client, task.rounds)
-        units = tuple(policy.trainable_units(step)) + rt.extra_units
-        allowed = session.allowed_units(k, local_steps, per_epoch)
-        if allowed is not None:
-            allowed = set(allowed)
-            units = tuple(u for u in units if u in allowed)
+        units = step_units(policy, session, step, per_epoch, rt.extra_units)
         if not units:  # the policy and the algorithm leave nothing to train: an idle step
             idle += 1
             continue
@@ -282,8 +266,7 @@ def train_client(
     finished = alg.finish_client(full_ctx, delta)
     extras = alg.client_extras(full_ctx, state, finished)
     new_state = save_local_parts(finished, rt.flat, alg, space)
-    shared = set(alg.shared_units(space.num_units))
-    uploaded = [t and u in shared for u, t in enumerate(trained)]
+    uploaded = [t and shared for t, shared in zip(trained, alg.shared_mask(space.num_units))]
     result = ClientResult(
         client=task.client,
         num_samples=n,
@@ -303,6 +286,24 @@ def train_client(
     policy.finish(result)
     session.finish(result)
     return result
+
+
+def step_units(
+    policy: PolicySession,
+    session: ClientSession,
+    step: StepCtx,
+    per_epoch: int,
+    extra_units: tuple[int, ...] = (),
+) -> tuple[int, ...]:
+    """The units that train at a local step: the freeze policy's (it sees the model's own
+    units, ``step.num_units`` of them) and the units an algorithm adds (FedROD's personal head,
+    traced last: the algorithm's to freeze), less those the algorithm does not allow."""
+    units = tuple(policy.trainable_units(step)) + extra_units
+    allowed = session.allowed_units(step.step, step.local_steps, per_epoch)
+    if allowed is None:
+        return units
+    keep = set(allowed)
+    return tuple(u for u in units if u in keep)
 
 
 def load_local_parts(flat: Tensor, state: dict[str, Tensor], space: ParamSpace) -> None:

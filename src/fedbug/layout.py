@@ -23,9 +23,22 @@ class Layout:
     sublayers: tuple[tuple[int, ...], ...]
     extra: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        if self.extra != tuple(range(self.num_units - len(self.extra), self.num_units)):
+            raise ValueError(
+                f"units an algorithm adds to the model must come last; extra units {self.extra} "
+                f"of {self.num_units}"
+            )
+
     @property
     def model_units(self) -> tuple[int, ...]:
         return self.base + self.head
+
+    @property
+    def policy_units(self) -> int:
+        """How many units a freeze policy sees: the model's own, the first ones; the extra units
+        an algorithm adds after them (FedROD's personal head) are the algorithm's to freeze."""
+        return self.num_units - len(self.extra)
 
 
 def build_layout(

@@ -41,7 +41,6 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedbug.errors import ConfigError
-from fedbug.flops import LossFn, ce_loss, training_flops
 from fedbug.units import ParamSpace
 
 Kind = Literal["conv", "linear", "lstm", "embedding"]
@@ -301,15 +300,6 @@ def sub_model(model: nn.Module, od: ODPlan, p: float) -> nn.Module:
             parent, attr, _narrow_layer(model.get_submodule(layer.name), layer.kind, k_out, k_in)
         )
     return out
-
-
-def sub_model_flops(
-    model: nn.Module, od: ODPlan, p: float, x: Tensor, y: Tensor, loss_fn: LossFn = ce_loss
-) -> int:
-    """FLOPs of one forward + backward of the width-p network on (x, y), every parameter
-    trained (:func:`fedbug.flops.training_flops` on :func:`sub_model`)."""
-    sub = sub_model(model, od, p)
-    return training_flops(sub, [n for n, _ in sub.named_parameters()], x, y, loss_fn)
 
 
 def num_params(model: nn.Module, od: ODPlan, p: float) -> int:

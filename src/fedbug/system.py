@@ -16,7 +16,7 @@ the maximum of selected clients' model exchange time") and the clock is the sum 
 lengths. Bytes are 4 per float sent (:meth:`fedbug.units.ParamSpace.bytes_of`, as the engine's
 ``bytes_down``/``bytes_up``). FLOPs_k is n_k samples times the per-sample training cost of the
 configuration the client trains, with the first n of the L units frozen (n = 0..L-1, the rows
-of FreezeFL Fig. 2, :func:`fedbug.cost.freeze_rows`): counted once with
+of FreezeFL Fig. 2, :func:`freeze_rows`): counted once with
 ``torch.utils.flop_counter`` on a real forward + backward (``cost: flops``), or, with ``cost:
 measured``, the wall time of a forward + backward per sample on this machine, timed once and
 saved with the run (:meth:`SystemModel.state_dict`) so a resume charges the same times.
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time as _time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -42,8 +42,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
-from fedbug.cost import FlopCache, freeze_rows
-from fedbug.flops import LossFn, ce_loss
+from fedbug.flops import FlopCache, LossFn, ce_loss
 from fedbug.seeding import numpy_rng
 from fedbug.units import ParamSpace, Unit
 
@@ -129,6 +128,31 @@ def _restore(model: nn.Module, snap: tuple[bool, dict[str, bool]]) -> None:
     model.train(training)
 
 
+def freeze_rows(
+    units: Sequence[Unit], space: ParamSpace, count: Callable[[Sequence[int]], int], batch: int
+) -> list[dict[str, Any]]:
+    """FreezeFL Fig. 2: for n = 0..L-1 frozen units (the first n), the training FLOPs of a
+    sample and the upload bytes of the rest, each over the same with nothing frozen."""
+    L = len(units)
+    full = count(range(L))
+    total_bytes = space.bytes_of([True] * L)
+    rows = []
+    for n in range(L):
+        flops = count(range(n, L))
+        up = space.bytes_of([u >= n for u in range(L)])
+        rows.append(
+            {
+                "n_frozen": n,
+                "frozen": [u.name for u in units[:n]],
+                "flops_sample": flops / batch,
+                "compute_ratio": flops / full,
+                "upload_bytes": up,
+                "comm_ratio": up / total_bytes,
+            }
+        )
+    return rows
+
+
 def count_per_sample_flops(
     model: nn.Module,
     units: Sequence[Unit],
@@ -139,12 +163,17 @@ def count_per_sample_flops(
     """Training FLOPs of one sample with the first n units frozen, n = 0..L-1 (FreezeFL Fig. 2).
 
     One forward + backward of ``loss_fn(model(example_x), example_y)`` per n, counted with
-    ``torch.utils.flop_counter`` (:func:`fedbug.cost.freeze_rows`), divided by the batch size.
-    The model's ``requires_grad`` flags and train/eval mode are restored afterwards."""
+    ``torch.utils.flop_counter`` (:func:`freeze_rows`), divided by the batch size. The model's
+    ``requires_grad`` flags and train/eval mode are restored afterwards."""
     snap = _trainable_snapshot(model)
+    cache = FlopCache(model, loss_fn)
     try:
-        count = FlopCache(model, units, example_x, example_y, loss_fn)
-        rows = freeze_rows(units, ParamSpace(model, list(units)), count, len(example_x))
+        rows = freeze_rows(
+            units,
+            ParamSpace(model, list(units)),
+            lambda trained: cache.units(units, trained, example_x, example_y),
+            len(example_x),
+        )
     finally:
         _restore(model, snap)
     return [float(r["flops_sample"]) for r in rows]

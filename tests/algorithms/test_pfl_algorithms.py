@@ -236,7 +236,9 @@ def test_fedrod_model_units_and_prediction():
     lay = rt.algorithm.layout
     assert (lay.base, lay.head, lay.extra) == ((0,), (1,), (2,))
     assert rt.algorithm.shared_units(3) == (0, 1)
+    assert rt.algorithm.shared_mask(3) == [True, True, False]
     assert rt.algorithm.local_units(3) == (2,)
+    assert lay.policy_units == rt.policy_units == 2  # the policy sees the model's own units
     rt.flat.copy_(torch.tensor(W0 + [0.5, -0.5, 1.0, 0.25, 0.1, -0.2]))
     w1, b1, w2, b2 = unpack(np.array(W0, dtype=np.float64))
     h = w1 @ np.array(X) + b1
@@ -246,6 +248,14 @@ def test_fedrod_model_units_and_prediction():
         out = rt.model(torch.tensor([X]))
     np.testing.assert_allclose(out[0].numpy(), zg, atol=1e-6)  # the generic (global) model
     np.testing.assert_allclose(rt.algorithm.logits(out)[0].numpy(), zg + zp, atol=1e-6)
+
+
+def test_extra_units_must_come_last():
+    from fedbug.layout import Layout
+
+    assert Layout(3, (0,), (1,), ((0,),), (2,)).policy_units == 2
+    with pytest.raises(ValueError, match="must come last"):
+        Layout(3, (1,), (2,), ((1,),), (0,))
 
 
 def test_fedrod_step_by_hand():

@@ -161,6 +161,12 @@ class Algorithm:
         """Units each client keeps as its own (personal parts), persisted between rounds."""
         return ()
 
+    def shared_mask(self, num_units: int) -> list[bool]:
+        """:meth:`shared_units` as one flag per unit (what is downloaded, what may be uploaded);
+        a helper, not a hook: override :meth:`shared_units`."""
+        shared = set(self.shared_units(num_units))
+        return [u in shared for u in range(num_units)]
+
     def allowed_units(self, step: int, local_steps: int, per_epoch: int) -> Sequence[int] | None:
         """Units this algorithm lets train at a local step (None: all); the engine intersects
         this with the freeze policy (FedBABU: never the head; FedRep: head, then base)."""

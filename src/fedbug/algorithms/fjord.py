@@ -22,6 +22,7 @@ model is evaluated at p = 1, the full model. With reputation selection (FreezeFL
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,6 +33,7 @@ from torch import Tensor, nn
 from fedbug import od
 from fedbug.algorithms.base import ALGORITHMS, Algorithm, ClientSession, Params, ServerStep
 from fedbug.errors import ConfigError
+from fedbug.flops import FlopCache
 from fedbug.units import ParamSpace
 
 if TYPE_CHECKING:
@@ -99,7 +101,7 @@ class Fjord(Algorithm):
         self._p_max: list[float] | None = None
         self._flat: dict[float, Tensor] = {}
         self._outside: dict[float, Tensor] = {}
-        self._flops: dict[tuple[float, int], int] = {}
+        self._flops: FlopCache | None = None
 
     @property
     def widths(self) -> list[float]:
@@ -161,12 +163,16 @@ class Fjord(Algorithm):
 
     def step_flops(self, flop_model: nn.Module, p: float, x: Tensor, y: Tensor) -> int:
         """FLOPs of one training step of the width-p network on (x, y), counted once per
-        (p, batch size) with the flop counter on the real narrower network."""
-        key = (p, len(y))
-        if key not in self._flops:
+        (p, batch size) with the flop counter on the real narrower network (:func:`od.sub_model`
+        of the first model given; any copy of the model counts the same)."""
+        if self._flops is None:
+            if self.plan is None:
+                raise RuntimeError("fjord: wrap_model must come before step_flops")
             inner = flop_model.model if isinstance(flop_model, od.ODModel) else flop_model
-            self._flops[key] = od.sub_model_flops(inner, self.plan, p, x, y, self.loss)
-        return self._flops[key]
+            self._flops = FlopCache(
+                inner, self.loss, narrow=functools.partial(od.sub_model, inner, self.plan)
+            )
+        return self._flops.width(p, x, y)
 
     def width_costs(self, model: nn.Module, x: Tensor, y: Tensor) -> dict[float, float]:
         """Per-sample training FLOPs of every width's sub-model (the system model's costs)."""
