@@ -14,14 +14,10 @@ import yaml
 from torch import nn
 
 from fedbug.config import load_config
-from fedbug.cost import (
-    FlopCache,
-    cost_report,
-    format_cost_report,
-    freeze_rows,
-    schedule_phases,
-    training_flops,
-)
+from fedbug.cost import cost_report, format_cost_report, round_phases
+from fedbug.flops import FlopCache, training_flops
+from fedbug.policies.schedule import RoundSchedule
+from fedbug.system import freeze_rows
 from fedbug.units import ParamSpace, find_units
 
 ROOT = Path(__file__).parent.parent
@@ -62,7 +58,7 @@ def test_fedseq_table6_proxy_matches_the_paper(fedseq):
         "fedbabu": 865_344_000_000,
         "fedseq-vanilla": 314_912_000_000,
         "fedseq-anti": 838_880_000_000,
-        "fedrod": 880_734_000_000,
+        "fedrod": 880_734_000_000,  # the model and the personal head (5,130)
     }
     assert m["fedavg"]["upload_params"] == 174_607_800
     assert m["fedseq-vanilla"]["upload_params"] == 62_982_400
@@ -78,6 +74,13 @@ def test_fedseq_measured_flops_reverse_the_proxy(fedseq):
     m = fedseq["methods"]
     per = {k: [ph["flops_batch"] for ph in v["phases"]] for k, v in m.items()}
     assert per["fedavg"] == [246_804_480]
+    # FedROD through its own class (model wrapped with the personal head, the balanced softmax
+    # on the batch's class counts): the same count as the plain cross-entropy copy it replaced,
+    # as the counter counts matmuls and convolutions and the balanced softmax adds none. The
+    # personal head (512 -> 10) adds its forward and weight gradient on a batch of 10.
+    assert per["fedrod"] == [246_804_480 + 2 * (2 * 10 * 512 * 10)]
+    assert m["fedrod"]["phases"][0]["units"][-2:] == ["model.fc2", "personal_head"]
+    assert m["fedrod"]["upload_params"] == m["fedavg"]["upload_params"]  # not the personal head
     assert per["fedseq-vanilla"] == [170_680_320, 236_216_320, 246_702_080]
     assert per["fedseq-anti"] == [95_928_320, 171_950_080, 246_702_080]
     # 300 rounds x 50 batches x 100 clients, 100 rounds a phase
@@ -111,7 +114,8 @@ def test_fig2_rows_on_two_linear_layers_by_hand():
     x, y = torch.randn(b, 4), torch.tensor([0, 1, 0, 1, 1])
     units = find_units(model, x)
     space = ParamSpace(model, units)
-    rows = freeze_rows(units, space, FlopCache(model, units, x, y, _ce), b)
+    cache = FlopCache(model, _ce)
+    rows = freeze_rows(units, space, lambda trained: cache.units(units, trained, x, y), b)
     # a matmul of (m x k)(k x n) is 2mkn FLOPs; bias adds are not counted.
     forward = 2 * 4 * 3 + 2 * 3 * 2  # a sample
     # layer 2: weight grad and input grad; layer 1: weight grad only (x needs no grad)
@@ -150,14 +154,37 @@ def test_lstm_flops_are_counted():
     assert all_flops > fc_only
 
 
-def test_schedule_phases_follow_t_k_below_t():
+def test_round_phases_follow_the_schedule_t_k_below_t():
     subs = [(0,), (1,), (2,)]
-    assert schedule_phases("vanilla", subs, (0, 100, 200), 300) == [
+    vanilla = RoundSchedule.build("vanilla", subs, 300, (0, 100, 200))
+    assert round_phases(vanilla.round_units, 300) == [
         (1, 100, (0,)),
         (101, 200, (0, 1)),
         (201, 300, (0, 1, 2)),
     ]
-    assert schedule_phases("anti", subs, (0, 0, 2), 3) == [(1, 2, (1, 2)), (3, 3, (0, 1, 2))]
+    anti = RoundSchedule.build("anti", subs, 3, (0, 0, 2))
+    assert round_phases(anti.round_units, 3) == [(1, 2, (1, 2)), (3, 3, (0, 1, 2))]
+
+
+def test_fedrod_units_and_sublayers_named_as_the_model_names_them(tmp_path):
+    """A config names the model's submodules; FedROD's wrapped model finds them as model.*."""
+    doc = {**SMALL, "units": [["conv1"], "conv2", "fc1", "fc2", "fc3"]}
+    doc["sublayers"] = [["conv1", "conv2"], ["fc1", "fc2"]]
+    report = cost_report(load_config(_write(tmp_path, doc)), samples_per_client=40)
+    assert report["setting"]["sublayers"] == [["conv1", "conv2"], ["fc1", "fc2"]]
+    (phase,) = report["methods"]["fedrod"]["phases"]
+    assert phase["units"] == [
+        "model.conv1",
+        "model.conv2",
+        "model.fc1",
+        "model.fc2",
+        "model.fc3",
+        "personal_head",
+    ]
+    assert [ph["units"] for ph in report["methods"]["fedseq-anti"]["phases"]] == [
+        ["fc1", "fc2"],
+        ["conv1", "conv2", "fc1", "fc2"],
+    ]
 
 
 def test_cli_json_shape_participants_and_plot(tmp_path, capsys):

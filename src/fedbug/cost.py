@@ -14,32 +14,43 @@ Two tables, both from the config's model on its data set's input shape:
   below the lowest trainable unit, so a frozen *shallow* unit still costs the backward through
   every unit above it. ``upload_params``: the parameters one client uploads over all rounds
   (with ``participants``, in the r share of rounds it is expected to join). A config's
-  ``local_steps`` replaces B * E. FedROD trains the model and a personal head (a copy of the
-  classifier on the detached features) and uploads the model only.
+  ``local_steps`` replaces B * E.
 
-FedSeq's phases are computed here from the config's keys (``head_units``, ``sublayers``,
-``rounds`` and, where set, ``unfreeze_rounds``) with the schedule's rule: in round t = 1..T the
-sub-layers with t_k < t train, m(t) of them, vanilla 1..m(t) and anti K-m(t)+1..K; by default
-t_k = floor((k-1)T/K). The fine-tuning rounds after T are not counted (nor does the paper).
+Each method is built as a run of it would be, by the real classes: its algorithm
+(:func:`~fedbug.algorithms.build_algorithm`: the model it wraps, e.g. FedROD's personal head,
+its loss on the example batch's labels, the units it allows and shares), the layout
+(:func:`~fedbug.layout.build_layout`: ``head_units``, ``sublayers``) and FedSeq's schedule
+(:meth:`~fedbug.policies.schedule.RoundSchedule.build`: ``rounds``, ``unfreeze_rounds``); a
+phase is a run of rounds whose first local step trains the same units (every method here trains
+the same units at every step of a round). The config's ``units`` name the model's submodules;
+a method that wraps the model finds them under their new names. The fine-tuning rounds after T
+are not counted (nor does the paper).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
+from fedbug.algorithms import Algorithm, build_algorithm
+from fedbug.algorithms.base import ClientSession
+from fedbug.client import step_units
+from fedbug.config import apply_method
 from fedbug.errors import ConfigError
-from fedbug.flops import LossFn, ce_loss, training_flops
-from fedbug.layout import build_layout
+from fedbug.flops import FlopCache
+from fedbug.layout import Layout, build_layout
 from fedbug.models import build_model
+from fedbug.policies import StepCtx, build_policy
+from fedbug.policies.schedule import RoundSchedule
+from fedbug.protocol import ClientTask
+from fedbug.system import freeze_rows
 from fedbug.units import ParamSpace, Unit, find_units, traced_module_order
 
 # name -> (input shape of one sample, number of classes, input kind); no data is loaded.
@@ -56,6 +67,7 @@ DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int, str]] = {
     "shakespeare": ((80,), 80, "tokens"),
 }
 
+# each a ``method:`` of a config (a preset, or an algorithm's name)
 METHODS = ("fedavg", "fedbabu", "fedseq-vanilla", "fedseq-anti", "fedrod")
 LABELS = {
     "fedavg": "FedAvg",
@@ -64,80 +76,9 @@ LABELS = {
     "fedseq-anti": "FedSeq anti",
     "fedrod": "FedROD",
 }
-PERSONAL_HEAD = "personal_head"
 DEFAULT_SAMPLES_PER_CLIENT = 500
 
-
-class PersonalHead(nn.Module):
-    """The model with FedROD's personal head: a copy of its classifier on the same features.
-
-    Output (generic logits, generic logits detached + personal logits), as in FedROD: the body
-    and the generic head learn from the generic loss, the personal head from the sum's loss on
-    detached features."""
-
-    def __init__(self, model: nn.Module, classifier: str) -> None:
-        super().__init__()
-        self.model = model
-        head = model.get_submodule(classifier)
-        self.personal_head = copy.deepcopy(head)
-        self._features: Tensor | None = None
-        head.register_forward_pre_hook(self._capture)
-
-    def _capture(self, _m: nn.Module, inputs: tuple[Tensor, ...]) -> None:
-        self._features = inputs[0]
-
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        generic = self.model(x)
-        assert self._features is not None
-        personal = self.personal_head(self._features.detach())
-        self._features = None
-        return generic, generic.detach() + personal
-
-
-def _fedrod_loss(output: tuple[Tensor, Tensor], y: Tensor) -> Tensor:
-    return F.cross_entropy(output[0], y) + F.cross_entropy(output[1], y)
-
-
-class FlopCache:
-    """Per-batch FLOPs of a model by trainable unit set, counted once each."""
-
-    def __init__(
-        self, model: nn.Module, units: Sequence[Unit], x: Tensor, y: Tensor, loss_fn: LossFn
-    ) -> None:
-        self.model, self.units, self.x, self.y, self.loss_fn = model, units, x, y, loss_fn
-        self._cache: dict[tuple[int, ...], int] = {}
-
-    def __call__(self, trainable: Sequence[int]) -> int:
-        key = tuple(sorted(trainable))
-        if key not in self._cache:
-            params = [p for u in key for p in self.units[u].params]
-            self._cache[key] = training_flops(self.model, params, self.x, self.y, self.loss_fn)
-        return self._cache[key]
-
-
-def freeze_rows(
-    units: Sequence[Unit], space: ParamSpace, count: Callable[[Sequence[int]], int], batch: int
-) -> list[dict[str, Any]]:
-    """FreezeFL Fig. 2: for n = 0..L-1 frozen units (the first n), the training FLOPs of a
-    sample and the upload bytes of the rest, each over the same with nothing frozen."""
-    L = len(units)
-    full = count(range(L))
-    total_bytes = space.bytes_of([True] * L)
-    rows = []
-    for n in range(L):
-        flops = count(range(n, L))
-        up = space.bytes_of([u >= n for u in range(L)])
-        rows.append(
-            {
-                "n_frozen": n,
-                "frozen": [u.name for u in units[:n]],
-                "flops_sample": flops / batch,
-                "compute_ratio": flops / full,
-                "upload_bytes": up,
-                "comm_ratio": up / total_bytes,
-            }
-        )
-    return rows
+Phases = list[tuple[int, int, tuple[int, ...]]]
 
 
 def _example_batch(shape: tuple[int, ...], classes: int, kind: str, batch: int, seed: int):
@@ -149,38 +90,12 @@ def _example_batch(shape: tuple[int, ...], classes: int, kind: str, batch: int, 
     return x, torch.randint(0, classes, (batch,), generator=gen)
 
 
-def _unfreeze_rounds(ts: Sequence[int] | None, k: int, rounds: int) -> tuple[int, ...]:
-    if ts is None:
-        return tuple((i - 1) * rounds // k for i in range(1, k + 1))
-    ts = tuple(int(t) for t in ts)
-    if len(ts) != k:
-        raise ConfigError(
-            f"unfreeze_rounds has {len(ts)} entries but the base has {k} sub-layers; give one "
-            f"round per sub-layer, e.g. {[(i - 1) * rounds // k for i in range(1, k + 1)]}"
-        )
-    if ts[0] != 0:
-        raise ConfigError(f"unfreeze_rounds must start at 0; got {list(ts)}")
-    if any(b < a for a, b in zip(ts, ts[1:])):
-        raise ConfigError(f"unfreeze_rounds must be non-decreasing; got {list(ts)}")
-    if ts[-1] >= rounds:
-        raise ConfigError(
-            f"unfreeze_rounds {list(ts)}: the last sub-layer unfreezes after round {ts[-1]}, "
-            f"but there are only {rounds} rounds; use values below {rounds}"
-        )
-    return ts
-
-
-def schedule_phases(
-    mode: str, sublayers: Sequence[Sequence[int]], unfreeze_rounds: Sequence[int], rounds: int
-) -> list[tuple[int, int, tuple[int, ...]]]:
-    """FedSeq's phases as (first round, last round, trained base units), rounds 1-based: in
-    round t the m(t) = #{k : t_k < t} sub-layers 1..m (vanilla) or K-m+1..K (anti) train."""
-    k = len(sublayers)
-    phases: list[tuple[int, int, tuple[int, ...]]] = []
+def round_phases(units_of_round: Callable[[int], tuple[int, ...]], rounds: int) -> Phases:
+    """Rounds 1..``rounds`` as phases (first round, last round, trained units): runs of
+    consecutive rounds that train the same units."""
+    phases: Phases = []
     for t in range(1, rounds + 1):
-        m = sum(1 for tk in unfreeze_rounds if tk < t)
-        groups = range(m) if mode == "vanilla" else range(k - m, k)
-        units = tuple(sorted(u for g in groups for u in sublayers[g]))
+        units = units_of_round(t)
         if phases and phases[-1][2] == units:
             phases[-1] = (phases[-1][0], t, units)
         else:
@@ -212,8 +127,7 @@ def _setting(cfg: Any, samples_per_client: int | None, participants: bool) -> Se
             f"{', '.join(sorted(DATASET_SHAPES))}"
         )
     shape, classes, _ = DATASET_SHAPES[cfg.dataset]
-    spc = getattr(cfg, "samples_per_client", None) or samples_per_client
-    spc = DEFAULT_SAMPLES_PER_CLIENT if spc is None else int(spc)
+    spc = DEFAULT_SAMPLES_PER_CLIENT if samples_per_client is None else int(samples_per_client)
     if spc < 1:
         raise ConfigError(f"samples_per_client must be at least 1; got {spc}")
     batches = math.ceil(spc / cfg.batch_size)
@@ -242,6 +156,68 @@ def _setting(cfg: Any, samples_per_client: int | None, participants: bool) -> Se
     )
 
 
+@dataclass
+class Built:
+    """One algorithm on the config's model: the (wrapped) model's units and layout, its client
+    session on the example batch (its loss) and the FLOP counts of its trainable sets."""
+
+    algorithm: Algorithm
+    units: list[Unit]
+    space: ParamSpace
+    layout: Layout
+    session: ClientSession
+    flops: FlopCache
+
+
+def _renamer(model: nn.Module, wrapped: nn.Module) -> Callable[[str], str]:
+    """A unit or submodule name of ``model`` (``a+b`` for a group) as ``wrapped``, the model an
+    algorithm made of it, names it; a name that is not ``model``'s is left for the checks of
+    find_units and build_layout to refuse."""
+    where = {id(m): name for name, m in wrapped.named_modules()}
+
+    def rename(name: str) -> str:
+        try:
+            return "+".join(where[id(model.get_submodule(n))] for n in name.split("+"))
+        except AttributeError:
+            return name
+
+    return rename
+
+
+def _build(
+    cfg: Any, name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, s: Setting
+) -> Built:
+    alg = build_algorithm(name, cfg.global_lr, {name: cfg.options(name)})
+    inner = copy.deepcopy(model)
+    wrapped = alg.wrap_model(inner, traced_module_order(inner, x[:1])[-1])
+    rename = _renamer(inner, wrapped)
+    names = None
+    if cfg.units is not None:
+        names = [rename(e) if isinstance(e, str) else [rename(n) for n in e] for e in cfg.units]
+        names += alg.extra_modules
+    sublayers = cfg.sublayers
+    if isinstance(sublayers, list):
+        sublayers = [[rename(n) for n in group] for group in sublayers]
+    units = find_units(wrapped, x[:1], names=names)
+    layout = build_layout(units, cfg.head_units, sublayers, alg.extra_modules)
+    alg.setup(layout)
+    task = ClientTask(1, 0, cfg.seed, cfg.lr, s.samples_per_client, rounds=s.rounds)
+    session = alg.start_client(task, y)
+    space = ParamSpace(wrapped, units)
+    return Built(alg, units, space, layout, session, FlopCache(wrapped, session.loss))
+
+
+def _phases(b: Built, schedule: RoundSchedule | None, s: Setting) -> Phases:
+    """The units of each round's first local step, as a client of the method trains them."""
+    policy = (schedule or build_policy("none")).start_client(b.session.task)
+
+    def units_of_round(t: int) -> tuple[int, ...]:
+        step = StepCtx(1, s.steps, b.layout.policy_units, t, 0, s.rounds)
+        return tuple(sorted(step_units(policy, b.session, step, s.batches, b.layout.extra)))
+
+    return round_phases(units_of_round, s.rounds)
+
+
 def _count(value: float) -> int:
     return int(round(value))
 
@@ -263,48 +239,42 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
     _, _, kind = DATASET_SHAPES[cfg.dataset]
     model = build_model(cfg.model, s.input_shape, s.num_classes, cfg.seed, **cfg.model_options)
     x, y = _example_batch(s.input_shape, s.num_classes, kind, cfg.batch_size, cfg.seed)
-    units = find_units(model, x[:1], names=cfg.units)
-    space = ParamSpace(model, units)
-    classifier = traced_module_order(model, x[:1])[-1]
-    pcount = space.unit_param_numel
-    count = FlopCache(model, units, x, y, ce_loss)
-    L = len(units)
-
-    full = count(range(L))
-    rows = freeze_rows(units, space, count, cfg.batch_size)
-
-    # FedSeq Table 6
-    layout = build_layout(units, cfg.head_units, cfg.sublayers)
-    ts = _unfreeze_rounds(getattr(cfg, "unfreeze_rounds", None), len(layout.sublayers), s.rounds)
-    all_units = tuple(range(L))
     per_round = s.steps * s.clients  # batches trained a round, over all clients counted
+    share = s.clients / s.num_clients
 
-    def method(
-        phases: list[tuple[int, int, tuple[int, ...]]],
-        counter: Callable[[Sequence[int]], int],
-        names: Sequence[str],
-        params: Sequence[int],
-        uploaded: Callable[[tuple[int, ...]], Sequence[int]],
-    ) -> dict[str, Any]:
+    builds: dict[str, Built] = {}
+    methods: dict[str, Any] = {}
+    schedules: list[RoundSchedule] = []
+    for method in METHODS:
+        doc = apply_method({"method": method})
+        algorithm, mode = doc["algorithm"], doc.get("schedule", "none")
+        if algorithm not in builds:
+            builds[algorithm] = _build(cfg, algorithm, model, x, y, s)
+        b = builds[algorithm]
+        schedule = None
+        if mode != "none":
+            schedule = RoundSchedule.build(mode, b.layout.sublayers, s.rounds, cfg.unfreeze_rounds)
+            schedules.append(schedule)
+        names = [u.name for u in b.units]
+        params = b.space.unit_param_numel
+        shared = b.algorithm.shared_mask(len(b.units))
         out = []
-        for first, last, trained in phases:
+        for first, last, trained in _phases(b, schedule, s):
             n_rounds = last - first + 1
             p = sum(params[u] for u in trained)
-            up = sum(params[u] for u in uploaded(trained))
-            fb = counter(trained)
+            fb = b.flops.units(b.units, trained, x, y)
             out.append(
                 {
                     "rounds": [first, last],
                     "units": [names[u] for u in trained],
                     "params": p,
-                    "upload_params": up,
+                    "upload_params": sum(params[u] for u in trained if shared[u]),
                     "flops_batch": fb,
                     "paper_flops": _count(p * n_rounds * per_round),
                     "flops": _count(fb * n_rounds * per_round),
                 }
             )
-        share = s.clients / s.num_clients
-        return {
+        methods[method] = {
             "paper_flops": sum(ph["paper_flops"] for ph in out),
             "flops": sum(ph["flops"] for ph in out),
             "upload_params": _count(
@@ -314,39 +284,14 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
             "phases": out,
         }
 
+    # Fig. 2 and the setting: FedAvg's model, the config's as it is
+    plain = builds["fedavg"]
+    units, layout = plain.units, plain.layout
     names = [u.name for u in units]
-    whole = [(1, s.rounds, all_units)]
-    methods: dict[str, Any] = {
-        "fedavg": method(whole, count, names, pcount, lambda t: t),
-        "fedbabu": method([(1, s.rounds, layout.base)], count, names, pcount, lambda t: t),
-    }
-    for mode in ("vanilla", "anti"):
-        phases = schedule_phases(mode, layout.sublayers, ts, s.rounds)
-        methods[f"fedseq-{mode}"] = method(phases, count, names, pcount, lambda t: t)
-
-    rod = PersonalHead(copy.deepcopy(model), classifier)
-    # one unit per model unit (same order), then the personal head
-    rod_units = [
-        Unit(u.name, tuple(f"model.{m}" for m in u.modules), tuple(f"model.{p}" for p in u.params))
-        for u in units
-    ]
-    rod_units.append(
-        Unit(
-            PERSONAL_HEAD,
-            (PERSONAL_HEAD,),
-            tuple(f"{PERSONAL_HEAD}.{n}" for n, _ in rod.personal_head.named_parameters()),
-        )
+    rows = freeze_rows(
+        units, plain.space, lambda trained: plain.flops.units(units, trained, x, y), s.batch_size
     )
-    rod_params = [*pcount, sum(p.numel() for p in rod.personal_head.parameters())]
-    rod_count = FlopCache(rod, rod_units, x, y, _fedrod_loss)
-    methods["fedrod"] = method(
-        [(1, s.rounds, tuple(range(L + 1)))],
-        rod_count,
-        [*names, PERSONAL_HEAD],
-        rod_params,
-        lambda t: tuple(u for u in t if u < L),
-    )
-
+    full = plain.flops.units(units, range(len(units)), x, y)
     setting = {
         "dataset": s.dataset,
         "model": s.model,
@@ -355,7 +300,7 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
         "units": names,
         "head": [names[u] for u in layout.head],
         "sublayers": [[names[u] for u in g] for g in layout.sublayers],
-        "unfreeze_rounds": list(ts),
+        "unfreeze_rounds": list(schedules[0].unfreeze_rounds),
         "rounds": s.rounds,
         "batch_size": s.batch_size,
         "samples_per_client": s.samples_per_client,
@@ -365,7 +310,7 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
         "num_clients": s.num_clients,
         "clients_counted": s.clients,
         "participants": s.participants,
-        "params": sum(pcount),
+        "params": sum(plain.space.unit_param_numel),
         "flops_batch_full": full,
         "torch": torch.__version__,
     }
