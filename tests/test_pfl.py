@@ -103,3 +103,62 @@ def test_measured_costs_travel_in_the_checkpoint():
     other = Experiment(cfg)  # measures again: other numbers
     Simulation(other).load_state_dict(saved)
     assert other.system.tau(0, "rollback") == exp.system.tau(0, "rollback")
+
+
+def _spy_train_client(monkeypatch) -> list:
+    """Record (task, runtime, result) of every train_client call fine-tuning makes."""
+    import fedbug.pfl
+
+    seen = []
+    real = fedbug.pfl.train_client
+
+    def spy(weights, task, data, state, runtime):
+        result = real(weights, task, data, state, runtime)
+        seen.append((task, runtime, result))
+        return result
+
+    monkeypatch.setattr(fedbug.pfl, "train_client", spy)
+    return seen
+
+
+def test_finetuning_is_local_training_of_the_whole_fedbabu_model(monkeypatch):
+    """REFERENCE.md: FedBABU fine-tunes the WHOLE model, the head it never trained in FL too;
+    through train_client, in the run's memory format, on the fine-tuning round's generator."""
+    from fedbug.pfl import FINETUNE_ROUND
+
+    cfg = tiny_config(
+        algorithm="fedbabu", model="digits_cnn", num_clients=4, memory_format="channels_last", **PFL
+    )
+    exp = Experiment(cfg)
+    seen = _spy_train_client(monkeypatch)
+    settings = FinetuneSettings(epochs=1, lr=0.05, batch_size=8)
+    exp.personal.finetune(exp.initial_weights(), lambda _i: {}, settings, seed=0)
+    assert [task.client for task, _, _ in seen] == [0, 1, 2, 3]
+    head = exp.space.unit_slices[exp.layout.head[0]]
+    for task, runtime, result in seen:
+        assert task.round == FINETUNE_ROUND
+        assert all(result.trained)  # every unit, the head included
+        assert result.delta[head].abs().sum() > 0
+        x = runtime.prepare(exp.dataset.train_x[:2])
+        assert x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_finetuning_honours_optimizer_momentum_and_clipping(monkeypatch):
+    exp = Experiment(tiny_config(algorithm="fedper", num_clients=3, **PFL))
+    weights = exp.initial_weights()
+    seen = _spy_train_client(monkeypatch)
+
+    def delta(**settings):
+        seen.clear()
+        ft = FinetuneSettings(epochs=1, lr=0.05, batch_size=8, **settings)
+        exp.personal.finetune(weights, lambda _i: {}, ft, seed=0, clients=[0])
+        return seen[0][2].delta
+
+    steps = -(-len(exp.parts[0]) // 8)
+    sgd = delta()
+    clipped = delta(clip_grad_norm=1e-3)  # every step's gradient norm clipped to 1e-3
+    assert float(clipped.norm()) <= steps * 0.05 * 1e-3 * (1 + 1e-4)
+    assert float(sgd.norm()) > 10 * float(clipped.norm())
+    assert not torch.allclose(delta(optimizer="adam"), sgd)
+    assert not torch.equal(delta(momentum=0.9), sgd)
+    assert torch.equal(delta(), sgd)  # the same seed, the same batches

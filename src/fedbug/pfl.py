@@ -4,6 +4,16 @@ Every client (all N, not only the round's participants) is evaluated on its own 
 its own model: the current shared parts plus its local parts (initial until first selected).
 After the last round each client alone fine-tunes ALL its parameters for ``finetune_epochs``
 epochs on its train split, touching no other client nor the global model, and is evaluated again.
+
+Fine-tuning is local training: :func:`fedbug.client.train_client` on a runtime built for it
+(:meth:`PersonalizedEvaluator.finetune_runtime`: policy ``none``; the optimizer, momentum,
+weight decay and clipping of the :class:`FinetuneSettings`; the run's memory format and
+augmentation) with :class:`Finetuning` as the algorithm: every unit trains at every step
+(FedBABU's head too) for plain epochs, on the cross-entropy of the algorithm's prediction
+(:meth:`~fedbug.algorithms.Algorithm.logits`; FedROD: generic + personal logits), and nothing
+else of the algorithm (no proximal or dynamic term, no head phase, no state kept or sent). Its
+batches and augmentation come from the client's generator at round :data:`FINETUNE_ROUND`, an
+address no training round uses.
 """
 
 from __future__ import annotations
@@ -19,10 +29,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm
-from fedbug.client import load_local_parts, with_memory_format
+from fedbug.client import (
+    ClientData,
+    ClientRuntime,
+    ClientTask,
+    TrainSettings,
+    load_local_parts,
+    train_client,
+    with_memory_format,
+)
 from fedbug.data import FederatedDataset
-from fedbug.seeding import torch_generator
+from fedbug.policies import build_policy
 from fedbug.units import ParamSpace
+
+#: the round a fine-tuning client's generator is addressed by (training rounds count from 1)
+FINETUNE_ROUND = 0
 
 
 @dataclass(frozen=True)
@@ -32,6 +53,26 @@ class FinetuneSettings:
     momentum: float = 0.0
     weight_decay: float = 0.0
     batch_size: int = 10
+    optimizer: str = "sgd"
+    clip_grad_norm: float | None = None
+
+
+class Finetuning(Algorithm):
+    """``inner``'s fine-tuning: FedAvg's client (every unit, plain epochs, nothing added to the
+    loss or the gradients, no state) on the cross-entropy of ``inner``'s prediction."""
+
+    name = "finetuning"
+
+    def __init__(self, inner: Algorithm) -> None:
+        super().__init__()
+        self.inner = inner
+        self.layout = inner.layout
+
+    def loss(self, output: Any, y: Tensor) -> Tensor:
+        return F.cross_entropy(self.inner.logits(output), y)
+
+    def logits(self, output: Any) -> Tensor:
+        return self.inner.logits(output)
 
 
 @dataclass
@@ -120,6 +161,28 @@ class PersonalizedEvaluator:
             )
         return scores
 
+    def finetune_runtime(self, settings: FinetuneSettings) -> ClientRuntime:
+        """The runtime :func:`~fedbug.client.train_client` fine-tunes with (see the module
+        docstring)."""
+        train = TrainSettings(
+            local_epochs=settings.epochs,
+            batch_size=settings.batch_size,
+            optimizer=settings.optimizer,
+            momentum=settings.momentum,
+            weight_decay=settings.weight_decay,
+            clip_grad_norm=settings.clip_grad_norm,
+            count_flops=False,
+        )
+        return ClientRuntime(
+            copy.deepcopy(self.model),
+            self.space,
+            build_policy("none"),
+            Finetuning(self.algorithm),
+            train,
+            self.prepare,
+            self.augment,
+        )
+
     def finetune(
         self,
         weights: Tensor,
@@ -132,35 +195,17 @@ class PersonalizedEvaluator:
         and every other client are untouched (each starts from its own copy)."""
         scores = []
         ds = self.dataset
+        runtime = self.finetune_runtime(settings)
         for i in clients if clients is not None else range(len(self.train_parts)):
-            self.flat.copy_(self.client_weights(weights, states(i)))
-            params = [p for p in self.model.parameters()]
-            for p in params:
-                p.requires_grad_(True)
-            opt = torch.optim.SGD(
-                params,
-                lr=settings.lr,
-                momentum=settings.momentum,
-                weight_decay=settings.weight_decay,
-            )
-            gen = torch_generator(seed, "finetune", i)
             idx = self.train_parts[i]
-            self.model.train()
-            for _ in range(settings.epochs if len(idx) else 0):
-                perm = idx[torch.randperm(len(idx), generator=gen)]
-                for start in range(0, len(perm), settings.batch_size):
-                    b = perm[start : start + settings.batch_size]
-                    x = ds.train_x[b]
-                    if self.augment is not None:
-                        x = self.augment(x, gen)
-                    out = self.algorithm.logits(self.model(self.prepare(x)))
-                    loss = F.cross_entropy(out, ds.train_y[b])
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-            scores.append(
-                ClientScore(i, len(self.train_parts[i]), len(self.test_parts[i]), self._score(i))
-            )
+            if settings.epochs and len(idx):
+                task = ClientTask(FINETUNE_ROUND, i, seed, settings.lr, float(len(idx)))
+                data = ClientData(ds.train_x[idx], ds.train_y[idx])
+                train_client(weights, task, data, states(i), runtime)
+                self.flat.copy_(runtime.flat)
+            else:  # nothing to fine-tune on
+                self.flat.copy_(self.client_weights(weights, states(i)))
+            scores.append(ClientScore(i, len(idx), len(self.test_parts[i]), self._score(i)))
         return scores
 
 
