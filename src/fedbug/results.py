@@ -17,10 +17,12 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import platform
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -314,9 +316,26 @@ def load_checkpoint_file(path: Path) -> dict[str, Any]:
             "without --resume"
         )
     try:
-        return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
-    except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file
-        raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded: {e}") from None
+        with warnings.catch_warnings():  # torch's notes on an unusual pickle: refused anyway
+            warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+            return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError:  # torch's refusal of anything but tensors and plain data
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds objects other than tensors and plain data, which "
+            "fedbug never writes; it was refused unread (nothing in it ran): delete it and run "
+            "the config again with another --out"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - any other loading failure is a bad file
+        lines = str(e).strip().splitlines()
+        why = lines[0] if lines and "weights_only" not in str(e) else type(e).__name__
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} cannot be loaded ({_printable(why)[:160]}); delete it and "
+            "run the config again with another --out"
+        ) from None
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def plot_run(records: list[dict[str, Any]], path: Path, title: str) -> None:
