@@ -347,9 +347,9 @@ def levers(args: argparse.Namespace) -> dict[str, Any]:
     """Paired t(off) / t(on) of each lever, alternating within this process."""
     from fedbug.client import ClientTask
     from fedbug.engine import Experiment
+    from fedbug.engine.executors import SequentialExecutor
+    from fedbug.engine.executors.processes import ProcessExecutor, WorkerSpec
     from fedbug.evaluate import Evaluator
-    from fedbug.executors import SequentialExecutor
-    from fedbug.executors.processes import ProcessExecutor, WorkerSpec
 
     reps = args.reps or (3 if args.quick else 5)
     ds = make_dataset(args.shape, args.classes, args.seed)

@@ -47,7 +47,7 @@ def fast_plots(monkeypatch: pytest.MonkeyPatch) -> None:
     def stub(records: list, path: Path, title: str) -> None:
         path.write_bytes(b"\x89PNG\r\n\x1a\n")
 
-    monkeypatch.setattr("fedbug.engine.plot_run", stub)
+    monkeypatch.setattr("fedbug.engine.run_folder.plot_run", stub)
 
 
 def write_config(tmp_path: Path, doc: object = None, name: str = "tiny.yaml", **extra) -> Path:

@@ -233,8 +233,8 @@ def fuzz_env():
     n = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as home, pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOME", home)
-        mp.setattr("fedbug.engine.plot_run", lambda *a, **k: None)
-        mp.setattr("fedbug.engine.plot_partition", lambda *a, **k: None)
+        mp.setattr("fedbug.engine.run_folder.plot_run", lambda *a, **k: None)
+        mp.setattr("fedbug.engine.run_folder.plot_partition", lambda *a, **k: None)
         yield
     torch.set_num_threads(n)
     print(f"\ncli fuzz: {TALLY}")
@@ -271,8 +271,8 @@ def test_any_invocation_runs_one_round_or_is_one_line_exit_2(fuzz_env, doc, sets
 
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr("fedbug.engine.plot_run", lambda *a, **k: None)
-    monkeypatch.setattr("fedbug.engine.plot_partition", lambda *a, **k: None)
+    monkeypatch.setattr("fedbug.engine.run_folder.plot_run", lambda *a, **k: None)
+    monkeypatch.setattr("fedbug.engine.run_folder.plot_partition", lambda *a, **k: None)
 
 
 @pytest.mark.parametrize(

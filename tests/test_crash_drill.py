@@ -64,7 +64,7 @@ SERVER = textwrap.dedent(
     import torch, torch._dynamo
     import rich.progress
     import fedbug.cli, fedbug.engine, fedbug.results, fedbug.data.partition_plot
-    import fedbug.executors.sequential as seq
+    import fedbug.engine.executors.sequential as seq
     from fedbug.data import digits
 
     def arm(kill, events_path):
@@ -96,7 +96,7 @@ SERVER = textwrap.dedent(
             hit(["train", task.round, state["seen"]["train", task.round]])
             return res
 
-        evaluate = fedbug.engine.evaluate_round
+        evaluate = fedbug.engine.rounds.evaluate_round
         def evaluate_round(*args):
             state["seen"]["eval"] = state["seen"].get("eval", 0) + 1
             r = state["seen"]["eval"]
@@ -133,7 +133,7 @@ SERVER = textwrap.dedent(
         fedbug.results.atomic_write_bytes = atomic_write_bytes
         fedbug.data.partition_plot.atomic_write_bytes = atomic_write_bytes
         seq.train_client = train_client
-        fedbug.engine.evaluate_round = evaluate_round
+        fedbug.engine.rounds.evaluate_round = evaluate_round
 
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

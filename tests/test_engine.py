@@ -152,7 +152,7 @@ def test_participation_probability_selects_about_p():
 
 
 def test_mean_of_local_models_evaluation_by_hand_and_resume(tmp_path):
-    from fedbug.engine import LocalModelMean
+    from fedbug.engine.states import LocalModelMean
 
     m = LocalModelMean(torch.zeros(3), num_clients=4)
     m.update(1, torch.tensor([4.0, 0.0, 0.0]))

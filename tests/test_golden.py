@@ -140,8 +140,8 @@ def _golden() -> dict[str, Any]:
 
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch):
-    monkeypatch.setattr("fedbug.engine.plot_run", lambda *a, **k: None)
-    monkeypatch.setattr("fedbug.engine.plot_partition", lambda *a, **k: None)
+    monkeypatch.setattr("fedbug.engine.run_folder.plot_run", lambda *a, **k: None)
+    monkeypatch.setattr("fedbug.engine.run_folder.plot_partition", lambda *a, **k: None)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

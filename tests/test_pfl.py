@@ -5,7 +5,8 @@ import torch
 from tiny import tiny_config
 
 from fedbug.algorithms import ALGORITHMS
-from fedbug.engine import ClientStates, Experiment, run_experiment
+from fedbug.engine import Experiment, run_experiment
+from fedbug.engine.states import ClientStates
 from fedbug.errors import ConfigError
 from fedbug.pfl import ClientScore, FinetuneSettings, summarise
 
@@ -95,7 +96,7 @@ def test_fedrod_client_accuracy_beside_the_global_model_uses_the_generic_head():
 
 
 def test_measured_costs_travel_in_the_checkpoint():
-    from fedbug.engine import Simulation
+    from fedbug.engine.simulation import Simulation
 
     cfg = tiny_config(system={"abilities": "uniform", "cost": "measured"})
     exp = Experiment(cfg)

@@ -9,7 +9,7 @@ from tiny import tiny_config
 from fedbug.client import ClientTask
 from fedbug.config import resolve
 from fedbug.engine import Experiment, run_experiment
-from fedbug.executors.processes import ProcessExecutor, WorkerError, WorkerSpec, deal
+from fedbug.engine.executors.processes import ProcessExecutor, WorkerError, WorkerSpec, deal
 
 TIMING = {"time_train", "time_eval", "wall_time"}
 

@@ -19,8 +19,8 @@ from fedbug.cli import main
 from fedbug.client import ClientResult
 from fedbug.config import config_hash
 from fedbug.engine import run_experiment
+from fedbug.engine.executors import SequentialExecutor
 from fedbug.errors import DivergenceError, RunFolderBusy
-from fedbug.executors import SequentialExecutor
 from fedbug.results import RunDir
 
 
@@ -45,7 +45,7 @@ def corrupt_round(monkeypatch: pytest.MonkeyPatch, round: int, change) -> None:
                 change(results[0])
             return results
 
-    monkeypatch.setattr("fedbug.executors.SequentialExecutor", Corrupting)
+    monkeypatch.setattr("fedbug.engine.executors.SequentialExecutor", Corrupting)
 
 
 def nan_delta(res: ClientResult) -> None:
@@ -211,7 +211,7 @@ def test_too_few_valid_updates_leave_the_weights_unchanged(monkeypatch):
                 results[0].num_samples = 0
             return results
 
-    monkeypatch.setattr("fedbug.executors.SequentialExecutor", Recording)
+    monkeypatch.setattr("fedbug.engine.executors.SequentialExecutor", Recording)
     res = run_experiment(cfg(min_results=3))
     first, second = res.records
     assert first["aggregated"] is False
@@ -310,7 +310,7 @@ def test_out_under_a_file_is_refused_before_any_work(tmp_path, capsys, monkeypat
     def no_run(*_args, **_kwargs):
         raise AssertionError("the run started")
 
-    monkeypatch.setattr("fedbug.engine.Experiment", no_run)
+    monkeypatch.setattr("fedbug.engine.rounds.Experiment", no_run)
     path = write_yaml(tmp_path)
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -325,7 +325,7 @@ def test_read_only_out_is_refused_before_any_work(tmp_path, capsys, monkeypatch,
     def no_run(*_args, **_kwargs):
         raise AssertionError("the run started")
 
-    monkeypatch.setattr("fedbug.engine.Experiment", no_run)
+    monkeypatch.setattr("fedbug.engine.rounds.Experiment", no_run)
     path = write_yaml(tmp_path)
     out = tmp_path / "ro"
     out.mkdir()

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from tiny import tiny_config
 
 from fedbug.client import ClientTask, train_client
-from fedbug.engine import ClientStates, Experiment, run_experiment
+from fedbug.engine import Experiment, run_experiment
+from fedbug.engine.states import ClientStates
 from fedbug.models import build_model
 from fedbug.seeding import torch_generator
 

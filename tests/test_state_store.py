@@ -4,8 +4,9 @@ never written; FedDyn's running sum of all clients' lambda against their full me
 import torch
 from tiny import tiny_config
 
-import fedbug.engine as engine
-from fedbug.engine import ClientStates, Experiment, run_experiment
+import fedbug.engine.rounds as engine
+from fedbug.engine import Experiment, run_experiment
+from fedbug.engine.states import ClientStates
 from fedbug.results import RunDir
 from fedbug.state_store import StateStore
 

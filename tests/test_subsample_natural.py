@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from tiny import blobs_dataset
 
-from fedbug.engine import subsample
+from fedbug.engine.dataprep import subsample
 
 
 def natural(sizes, test_sizes):

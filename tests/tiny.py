@@ -112,8 +112,8 @@ def fast_engine(monkeypatch) -> Iterator[None]:
     def stub(*_args, **_kwargs) -> None:
         return None
 
-    monkeypatch.setattr("fedbug.engine.plot_run", stub)
-    monkeypatch.setattr("fedbug.engine.plot_partition", stub)
+    monkeypatch.setattr("fedbug.engine.run_folder.plot_run", stub)
+    monkeypatch.setattr("fedbug.engine.run_folder.plot_partition", stub)
     n = torch.get_num_threads()
     try:
         yield

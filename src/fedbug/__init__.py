@@ -1,13 +1,12 @@
 """fedbug: federated learning with layer freezing (FedBug, FreezeFL, FedSeq) on one simulator."""
 
-__version__ = "0.1.0"
-
 from typing import Any
 
 from fedbug.config import Config, load_config
 from fedbug.data import FederatedDataset, load_dataset
 from fedbug.engine import Experiment, RunResult, run_experiment
 from fedbug.errors import ConfigError, DataError, FedbugError
+from fedbug.version import __version__
 
 
 def config(**values: Any) -> Any:
@@ -18,6 +17,7 @@ def config(**values: Any) -> Any:
 run = run_experiment
 
 __all__ = [
+    "__version__",
     "Config",
     "ConfigError",
     "DataError",

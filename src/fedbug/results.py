@@ -23,12 +23,13 @@ import subprocess
 import sys
 import time
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedbug.errors import CheckpointError, FedbugError, RunFolderBusy
+from fedbug.errors import CheckpointError, FedbugError, ResultsError, RunFolderBusy
 
 CHECKPOINT_MAGIC = b"FEDBUG-CHECKPOINT-1 "
 LOCK_NAME = ".lock"
@@ -154,7 +155,7 @@ def git_commit() -> str:
 def environment() -> dict[str, Any]:
     import numpy
 
-    from fedbug import __version__
+    from fedbug.version import __version__
 
     return {
         "fedbug": __version__,
@@ -248,6 +249,9 @@ class RunDir:
             os.close(fd)
 
     def write_json(self, name: str, obj: Any) -> None:
+        """Write ``name`` atomically; ``summary.json`` gets its checksum (:data:`CRC_KEY`)."""
+        if name == SUMMARY_NAME and isinstance(obj, dict):
+            obj = with_crc(obj)
         atomic_write_text(self.path / name, json.dumps(obj, indent=1, sort_keys=False) + "\n")
 
     def write_config(self, text: str) -> None:
@@ -255,7 +259,8 @@ class RunDir:
 
     # -- metrics ---------------------------------------------------------------------
     def append_metrics(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":")) + "\n"
+        """Append one round's record as one line with its checksum, fsynced."""
+        line = json.dumps(with_crc(record), separators=(",", ":")) + "\n"
         try:
             with open(self.metrics_path, "a", encoding="utf-8") as f:
                 if os.environ.get(SLOW_WRITES_ENV):  # test-only: a window for a torn line
@@ -270,24 +275,84 @@ class RunDir:
             raise _naming(e, self.metrics_path) from e
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        if not self.metrics_path.exists():
-            return []
-        records = []
-        for line in self.metrics_path.read_text(encoding="utf-8").splitlines(keepends=True):
-            if not line.endswith("\n"):
-                break  # a torn last line from a killed run
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-        return records
+        """Every round's record, in order, without its checksum. A torn last line (no newline:
+        a killed writer's) is dropped; any other damage (invalid UTF-8 or JSON, a checksum that
+        does not match, a line without a checksum where the others have one, a round out of
+        sequence) raises :class:`ResultsError` naming the file and the line."""
+        return self._read_metrics(None)[0]
 
     def truncate_metrics(self, up_to_round: int) -> list[dict[str, Any]]:
-        """Keep only whole records of rounds <= ``up_to_round``; return them."""
-        keep = [r for r in self.read_metrics() if r["round"] <= up_to_round]
-        text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in keep)
+        """Keep only the records of rounds <= ``up_to_round`` (a checkpoint's round); return
+        them. Lines after it are dropped unread (their rounds are redone); a damaged line
+        before it, or fewer rounds than that, raise :class:`ResultsError`."""
+        keep = self._read_metrics(up_to_round)[0] if up_to_round > 0 else []
+        if len(keep) < up_to_round:
+            raise ResultsError(
+                f"{str(self.metrics_path)!r} holds {len(keep)} whole rounds where the checkpoint "
+                f"is at round {up_to_round}; {_WAY_OUT}"
+            )
+        text = "".join(json.dumps(with_crc(r), separators=(",", ":")) + "\n" for r in keep)
         atomic_write_text(self.metrics_path, text)
         return keep
+
+    def _read_metrics(self, up_to_round: int | None) -> tuple[list[dict[str, Any]], bool]:
+        """(the records of whole lines up to ``up_to_round``, whether the lines carry
+        checksums); see :meth:`read_metrics`."""
+        try:
+            raw = self.metrics_path.read_bytes()
+        except FileNotFoundError:
+            return [], False
+        except OSError as e:
+            raise _naming(e, self.metrics_path) from e
+        lines = raw.split(b"\n")[:-1]  # what follows the last newline is a torn line or empty
+        parsed = [_parse_line(line) for line in lines]
+        checked = any(crc is not None for _, crc, _ in parsed)  # this file's lines have them
+        cut = len(lines) if up_to_round is None else min(up_to_round, len(lines))
+        records = []
+        for n, (record, crc, problem) in enumerate(parsed[:cut], start=1):
+            if problem is None and checked and crc is None:
+                problem = "no checksum where the other lines have one"
+            if problem is None and record["round"] != n:
+                problem = f"round {record['round']} where round {n} belongs"
+            if problem is not None:
+                raise ResultsError(
+                    f"{str(self.metrics_path)!r} line {n} is damaged ({problem}); {_WAY_OUT}"
+                )
+            records.append(record)
+        return records, checked
+
+    # -- summary ---------------------------------------------------------------------
+    def read_summary(self) -> dict[str, Any]:
+        """``summary.json``, checked; see :func:`read_summary`."""
+        return read_summary(self.summary_path)
+
+    def read_run(self) -> dict[str, Any]:
+        """A finished run read back (``{"run_dir", "summary", "records"}``): each file checked,
+        and the two against each other (as many whole rounds as the summary says, both with
+        checksums or both without), so that a damaged or cut file is a :class:`ResultsError`,
+        never a shorter history."""
+        summary, summary_checked = _read_summary(self.summary_path)
+        records, checked = self._read_metrics(None)
+        rounds = summary.get("rounds")
+        if isinstance(rounds, int) and rounds != len(records):
+            torn = ""
+            with contextlib.suppress(OSError):
+                raw = self.metrics_path.read_bytes()
+                torn = " and a torn last line" if raw and not raw.endswith(b"\n") else ""
+            raise ResultsError(
+                f"{str(self.metrics_path)!r} holds {len(records)} whole rounds{torn} where "
+                f"summary.json says {rounds}; {_WAY_OUT}"
+            )
+        if records and checked != summary_checked:
+            which, other = (
+                (self.summary_path, "metrics.jsonl")
+                if checked
+                else (self.metrics_path, "summary.json")
+            )
+            raise ResultsError(
+                f"{str(which)!r} is damaged (no checksum where {other} has them); {_WAY_OUT}"
+            )
+        return {"run_dir": self.path, "summary": summary, "records": records}
 
     # -- checkpoints -----------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any]) -> None:
@@ -299,6 +364,88 @@ class RunDir:
 
     def load_checkpoint(self) -> dict[str, Any]:
         return load_checkpoint_file(self.checkpoint_path)
+
+
+#: the checksum field of a metrics line and of summary.json
+CRC_KEY = "crc"
+SUMMARY_NAME = "summary.json"
+_WAY_OUT = "restore the file from a copy, or run the config again with another --out"
+
+
+def record_crc(obj: dict[str, Any]) -> str:
+    """8 hex digits: the CRC-32 of ``obj``'s canonical JSON (keys sorted, no spaces, ASCII),
+    the checksum key left out. Computed over ``obj`` as JSON reads it back."""
+    body = {k: v for k, v in obj.items() if k != CRC_KEY}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return f"{zlib.crc32(canonical.encode('ascii')):08x}"
+
+
+def with_crc(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as JSON writes it, with its checksum as the last key."""
+    plain = json.loads(json.dumps(obj))
+    plain.pop(CRC_KEY, None)
+    plain[CRC_KEY] = record_crc(plain)
+    return plain
+
+
+def _check_crc(obj: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(the checksum ``obj`` carries or None, what is wrong or None); pops it from ``obj``."""
+    crc = obj.pop(CRC_KEY, None)
+    if crc is None:
+        return None, None
+    if not isinstance(crc, str) or crc != record_crc(obj):
+        return str(crc), "checksum mismatch"
+    return crc, None
+
+
+def _parse_line(line: bytes) -> tuple[dict[str, Any], str | None, str | None]:
+    """(record, checksum, what is wrong) of one metrics line."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return {}, None, "not valid UTF-8"
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError):
+        return {}, None, "not valid JSON"
+    if not isinstance(record, dict):
+        return {}, None, "not a round's record"
+    crc, problem = _check_crc(record)
+    if problem is None and (type(record.get("round")) is not int):
+        problem = "no round number"
+    return record, crc, problem
+
+
+def read_summary(path: Path | str) -> dict[str, Any]:
+    """A run's ``summary.json``: whole UTF-8 JSON holding a mapping whose checksum (where it has
+    one: written by older versions it has none) matches; else :class:`ResultsError` naming the
+    file. The checksum field is left out of what is returned."""
+    return _read_summary(Path(path))[0]
+
+
+def _read_summary(path: Path) -> tuple[dict[str, Any], bool]:
+    crc = None
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ResultsError(f"{str(path)!r} not found: the run has not finished") from None
+    except OSError as e:
+        raise _naming(e, path) from e
+    problem = None
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        problem = "not valid UTF-8"
+    except (ValueError, RecursionError):
+        problem = "not valid JSON: cut short or overwritten"
+    else:
+        if not isinstance(obj, dict):
+            problem = "not a run summary"
+        else:
+            crc, problem = _check_crc(obj)
+    if problem is not None:
+        raise ResultsError(f"{str(path)!r} is damaged ({problem}); {_WAY_OUT}")
+    return obj, crc is not None
 
 
 def load_checkpoint_file(path: Path) -> dict[str, Any]:

@@ -56,7 +56,8 @@ def test_running_sum_equals_mean_of_all_client_states():
     )
     assert res.records[-1]["test_acc"] is not None
     # Re-run keeping the experiment's internals to compare running sum and client states.
-    from fedbug.engine import ClientStates, Experiment
+    from fedbug.engine import Experiment
+    from fedbug.engine.states import ClientStates
 
     exp = Experiment(tiny_config(algorithm="feddyn", rounds=1))
     states = ClientStates(exp.algorithm, exp.space)

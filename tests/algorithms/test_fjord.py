@@ -399,7 +399,7 @@ def test_models_it_cannot_handle_are_refused():
 
 
 def test_engine_averages_each_entry_over_the_clients_holding_it():
-    from fedbug.engine import Simulation
+    from fedbug.engine.simulation import Simulation
 
     cfg = _cfg(rounds=1, fjord={"widths": [0.25, 1.0]})
     res = run_experiment(cfg)

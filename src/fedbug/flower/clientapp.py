@@ -34,12 +34,12 @@ def experiment_for(run_config: dict[str, Any], node_config: dict[str, Any]) -> A
     key = (text, data_dir)
     if key not in _CACHE:
         from fedbug.config import load_config
-        from fedbug.engine import Experiment
+        from fedbug.engine.experiment import ClientSide
 
         doc = json.loads(text)
         if data_dir:
             doc["data_dir"] = data_dir
-        exp = Experiment(load_config(None, doc=doc))
+        exp = ClientSide(load_config(None, doc=doc))
         _CACHE.clear()  # one run's experiment a process
         _CACHE[key] = (exp, exp.make_runtime())
     return _CACHE[key]

@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 from torch import Tensor
 
 from fedbug.client import ClientResult, ClientTask
-from fedbug.executors.base import Executor
+from fedbug.engine.executors.base import Executor
 from fedbug.flower.messages import ReplyError, decode_reply, encode_task
 
 

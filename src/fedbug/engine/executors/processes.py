@@ -1,13 +1,14 @@
 """Clients in worker processes: ``executor: processes`` with ``workers`` processes.
 
 Each worker is started once per run (``spawn``), builds its own
-:class:`~fedbug.engine.Experiment` from the run's config and data (the data set's tensors
-travel once, in shared memory), sets ``torch.set_num_threads(threads)`` and keeps one
-:class:`~fedbug.client.ClientRuntime` for the whole run. A round's tasks are dealt to the
+:class:`~fedbug.engine.experiment.ClientSide` (never the round loop) from the run's config and
+data (the data set's tensors travel once, in shared memory), sets
+``torch.set_num_threads(threads)`` and keeps one :class:`~fedbug.client.ClientRuntime` for the
+whole run. A round's tasks are dealt to the
 workers (largest clients first, each to the least loaded worker); each worker runs
 :func:`~fedbug.client.train_client` on its share exactly as the sequential executor does, so
 with randomness addressed by (seed, round, client) the results are bitwise those of
-:class:`~fedbug.executors.sequential.SequentialExecutor` (at the same thread count).
+:class:`~fedbug.engine.executors.sequential.SequentialExecutor` (at the same thread count).
 
 Messages are plain pickles over pipes (tensors copied into the message, not left in shared
 memory, so no file descriptor is held per result). A worker that raises or dies stops the run
@@ -30,7 +31,8 @@ import torch
 from torch import Tensor, nn
 
 from fedbug.client import ClientResult, ClientTask, train_client
-from fedbug.executors.base import Executor
+from fedbug.engine.executors.base import Executor
+from fedbug.engine.experiment import ClientSide
 
 #: Seconds a worker may take to start (import torch, build its experiment) or to stop.
 START_TIMEOUT = 600.0
@@ -63,10 +65,8 @@ def _worker_main(spec: WorkerSpec, threads: int, conn: Connection) -> None:
     """A worker's life: build the runtime, then train the tasks it is sent until told to stop."""
     try:
         torch.set_num_threads(threads)
-        from fedbug.engine import Experiment  # here: the engine imports this package
-
-        exp = Experiment(spec.cfg, spec.dataset, spec.model)
-        torch.set_num_threads(threads)  # Experiment sets the config's count; keep ours
+        exp = ClientSide(spec.cfg, spec.dataset, spec.model)
+        torch.set_num_threads(threads)  # ClientSide sets the config's count; keep ours
         runtime = exp.make_runtime()
         _send(conn, ("ready", None))
     except BaseException:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedbug.executors.base import Executor
-from fedbug.executors.sequential import SequentialExecutor
+from fedbug.engine.executors.base import Executor
+from fedbug.engine.executors.sequential import SequentialExecutor
 
 if TYPE_CHECKING:
-    from fedbug.engine import Experiment
+    from fedbug.engine.experiment import Experiment
 
 __all__ = ["Executor", "SequentialExecutor", "build_executor"]
 
@@ -20,7 +20,7 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
     if name == "sequential":
         return SequentialExecutor(exp.make_runtime(), exp.client_data)
     if name == "processes":
-        from fedbug.executors.processes import ProcessExecutor, WorkerSpec
+        from fedbug.engine.executors.processes import ProcessExecutor, WorkerSpec
 
         dataset, model = exp.sources
         spec = WorkerSpec(exp.cfg, dataset, model)

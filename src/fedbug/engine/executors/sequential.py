@@ -7,7 +7,7 @@ from collections.abc import Callable
 from torch import Tensor
 
 from fedbug.client import ClientData, ClientResult, ClientRuntime, ClientTask, train_client
-from fedbug.executors.base import Executor
+from fedbug.engine.executors.base import Executor
 
 
 class SequentialExecutor(Executor):

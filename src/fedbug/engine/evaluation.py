@@ -1,0 +1,98 @@
+"""The round's test figures: global, mean of local models, each client on its own test set."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from fedbug.pfl import (
+    FinetuneSettings,
+    clients_csv,
+    pfl_summary,
+    plot_clients,
+)
+from fedbug.pfl import summarise as summarise_scores
+from fedbug.results import RunDir, atomic_write_text
+
+if TYPE_CHECKING:
+    from fedbug.engine.experiment import Experiment
+    from fedbug.engine.states import ClientStates, LocalModelMean
+
+
+def evaluate_round(
+    exp: Experiment, eval_weights: Tensor, local_mean: LocalModelMean | None, states: ClientStates
+) -> dict[str, Any]:
+    """The round's test figures for the config's ``evaluation`` (plus each client's own test
+    accuracy under the global model where clients have test sets: FreezeFL's acc_client_mean)."""
+    if exp.cfg.evaluation == "personalized":
+        figures = client_figures(exp, eval_weights, states.get)
+        return {"test_acc": figures["acc_client_mean"], "test_loss": None, **figures}
+    out: dict[str, Any]
+    if local_mean is not None:
+        acc, loss = exp.evaluator.evaluate(local_mean.mean())
+        acc_s, loss_s = exp.evaluator.evaluate(eval_weights)
+        out = {"test_acc": acc, "test_loss": loss, "test_acc_server": acc_s}
+        out["test_loss_server"] = loss_s
+    else:
+        acc, loss = exp.evaluator.evaluate(eval_weights)
+        out = {"test_acc": acc, "test_loss": loss}
+    if exp.personal is not None:
+        out.update(client_figures(exp, eval_weights, lambda _client: {}, generic=True))
+    return out
+
+
+def client_figures(
+    exp: Experiment,
+    weights: Tensor,
+    states: Callable[[int], dict[str, Tensor]],
+    generic: bool = False,
+) -> dict[str, Any]:
+    """Mean, std (over clients) and weighted accuracy of every client on its own test set
+    (``generic``: the global model's own output, without any personal part)."""
+    figures = summarise_scores(exp.personal.evaluate(weights, states, generic=generic))
+    return {
+        "acc_client_mean": figures["mean"],
+        "acc_client_std": figures["std"],
+        "acc_client_weighted": figures["weighted"],
+    }
+
+
+def personalize(
+    exp: Experiment, weights: Tensor, states: ClientStates, rd: RunDir | None
+) -> dict[str, Any]:
+    """After the last round: every client's accuracy before and after fine-tuning on its own
+    data (FedSeq Algorithm 1, lines 20-26); writes clients.csv and clients.png."""
+    cfg = exp.cfg
+    before = exp.personal.evaluate(weights, states.get)
+    settings = FinetuneSettings(
+        epochs=cfg.finetune_epochs,
+        lr=cfg.finetune_lr if cfg.finetune_lr is not None else cfg.lr,
+        momentum=cfg.finetune_momentum,
+        weight_decay=cfg.weight_decay,
+        batch_size=cfg.batch_size,
+    )
+    after = exp.personal.finetune(weights, states.get, settings, cfg.seed)
+    block = pfl_summary(before, after)
+    if rd is not None:
+        atomic_write_text(rd.path / "clients.csv", clients_csv(block))
+        plot_clients(block, rd.path / "clients.png", f"{cfg.name}: each client's own accuracy")
+    return block
+
+
+def round_bytes(exp: Experiment, shared: set[int], round: int, model_bytes: int) -> int:
+    """Bytes a client downloads: the shared units, less (under a FedSeq schedule) the base
+    sub-layers not yet unfrozen, whose initial values every client already holds."""
+    if exp.schedule is None:
+        return model_bytes
+    sent = set(exp.schedule.round_units(round)) | (shared - exp.schedule.base_units)
+    return exp.space.bytes_of([u in shared and u in sent for u in range(exp.space.num_units)])
+
+
+def trained_sublayers(exp: Experiment, round: int) -> list[int]:
+    """The base sub-layers (1-based, input to output) scheduled in ``round``: all without a
+    schedule."""
+    if exp.schedule is None:
+        return list(range(1, len(exp.layout.sublayers) + 1))
+    return exp.schedule.trained_sublayers(round)

@@ -1,0 +1,236 @@
+"""Building an experiment from a config: :class:`ClientSide` (what every client needs: data,
+partition, model units, algorithm, policy, settings) and :class:`Experiment` (the server's
+parts on top: simulated system, selection, evaluators)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from fedbug.algorithms import Algorithm, build_algorithm
+from fedbug.client import (
+    ClientData,
+    ClientRuntime,
+    TrainSettings,
+    with_memory_format,
+)
+from fedbug.config import BaseConfig, resolve
+from fedbug.data import FederatedDataset, load_dataset, partition
+from fedbug.data.augment import AUGMENTATIONS
+from fedbug.engine.dataprep import natural_clients, personal_test_sets, subsample
+from fedbug.errors import ConfigError
+from fedbug.evaluate import Evaluator
+from fedbug.layout import build_layout
+from fedbug.models import build_model
+from fedbug.pfl import (
+    PersonalizedEvaluator,
+)
+from fedbug.policies import StepCtx, build_policy
+from fedbug.policies.base import Intersection
+from fedbug.policies.schedule import RoundSchedule
+from fedbug.seeding import derive_seed
+from fedbug.selection import SELECTIONS
+from fedbug.system import SystemModel, per_sample_costs
+from fedbug.units import ParamSpace, find_units, traced_module_order
+
+ModelSource = nn.Module | Callable[[], nn.Module] | None
+
+
+class ClientSide:
+    """What clients need, built once from a config (and optionally a user's model and data):
+    the data and its partition, the model template cut into units, the algorithm, the freeze
+    policy and the local-training settings. A worker process or Flower node builds only this;
+    :class:`Experiment` adds the server's parts."""
+
+    def __init__(
+        self, cfg: BaseConfig, dataset: FederatedDataset | None = None, model: ModelSource = None
+    ) -> None:
+        self.cfg = cfg = resolve(cfg)
+        torch.set_num_threads(cfg.threads)
+        self.sources = (dataset, model)  # what worker processes rebuild the experiment from
+        data_dir = Path(cfg.data_dir).expanduser() if cfg.data_dir else None
+        ds = (
+            dataset
+            if dataset is not None
+            else load_dataset(cfg.dataset, data_dir, cfg.dataset_options, cfg.num_clients)
+        )
+        if cfg.subsample < 1.0:
+            ds = subsample(ds, cfg.subsample)
+        self.dataset = ds
+        if cfg.partition == "natural":
+            self.parts, ds = natural_clients(ds, cfg.num_clients, cfg.seed)
+            self.dataset = ds
+        else:
+            self.parts = partition(
+                ds.train_y,
+                cfg.num_clients,
+                cfg.partition,
+                cfg.alpha,
+                cfg.seed,
+                cfg.unbalanced_sigma,
+                ds.num_classes,
+                cfg.min_client_samples,
+            )
+        # Per-client test sets: test_parts[i] indexes self.dataset.test_x / test_y (see
+        # personal_test_sets); for personalized evaluation, and for acc_client_mean beside a
+        # global model when clients have their own test samples (LEAF) or pfl_test is set.
+        self.test_parts: list[Tensor] | None = None
+        natural_tests = cfg.partition == "natural" and ds.natural_test_clients is not None
+        if cfg.evaluation == "personalized" or cfg.pfl_test is not None or natural_tests:
+            self.parts, self.test_parts, ds = personal_test_sets(ds, self.parts, cfg)
+            self.dataset = ds
+        self.num_clients = len(self.parts)
+        blocks = {name: cfg.options(name) for name in type(cfg).model_fields}
+        self.algorithm: Algorithm = build_algorithm(cfg.algorithm, cfg.global_lr, blocks)
+        if cfg.evaluation != "personalized" and not self.algorithm.has_global_model:
+            raise ConfigError(
+                f"{cfg.algorithm} keeps part of every model on its client, so there is no global "
+                f"model to evaluate (evaluation: {cfg.evaluation}); use evaluation: personalized"
+            )
+        example = self.example = ds.prepare(ds.train_x[:2])
+        model = self._build_model(model)
+        self.classifier = traced_module_order(model, example)[-1]
+        self.template = self.algorithm.wrap_model(model, self.classifier)
+        self.units = find_units(self.template, example, names=cfg.units)
+        self.space = ParamSpace(self.template, self.units)
+        self.layout = build_layout(
+            self.units, cfg.head_units, cfg.sublayers, self.algorithm.extra_modules
+        )
+        self.algorithm.setup(self.layout)
+        # the units the server and clients exchange (the rest stay on each client)
+        self.shared = set(self.algorithm.shared_units(self.space.num_units))
+        self.shared_mask = [u in self.shared for u in range(self.space.num_units)]
+        # freeze policies see the model's own units, not those an algorithm adds (as the client)
+        policy_units = self.policy_units = self.space.num_units - len(self.layout.extra)
+        self.policy = build_policy(cfg.policy, cfg.options(cfg.policy))
+        if not len(self.policy.trainable_units(StepCtx(1, 1, policy_units))):
+            raise ConfigError(f"policy {cfg.policy!r} trains no unit of this model")
+        self.schedule: RoundSchedule | None = None
+        if cfg.schedule != "none":
+            self.schedule = RoundSchedule.build(
+                cfg.schedule, self.layout.sublayers, cfg.rounds, cfg.unfreeze_rounds
+            )
+            self.policy = Intersection((self.policy, self.schedule))
+            for t in sorted({t + 1 for t in self.schedule.unfreeze_rounds}):
+                ctx = StepCtx(1, 1, policy_units, t, 0, cfg.rounds)
+                if not len(self.policy.trainable_units(ctx)):
+                    raise ConfigError(
+                        f"policy {cfg.policy!r} under schedule {cfg.schedule!r} trains no unit "
+                        f"in round {t}; use another policy or schedule"
+                    )
+        self.settings = TrainSettings(
+            local_epochs=cfg.local_epochs,
+            local_steps=cfg.local_steps,
+            batch_size=cfg.batch_size,
+            optimizer=cfg.optimizer,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            clip_grad_norm=cfg.clip_grad_norm,
+            count_flops=cfg.count_flops,
+        )
+        sizes = [len(p) for p in self.parts]
+        self.sizes = sizes
+        self.mean_samples = sum(sizes) / len(sizes)
+
+    def _build_model(self, model: ModelSource) -> nn.Module:
+        ds, cfg = self.dataset, self.cfg
+        if model is None:
+            return build_model(
+                cfg.model, ds.input_shape, ds.num_classes, cfg.seed, **cfg.model_options
+            )
+        if isinstance(model, nn.Module):
+            return copy.deepcopy(model)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(cfg.seed, "model"))
+            return model()
+
+    @property
+    def keeps_client_state(self) -> bool:
+        return self.algorithm.stateful_clients or bool(
+            self.algorithm.local_units(self.space.num_units)
+        )
+
+    def client_data(self, client: int) -> ClientData:
+        idx = self.parts[client]
+        return ClientData(self.dataset.train_x[idx], self.dataset.train_y[idx])
+
+    def augmentation(self) -> Callable[[Tensor, torch.Generator], Tensor] | None:
+        name = self.dataset.augmentation if self.cfg.augment == "auto" else self.cfg.augment
+        return AUGMENTATIONS.get(name)
+
+    def make_runtime(self) -> ClientRuntime:
+        return ClientRuntime(
+            copy.deepcopy(self.template),
+            self.space,
+            self.policy,
+            self.algorithm,
+            self.settings,
+            with_memory_format(self.dataset.prepare, self.cfg.memory_format),
+            self.augmentation(),
+            self.classifier,
+        )
+
+    def initial_weights(self) -> Tensor:
+        return self.space.flatten(self.template)
+
+
+class Experiment(ClientSide):
+    """Everything a run needs: the clients' side plus the server's (the simulated system, the
+    selection, evaluation)."""
+
+    def __init__(
+        self, cfg: BaseConfig, dataset: FederatedDataset | None = None, model: ModelSource = None
+    ) -> None:
+        super().__init__(cfg, dataset, model)
+        cfg, ds, example, policy_units = self.cfg, self.dataset, self.example, self.policy_units
+        sizes = self.sizes
+        self.system: SystemModel | None = None
+        if cfg.system is not None:
+            labels = ds.train_y[: len(example)]
+            costs = per_sample_costs(
+                cfg.system,
+                copy.deepcopy(self.template),
+                self.units,
+                example,
+                labels,
+                self.algorithm.loss,
+            )[:policy_units]  # an algorithm's own units (FedROD's personal head) always train
+            self.system = SystemModel(
+                cfg.system,
+                self.space,
+                costs,
+                sizes,
+                cfg.local_epochs,
+                self.num_clients,
+                cfg.seed,
+                policy_units=policy_units,
+                shared=self.shared_mask,
+            )
+            self.algorithm.setup_system(self.system, copy.deepcopy(self.template), example, labels)
+        self.policy.setup_server(self.system, cfg)
+        self.selection = SELECTIONS.get(cfg.resolved_selection()).build(
+            cfg, self.num_clients, self.system
+        )
+        self.evaluator = Evaluator(
+            self.template, self.space, ds, cfg.eval_batch_size, cfg.memory_format
+        )
+        self.personal: PersonalizedEvaluator | None = None
+        if self.test_parts is not None:
+            self.personal = PersonalizedEvaluator(
+                self.template,
+                self.space,
+                self.algorithm,
+                ds,
+                self.parts,
+                self.test_parts,
+                cfg.eval_batch_size,
+                self.augmentation(),
+                cfg.memory_format,
+            )
+
+    def lr_at(self, round: int) -> float:
+        return self.cfg.lr * self.cfg.lr_decay ** (round - 1)

@@ -1,0 +1,308 @@
+"""The round loop. It knows nothing of where local training runs (that is the executor's).
+
+One round: select clients -> send weights and round config -> each client trains (executor) ->
+aggregate per unit over the clients that trained it -> algorithm's server update -> evaluate ->
+one metrics record -> checkpoint every N rounds.
+
+Every update passes :func:`fedbug.checks.check_update` before aggregation: a malformed one is
+dropped (``dropped`` in the round's record), a non-finite one stops the run with a
+:class:`~fedbug.errors.DivergenceError` (or is dropped with ``on_divergence: skip_client``); a
+round with fewer than ``min_results`` valid updates is not aggregated. The run folder is locked
+(``.lock``) while the run writes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedbug.aggregate import Aggregate
+from fedbug.algorithms.base import ServerStep
+from fedbug.checks import check_update, divergence_hint, is_divergence
+from fedbug.client import (
+    ClientResult,
+    ClientTask,
+)
+from fedbug.config import BaseConfig, config_hash
+from fedbug.data import FederatedDataset
+from fedbug.engine.evaluation import evaluate_round, personalize, round_bytes, trained_sublayers
+from fedbug.engine.executors import Executor, build_executor
+from fedbug.engine.experiment import Experiment, ModelSource
+from fedbug.engine.run_folder import open_run, save_checkpoint, write_summary
+from fedbug.engine.simulation import Simulation
+from fedbug.engine.states import STATE_STORE_MIN_BYTES, ClientStates, LocalModelMean
+from fedbug.engine.summary import make_summary, weights_sha256
+from fedbug.errors import DivergenceError
+from fedbug.results import RunDir
+
+RoundCallback = Callable[[dict[str, Any]], None]
+ExecutorFactory = Callable[["Experiment"], Executor]
+
+
+@dataclass
+class RunResult:
+    run_dir: Path | None
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+    weights: Tensor = field(repr=False)
+
+
+def run_experiment(
+    cfg: BaseConfig,
+    run_dir: Path | str | None = None,
+    *,
+    resume: bool = False,
+    dataset: FederatedDataset | None = None,
+    model: ModelSource = None,
+    on_round: RoundCallback | None = None,
+    stop_after: int | None = None,
+    executor_factory: ExecutorFactory | None = None,
+) -> RunResult:
+    """Run (or resume) one experiment; write its run folder when ``run_dir`` is given.
+
+    ``executor_factory`` builds the executor from the experiment (default: the one the config
+    names); the Flower ServerApp passes one that sends clients to its grid.
+
+    ``stop_after`` ends the run after that round (as a kill would, for tests of ``resume``).
+    While it runs, the run folder holds a lock (``.lock``, removed at the end, even on errors);
+    a second run on the same folder raises :class:`~fedbug.errors.RunFolderBusy`. A run whose
+    loss or weights stop being finite raises :class:`~fedbug.errors.DivergenceError` after
+    writing ``summary.json`` with ``"status": "diverged"``.
+    """
+    if run_dir is None:
+        with contextlib.ExitStack() as cleanup:  # what the run opens is closed however it ends
+            args = (cfg, None, resume, dataset, model, on_round, stop_after, executor_factory)
+            return _run(cleanup, *args)
+    rd = RunDir(Path(run_dir))
+    created = not rd.path.exists()
+    rd.create()
+    try:
+        rd.acquire_lock()
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                rd.path.rmdir()
+        raise
+    try:
+        rd.remove_stale_temps()  # a killed run's half-written files; the lock is ours now
+        with contextlib.ExitStack() as cleanup:
+            args = (cfg, rd, resume, dataset, model, on_round, stop_after, executor_factory)
+            return _run(cleanup, *args)
+    finally:
+        rd.release_lock()
+        if created:
+            with contextlib.suppress(OSError):  # only an empty folder: the run wrote nothing
+                rd.path.rmdir()
+
+
+def _run(
+    cleanup: contextlib.ExitStack,
+    cfg: BaseConfig,
+    rd: RunDir | None,
+    resume: bool,
+    dataset: FederatedDataset | None,
+    model: ModelSource,
+    on_round: RoundCallback | None,
+    stop_after: int | None,
+    executor_factory: ExecutorFactory | None = None,
+) -> RunResult:
+    exp = Experiment(cfg, dataset, model)
+    cfg = exp.cfg
+    weights = exp.initial_weights()
+    server_state = exp.algorithm.init_server_state(weights, exp.num_clients)
+    # client state on disk when it could outgrow memory (N clients x a full model of state)
+    on_disk = rd is not None and exp.num_clients * exp.space.total * 4 > STATE_STORE_MIN_BYTES
+    states = ClientStates(
+        exp.algorithm,
+        exp.space,
+        rd.path / "client_states" if on_disk else None,
+        exp.num_clients,
+    )
+    cleanup.callback(states.close)  # the on-disk store's maps; its files stay for a resume
+    sim = Simulation(exp)
+    local_mean = (
+        LocalModelMean(weights, exp.num_clients)
+        if cfg.evaluation == "mean_of_local_models"
+        else None
+    )
+    records: list[dict[str, Any]] = []
+    start = 1
+    chash = config_hash(cfg)
+    if rd is not None:
+        weights, server_state, start, records = open_run(
+            rd, exp, resume, chash, weights, server_state, states, local_mean, sim
+        )
+    # workers start only once the run folder is settled (a refused resume starts none)
+    if executor_factory is not None:
+        executor = executor_factory(exp)
+    else:
+        executor = build_executor(exp, rd.path if rd is not None else None)
+    t_run = time.perf_counter()
+    last_round = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
+    shared, shared_mask = exp.shared, exp.shared_mask
+    model_bytes = exp.space.bytes_of(shared_mask)
+    diverged: DivergenceError | None = None
+    try:
+        for r in range(start, last_round + 1):
+            t0 = time.perf_counter()
+            clients = exp.selection.select(r, cfg.seed, exp.num_clients)
+            payload = exp.algorithm.payload(server_state)
+            tasks = [
+                ClientTask(
+                    r,
+                    i,
+                    cfg.seed,
+                    exp.lr_at(r),
+                    exp.mean_samples,
+                    payload,
+                    cfg.rounds,
+                    sim.client_extra(i),
+                )
+                for i in clients
+            ]
+            client_states = {i: states.get(i) for i in clients}
+            t_train = time.perf_counter()
+            results = executor.run_round(weights, tasks, client_states)
+            t_train = time.perf_counter() - t_train
+            lost = executor.lost()  # clients whose update never came
+            results, dropped = screen_updates(exp, r, results)
+            dropped = sorted(lost + dropped, key=lambda d: d["client"])
+            aggregated = len(results) >= executor.required(len(tasks), cfg.min_results)
+            agg = Aggregate(exp.space, cfg.weighting)
+            if aggregated:
+                for res in results:
+                    sent = res.uploaded if cfg.upload == "partial" else shared_mask
+                    agg.add(
+                        res.delta,
+                        sent if cfg.aggregation == "layerwise" else shared_mask,
+                        res.num_samples,
+                        res.entries,
+                        res.extras,
+                    )
+                    if exp.keeps_client_state:
+                        states.put(res.client, res.state)
+                    if local_mean is not None:
+                        local_mean.update(res.client, weights + res.delta)
+                step = exp.algorithm.server_update(weights, agg, server_state, r, exp.num_clients)
+                check_weights(exp, r, step.weights)
+            else:
+                step = ServerStep(weights, weights, server_state)
+            down_each = round_bytes(exp, shared, r, model_bytes)
+            simulated = sim.finish(r, results, down_each, step.weights - weights) if results else {}
+            weights, server_state = step.weights, step.state
+            evaluated: dict[str, Any] = {"test_acc": None, "test_loss": None}
+            t_eval = 0.0
+            if r % cfg.eval_every == 0 or r == cfg.rounds:
+                t_eval = time.perf_counter()
+                evaluated = evaluate_round(exp, step.eval_weights, local_mean, states)
+                t_eval = time.perf_counter() - t_eval
+            n = len(results)
+            record: dict[str, Any] = {
+                "round": r,
+                **evaluated,
+                "train_loss": sum(x.train_loss for x in results) / n if n else None,
+                "clients": [x.client for x in results],
+                "num_clients": n,
+                "lr": exp.lr_at(r),
+                "trained_params": (sum(x.trained_params for x in results) / n if n else None),
+                "bytes_down": sum(
+                    x.bytes_down if x.bytes_down is not None else down_each for x in results
+                ),
+                "trained_sublayers": trained_sublayers(exp, r),
+                "bytes_up": sum(
+                    x.bytes_up if cfg.upload == "partial" else model_bytes for x in results
+                ),
+                "flops": sum(x.flops for x in results),
+                "client_drift": agg.client_drift(),
+                **step.metrics,
+                **simulated,
+                "time_train": t_train,
+                "time_eval": t_eval,
+                "wall_time": time.perf_counter() - t0,
+            }
+            if dropped:
+                record["dropped"] = dropped
+            resets = [x.client for x in results if x.state_reset]
+            if resets:  # their node had lost their state (a restarted Flower SuperNode)
+                record["state_reset"] = resets
+            if not aggregated:
+                record["aggregated"] = False
+            records.append(record)
+            if rd is not None:
+                rd.append_metrics(record)
+                if r % cfg.checkpoint_every == 0 or r == cfg.rounds:
+                    save_checkpoint(rd, r, weights, server_state, states, local_mean, sim, chash)
+            if on_round is not None:
+                on_round(record)
+    except DivergenceError as e:
+        diverged = e
+    finally:
+        executor.close()
+    summary = make_summary(cfg, records, chash, time.perf_counter() - t_run, exp)
+    summary["clients"] = sim.summary()
+    summary["weights_sha256"] = weights_sha256(weights)
+    if diverged is not None:
+        summary["status"] = "diverged"
+        summary["divergence"] = {
+            "round": diverged.round,
+            "client": diverged.client,
+            "reason": diverged.reason,
+        }
+        if rd is not None:
+            write_summary(rd, cfg, summary, records)
+        raise diverged
+    completed = bool(records) and records[-1]["round"] == cfg.rounds
+    if completed and cfg.evaluation == "personalized":
+        summary["pfl"] = personalize(exp, weights, states, rd)
+    if rd is not None and (not records or completed):
+        write_summary(rd, cfg, summary, records)
+    return RunResult(rd.path if rd else None, records, summary, weights)
+
+
+def screen_updates(
+    exp: Experiment, round: int, results: list[ClientResult]
+) -> tuple[list[ClientResult], list[dict[str, Any]]]:
+    """The updates that may be aggregated, and ``{"client", "reason"}`` for each one dropped.
+
+    A malformed update is always dropped; a non-finite one (loss or delta) raises
+    :class:`DivergenceError` under ``on_divergence: stop`` and is dropped under ``skip_client``.
+    """
+    kept: list[ClientResult] = []
+    dropped: list[dict[str, Any]] = []
+    for res in results:
+        reason = check_update(res, exp.space)
+        if reason is None:
+            kept.append(res)
+            continue
+        if is_divergence(reason) and exp.cfg.on_divergence == "stop":
+            raise DivergenceError(
+                f"training diverged in round {round}: client {res.client}'s update has {reason}; "
+                f"{divergence_hint(exp.cfg)}",
+                round,
+                res.client,
+                reason,
+            )
+        dropped.append({"client": res.client, "reason": reason})
+    return kept, dropped
+
+
+def check_weights(exp: Experiment, round: int, weights: Tensor) -> None:
+    """Stop when the aggregated weights are not finite (whatever ``on_divergence`` says: no
+    single client can be dropped for it)."""
+    if bool(torch.isfinite(weights).all()):
+        return
+    bad = int((~torch.isfinite(weights)).sum())
+    reason = f"non-finite global weights after aggregation ({bad} of {weights.numel()} entries)"
+    raise DivergenceError(
+        f"training diverged in round {round}: {reason}; {divergence_hint(exp.cfg)}",
+        round,
+        None,
+        reason,
+    )

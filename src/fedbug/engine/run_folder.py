@@ -1,0 +1,192 @@
+"""A run's folder: checks of a checkpoint against the run, opening a run (new or resumed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from torch import Tensor
+
+from fedbug.config import BaseConfig
+from fedbug.data import partition_summary
+from fedbug.data.partition_plot import plot_partition
+from fedbug.errors import CheckpointError, ConfigError
+from fedbug.results import RunDir, plot_run
+
+if TYPE_CHECKING:
+    from fedbug.engine.experiment import Experiment
+    from fedbug.engine.simulation import Simulation
+    from fedbug.engine.states import ClientStates, LocalModelMean
+
+_CHECKPOINT_KEYS = ("round", "weights", "server_state", "client_states", "simulation")
+
+
+def check_checkpoint_fits(
+    ck: dict[str, Any],
+    path: Path,
+    cfg: BaseConfig,
+    weights: Tensor,
+    server_state: dict[str, Any],
+    states: ClientStates,
+) -> None:
+    """Refuse, with one :class:`CheckpointError` naming ``path``, a checkpoint whose contents do
+    not fit this run's model (weights of another size, say: written by another model or fedbug
+    version under the same config hash), before any of it is loaded."""
+    fix = "start the run again in another --out (or remove this run folder)"
+    missing = [k for k in _CHECKPOINT_KEYS if k not in ck]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} lacks {', '.join(missing)}; it was not written by this "
+            f"fedbug version; {fix}"
+        )
+    got = ck["weights"]
+    if not isinstance(got, Tensor) or got.shape != weights.shape or got.dtype != weights.dtype:
+        what = (
+            f"{got.numel():,} {str(got.dtype).removeprefix('torch.')} weights"
+            if isinstance(got, Tensor)
+            else f"weights of type {type(got).__name__}"
+        )
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds {what} where model {cfg.model!r} has "
+            f"{weights.numel():,} {str(weights.dtype).removeprefix('torch.')}; it was written by "
+            f"another model; {fix}"
+        )
+    r = ck["round"]
+    if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= cfg.rounds:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is at round {r!r}, outside 0..{cfg.rounds}; {fix}"
+        )
+    fresh_client = states.algorithm.init_client_state(states.space)
+    parts = [(ck["server_state"], server_state, "server state")]
+    if not isinstance(ck["client_states"], dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} has malformed client states; {fix}")
+    parts += [
+        (s, fresh_client, f"client {k} state")
+        for k, s in ck["client_states"].items()
+        if k != "__store__"
+    ]
+    for saved, fresh, what in parts:
+        if not isinstance(saved, dict) or not set(fresh) <= set(saved):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: its {what} does not fit algorithm "
+                f"{cfg.algorithm!r}; {fix}"
+            )
+        for key, t in fresh.items():
+            s = saved[key]
+            if isinstance(t, Tensor) and (not isinstance(s, Tensor) or s.shape != t.shape):
+                raise CheckpointError(
+                    f"checkpoint {str(path)!r}: its {what} {key!r} does not fit model "
+                    f"{cfg.model!r}; {fix}"
+                )
+
+
+def open_run(
+    rd: RunDir,
+    exp: Experiment,
+    resume: bool,
+    chash: str,
+    weights: Tensor,
+    server_state: dict[str, Any],
+    states: ClientStates,
+    local_mean: LocalModelMean | None,
+    sim: Simulation,
+) -> tuple[Tensor, dict[str, Any], int, list[dict[str, Any]]]:
+    """Open the run folder: resume from its checkpoint (the loop's weights, server state, first
+    round and the records kept; client states, local models and the simulation loaded in place),
+    refuse a folder that holds another run, or start it (config, partition, its plot)."""
+    cfg = exp.cfg
+    records: list[dict[str, Any]] = []
+    start = 1
+    if resume and rd.checkpoint_path.exists():
+        ck = rd.load_checkpoint()
+        if not isinstance(ck, dict) or ck.get("config_hash") != chash:
+            found = ck.get("config_hash") if isinstance(ck, dict) else None
+            raise CheckpointError(
+                f"checkpoint {str(rd.checkpoint_path)!r} was written by another config "
+                f"({found} vs {chash}); resume with the same config"
+            )
+        check_checkpoint_fits(ck, rd.checkpoint_path, cfg, weights, server_state, states)
+        weights = ck["weights"]
+        server_state = ck["server_state"]
+        states.load_state_dict(ck["client_states"])
+        if local_mean is not None:
+            local_mean.load_state_dict(ck["local_models"])
+        sim.load_state_dict(ck["simulation"])
+        start = int(ck["round"]) + 1
+        records = rd.truncate_metrics(start - 1)
+    elif rd.exists_with_results() and not resume:
+        raise ConfigError(
+            f"run folder {str(rd.path)!r} already holds a run; pass --resume to continue it "
+            "or choose another --out"
+        )
+    else:
+        new_run_folder(rd, exp)
+    return weights, server_state, start, records
+
+
+def new_run_folder(rd: RunDir, exp: Experiment) -> None:
+    """A new run's folder: the resolved config, the partition and its plot."""
+    cfg = exp.cfg
+    rd.create()
+    rd.truncate_metrics(0)
+    rd.write_config(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    rd.write_json(
+        "partition.json",
+        {
+            "summary": partition_summary(exp.parts, exp.dataset.train_y, exp.dataset.num_classes),
+            "clients": [p.tolist() for p in exp.parts],
+            **(
+                {
+                    "test_summary": partition_summary(
+                        exp.test_parts, exp.dataset.test_y, exp.dataset.num_classes
+                    ),
+                    "test_clients": [p.tolist() for p in exp.test_parts],
+                }
+                if exp.test_parts is not None
+                else {}
+            ),
+        },
+    )
+    plot_partition(
+        exp.parts,
+        exp.dataset.train_y,
+        exp.dataset.num_classes,
+        rd.path / "partition.png",
+        f"{cfg.name}: {cfg.partition} partition (seed {cfg.seed})",
+        test_parts=exp.test_parts,
+        test_labels=exp.dataset.test_y if exp.test_parts is not None else None,
+    )
+
+
+def save_checkpoint(
+    rd: RunDir,
+    round: int,
+    weights: Tensor,
+    server_state: dict[str, Any],
+    states: ClientStates,
+    local_mean: LocalModelMean | None,
+    sim: Simulation,
+    chash: str,
+) -> None:
+    """Everything an exact resume after ``round`` needs, written atomically."""
+    rd.save_checkpoint(
+        {
+            "round": round,
+            "weights": weights,
+            "server_state": server_state,
+            "client_states": states.state_dict(),
+            "local_models": local_mean.state_dict() if local_mean else {},
+            "simulation": sim.state_dict(),
+            "config_hash": chash,
+        }
+    )
+
+
+def write_summary(
+    rd: RunDir, cfg: BaseConfig, summary: dict[str, Any], records: list[dict[str, Any]]
+) -> None:
+    """summary.json and the accuracy plot of the records."""
+    rd.write_json("summary.json", summary)
+    if records:
+        plot_run(records, rd.path / "accuracy.png", f"{cfg.name} (seed {cfg.seed})")

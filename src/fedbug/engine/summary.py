@@ -1,0 +1,48 @@
+"""A run's summary: its final figures, totals and provenance."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from fedbug.config import BaseConfig
+from fedbug.results import environment
+
+if TYPE_CHECKING:
+    from fedbug.engine.experiment import Experiment
+
+
+def weights_sha256(weights: Tensor) -> str:
+    """SHA-256 of the flat float32 weights' bytes: equal hashes, bitwise equal models."""
+    return hashlib.sha256(
+        weights.detach().to(torch.float32).contiguous().numpy().tobytes()
+    ).hexdigest()
+
+
+def make_summary(
+    cfg: BaseConfig, records: list[dict[str, Any]], chash: str, seconds: float, exp: Experiment
+) -> dict[str, Any]:
+    evaluated = [r for r in records if r["test_acc"] is not None]
+    last = evaluated[-1] if evaluated else None
+    return {
+        "name": cfg.name,
+        "status": "completed" if records and records[-1]["round"] == cfg.rounds else "partial",
+        "seed": cfg.seed,
+        "config_hash": chash,
+        "rounds": records[-1]["round"] if records else 0,
+        "final_acc": last["test_acc"] if last else None,
+        "final_loss": last["test_loss"] if last else None,
+        "best_acc": max((r["test_acc"] for r in evaluated), default=None),
+        "num_clients": exp.num_clients,
+        "num_units": exp.space.num_units,
+        "units": [u.name for u in exp.units],
+        "num_params": sum(exp.space.unit_param_numel),
+        "total_flops": sum(r["flops"] for r in records),
+        "total_bytes_up": sum(r["bytes_up"] for r in records),
+        "seconds": seconds,
+        "environment": environment(),
+        "config": cfg.model_dump(mode="json"),
+    }
