@@ -22,6 +22,11 @@ class CheckpointError(FedbugError):
     """A checkpoint or run folder cannot be used."""
 
 
+class ResultsError(FedbugError):
+    """A run folder's results (``metrics.jsonl``, ``summary.json``) are damaged: the message
+    names the file, the line and the way out."""
+
+
 class DivergenceError(FedbugError):
     """Training produced non-finite numbers (a loss or weights); exit code 3."""
 
