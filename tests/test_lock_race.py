@@ -145,3 +145,22 @@ def test_a_killed_holder_leaves_the_folder_free(tmp_path):
     rd.acquire_lock()  # the kernel dropped the killed holder's lock
     assert rd.lock_path.read_text().strip() == str(os.getpid())
     rd.release_lock()
+
+
+def test_an_older_fedbugs_pid_file_lock_is_respected(tmp_path):
+    """Before the OS lock, a run held its folder by writing its pid to ``.lock``; such a run may
+    still be going when this version starts on its folder (a sweep running for hours)."""
+    rd = RunDir(tmp_path / "run")
+    rd.create()
+    older = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        rd.lock_path.write_text(f"{older.pid}\n")
+        with pytest.raises(RunFolderBusy, match=f"pid {older.pid}") as busy:
+            rd.acquire_lock()
+        assert len(str(busy.value).splitlines()) == 1 and "delete" in str(busy.value)
+        assert rd.lock_path.read_text() == f"{older.pid}\n"  # left as it was
+    finally:
+        older.kill()
+        older.wait()
+    rd.acquire_lock()  # its process is gone: the folder is free
+    rd.release_lock()

@@ -37,6 +37,19 @@ LOCK_NAME = ".lock"
 LOCK_TRIES = 100
 
 
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (on this machine)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    except OSError:
+        return False
+    return pid > 0
+
+
 def _read_pid(fd: int) -> int | None:
     """The pid written in an open lock file; None when it holds none (not written yet)."""
     try:
@@ -194,7 +207,9 @@ class RunDir:
         """Take the folder's lock or raise :class:`RunFolderBusy` naming the holder's pid. The
         lock is an OS file lock (``flock``) on ``.lock``, held for the run's life; the kernel
         drops it when its process ends however it ends, so a ``.lock`` left by a killed run is
-        free and there is no stale state to take over. The folder must exist."""
+        free and there is no stale state to take over. One exception, for the change of lock:
+        a ``.lock`` that no one locks but that names a live process other than this one is an
+        older fedbug's pid-file lock, and is respected. The folder must exist."""
         for _ in range(LOCK_TRIES):
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -212,6 +227,14 @@ class RunDir:
             if not _same_file(fd, self.lock_path):
                 os.close(fd)  # its holder removed it as we opened it: lock the new one
                 continue
+            holder = _read_pid(fd)
+            if holder is not None and holder != os.getpid() and _pid_alive(holder):
+                os.close(fd)  # a live pid in a file no one locks: an older fedbug's pid-file lock
+                raise RunFolderBusy(
+                    f"run folder {str(self.path)!r} is in use by another fedbug run (pid {holder}, "
+                    f"an older version's lock); wait for it to finish, or if no fedbug runs "
+                    f"there, delete {str(self.lock_path)!r}"
+                )
             try:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
