@@ -204,7 +204,8 @@ class Deployment:
         return left
 
 
-TIMING = {"time_train", "time_eval", "wall_time"}
+#: timings, and each line's checksum (which covers them): they differ between two runs
+TIMING = {"time_train", "time_eval", "wall_time", "crc"}
 
 
 def run_records(run_dir: Any) -> list[dict]:

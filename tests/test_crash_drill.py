@@ -48,7 +48,8 @@ threads: 1
 KILLS = 10
 SEED = 20240601
 PHASES = ("train", "eval", "checkpoint", "metrics", "write")  # each drawn KILLS / 5 times
-TIMING = {"time_train", "time_eval", "wall_time"}
+#: timings, and each line's checksum (which covers them): they differ between two runs
+TIMING = {"time_train", "time_eval", "wall_time", "crc"}
 
 # The helper: imports once, then for each JSON request on stdin forks a child that runs
 # fedbug.cli.main(argv) with the kill hook armed; answers {"pid", "rc", "signal"} when the child
