@@ -49,14 +49,11 @@ def _run_one(cfg: Any, run_dir: Path, resume: bool, quiet: bool, label: str) -> 
 
         if cfg.executor.startswith("flower"):
             from fedbug.flower.launch import run_on_flower
+            from fedbug.results import RunDir
 
             summary = run_on_flower(cfg, run_dir, resume=resume, on_round=on_round)
-            lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-            return {
-                "run_dir": run_dir,
-                "records": [json.loads(x) for x in lines if x.strip()],
-                "summary": summary,
-            }
+            records = RunDir(run_dir).read_metrics()  # checked, without the checksums
+            return {"run_dir": run_dir, "records": records, "summary": summary}
         result = run_experiment(cfg, run_dir, resume=resume, on_round=on_round)
     return {"run_dir": result.run_dir, "records": result.records, "summary": result.summary}
 
@@ -149,20 +146,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
     """A completed run of this config in ``run_dir`` (its summary says so and its config hash
-    matches), read back instead of run again; None otherwise."""
+    matches), read back instead of run again; None otherwise. A damaged one (summary.json or
+    metrics.jsonl) is a :class:`~fedbug.errors.ResultsError` naming the file, not a shorter
+    history."""
     from fedbug.config import config_hash
     from fedbug.results import RunDir
 
-    path = run_dir / "summary.json"
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    rd = RunDir(run_dir)
+    if not rd.summary_path.exists():
         return None
-    if not isinstance(summary, dict) or summary.get("status") != "completed":
+    summary = rd.read_summary()
+    if summary.get("status") != "completed" or summary.get("config_hash") != config_hash(cfg):
         return None
-    if summary.get("config_hash") != config_hash(cfg):
-        return None
-    return {"run_dir": run_dir, "records": RunDir(run_dir).read_metrics(), "summary": summary}
+    return rd.read_run()
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -3,7 +3,9 @@
 Runs are found with :func:`fedbug.sweep.collect_runs` and grouped with
 :func:`fedbug.sweep.group_runs` (by the config keys that vary, seeds pooled); a group is named by
 its ``method`` (else its ``algorithm``) plus any varied key the method does not explain
-(``freezefl (freezefl.beta=2.0)``).
+(``freezefl (freezefl.beta=2.0)``). A damaged run folder (see
+:meth:`fedbug.results.RunDir.read_run`) is skipped with a warning, and said in a line under the
+table.
 
 A run is *simulated* when its records have ``sim_clock`` (a ``system:`` block). For simulated
 runs, per group, mean ± std over seeds of:
@@ -44,7 +46,7 @@ from typing import Any
 
 from fedbug.errors import ConfigError
 from fedbug.results import atomic_write_bytes, atomic_write_text
-from fedbug.sweep import Cell, collect_runs, group_runs, mean_std
+from fedbug.sweep import Cell, RunList, collect_runs, group_runs, mean_std
 
 AUTO_SHARE = 0.95  # target auto = 0.95 x FedAvg's best accuracy
 PARTICIPATION_GROUPS = 40  # FreezeFL Fig. 4
@@ -476,6 +478,9 @@ def freezefl_report(
     groups = group_runs(runs)
     rows, facts = table_rows(groups, metric, target)
     text = format_freezefl_table(rows, facts)
+    notes = runs.notes() if isinstance(runs, RunList) else []
+    if notes:  # runs left out (damaged), under the table
+        text = "\n\n".join([text, *notes])
     files: list[Path] = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -498,6 +503,12 @@ def freezefl_report(
     return {"rows": rows, "facts": facts, "text": text, "files": files}
 
 
+def _notes_to_stderr(runs: RunList) -> None:
+    """With ``--json`` the table is JSON on stdout: what was left out goes to stderr."""
+    for line in runs.notes():
+        print(f"fedbug: note: {line}", file=sys.stderr)
+
+
 def cmd_report(args: Any) -> int:
     """``fedbug report DIR... [--target ACC|auto] [--metric KEY] [--out DIR] [--json]``."""
     from fedbug.sweep import format_table, report
@@ -512,6 +523,7 @@ def cmd_report(args: Any) -> int:
         result = freezefl_report(runs, out, target, metric)
         if args.json:
             print(json.dumps(result["rows"], indent=1, default=str))
+            _notes_to_stderr(runs)
         else:
             print(result["text"])
             if result["files"]:
@@ -529,8 +541,11 @@ def cmd_report(args: Any) -> int:
     rows = report([], out, runs=runs, ft=ft)
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
+        _notes_to_stderr(runs)
     else:
         print(format_table(rows, ft))
+        for line in runs.notes():  # runs left out (damaged), under the table
+            print(line)
         if out is not None:
             names = ("report.md", "report.json", "accuracy.png", *PFL_FIGURES)
             written = [str(out / n) for n in names if (out / n).exists()]

@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,30 +261,70 @@ def write_markdown(
     path: Path,
     name: str,
     ft: str = "paper",
+    notes: list[str] | None = None,
 ) -> None:
-    """``path`` (sweep.md, report.md): the table, then the figures drawn beside it in its
-    folder (accuracy.png; for personalized runs FedSeq's Figs. 4-7)."""
+    """``path`` (sweep.md, report.md): the table (and ``notes`` under it: runs left out), then
+    the figures drawn beside it in its folder (accuracy.png; for personalized runs FedSeq's
+    Figs. 4-7)."""
     out = path.parent
     plot_sweep(cell_runs, out / "accuracy.png", f"{name}: accuracy over rounds")
     files = [out / "accuracy.png", *write_figures(cell_runs, out, ft)]
     images = "\n".join(f"![{p.stem}]({p.name})" for p in files)
-    atomic_write_text(path, f"# {name}\n\n{format_table(rows, ft)}\n\n{images}\n")
+    table = "\n\n".join([format_table(rows, ft), *notes]) if notes else format_table(rows, ft)
+    atomic_write_text(path, f"# {name}\n\n{table}\n\n{images}\n")
 
 
-def collect_runs(dirs: list[Path]) -> list[dict[str, Any]]:
-    """Every finished run folder (with summary.json) under the given folders."""
+class RunList(list[dict[str, Any]]):
+    """Finished runs read back for a report, with what was left out of them: ``damaged`` run
+    folders (each with why)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.damaged: list[tuple[Path, str]] = []
+
+    def notes(self) -> list[str]:
+        """One line for the damaged runs skipped, where there are any (printed under a report's
+        table)."""
+        lines = []
+        if self.damaged:
+            names = ", ".join(str(p) for p, _ in self.damaged)
+            lines.append(f"skipped: {len(self.damaged)} damaged run(s): {names}")
+        return lines
+
+
+def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
+    """Every finished run folder (with summary.json) under the given folders. A damaged run is
+    skipped, with one warning line on stderr naming it (``warn``), and listed on the result
+    (:class:`RunList`)."""
+    from fedbug.errors import ResultsError
     from fedbug.results import RunDir
 
-    runs = []
+    runs = RunList()
+    visited: set[Path] = set()
     for d in dirs:
         if not d.exists():
             raise ConfigError(f"{str(d)!r} does not exist; give run or sweep folders")
         for summary_path in sorted(d.rglob("summary.json")):
             rd = RunDir(summary_path.parent)
-            summary = json.loads(summary_path.read_text(encoding="utf-8"))
-            runs.append({"run_dir": rd.path, "summary": summary, "records": rd.read_metrics()})
+            if rd.path.resolve() in visited:
+                continue  # given twice (a folder and a folder inside it)
+            visited.add(rd.path.resolve())
+            try:
+                run = rd.read_run()
+            except ResultsError as e:
+                runs.damaged.append((rd.path, str(e)))
+                if warn:
+                    print(
+                        f"fedbug: warning: skipped damaged run {str(rd.path)!r}: {e}",
+                        file=sys.stderr,
+                    )
+                continue
+            runs.append(run)
     if not runs:
-        raise ConfigError(f"no finished runs (summary.json) under {', '.join(map(str, dirs))}")
+        damaged = f" ({len(runs.damaged)} damaged run(s) skipped)" if runs.damaged else ""
+        raise ConfigError(
+            f"no finished runs (summary.json) under {', '.join(map(str, dirs))}{damaged}"
+        )
     return runs
 
 
@@ -326,10 +367,12 @@ def report(
 ) -> list[dict[str, Any]]:
     """Re-print the comparison table of finished runs (``runs``, else those under ``dirs``);
     with ``out``, write report.md, report.json and accuracy.png there."""
-    cell_runs = group_runs(runs if runs is not None else collect_runs(dirs))
+    runs = runs if runs is not None else collect_runs(dirs)
+    cell_runs = group_runs(runs)
     rows = summarise(cell_runs)
     if out is not None:
+        notes = runs.notes() if isinstance(runs, RunList) else []
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "report.json", json.dumps({"rows": rows}, indent=1))
-        write_markdown(cell_runs, rows, out / "report.md", "report", ft)
+        atomic_write_text(out / "report.json", json.dumps({"rows": rows, "notes": notes}, indent=1))
+        write_markdown(cell_runs, rows, out / "report.md", "report", ft, notes)
     return rows
