@@ -3,9 +3,10 @@
 Runs are found with :func:`fedbug.sweep.collect_runs` and grouped with
 :func:`fedbug.sweep.group_runs` (by the config keys that vary, seeds pooled); a group is named by
 its ``method`` (else its ``algorithm``) plus any varied key the method does not explain
-(``freezefl (freezefl.beta=2.0)``). A damaged run folder (see
-:meth:`fedbug.results.RunDir.read_run`) is skipped with a warning, and said in a line under the
-table.
+(``freezefl (freezefl.beta=2.0)``). A run folder is counted once per config hash and seed (a
+standalone run and a sweep's cell of the same config and seed are one run), and a damaged one
+(see :meth:`fedbug.results.RunDir.read_run`) is skipped with a warning; both are said in a line
+under the table.
 
 A run is *simulated* when its records have ``sim_clock`` (a ``system:`` block). For simulated
 runs, per group, mean ± std over seeds of:
@@ -479,7 +480,7 @@ def freezefl_report(
     rows, facts = table_rows(groups, metric, target)
     text = format_freezefl_table(rows, facts)
     notes = runs.notes() if isinstance(runs, RunList) else []
-    if notes:  # runs left out (damaged), under the table
+    if notes:  # runs left out (damaged, duplicates), under the table
         text = "\n\n".join([text, *notes])
     files: list[Path] = []
     if out is not None:
@@ -544,7 +545,7 @@ def cmd_report(args: Any) -> int:
         _notes_to_stderr(runs)
     else:
         print(format_table(rows, ft))
-        for line in runs.notes():  # runs left out (damaged), under the table
+        for line in runs.notes():  # runs left out (damaged, duplicates), under the table
             print(line)
         if out is not None:
             names = ("report.md", "report.json", "accuracy.png", *PFL_FIGURES)

@@ -276,30 +276,39 @@ def write_markdown(
 
 class RunList(list[dict[str, Any]]):
     """Finished runs read back for a report, with what was left out of them: ``damaged`` run
-    folders (each with why)."""
+    folders (each with why) and ``duplicates`` (a run ignored, the run kept in its place)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.damaged: list[tuple[Path, str]] = []
+        self.duplicates: list[tuple[Path, Path]] = []
 
     def notes(self) -> list[str]:
-        """One line for the damaged runs skipped, where there are any (printed under a report's
-        table)."""
+        """One line for the damaged runs skipped and one for the duplicates ignored, where
+        there are any (printed under a report's table)."""
         lines = []
         if self.damaged:
             names = ", ".join(str(p) for p, _ in self.damaged)
             lines.append(f"skipped: {len(self.damaged)} damaged run(s): {names}")
+        if self.duplicates:
+            pairs = ", ".join(f"{dup} (same as {kept})" for dup, kept in self.duplicates)
+            lines.append(
+                f"ignored: {len(self.duplicates)} duplicate run(s) (config hash and seed of a run "
+                f"already counted): {pairs}"
+            )
         return lines
 
 
 def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
-    """Every finished run folder (with summary.json) under the given folders. A damaged run is
-    skipped, with one warning line on stderr naming it (``warn``), and listed on the result
-    (:class:`RunList`)."""
+    """Every finished run folder (with summary.json) under the given folders, each counted once
+    per config hash and seed (a standalone run and a sweep's cell of the same config and seed
+    are one run: the first found is kept). A damaged run is skipped, with one warning line on
+    stderr naming it (``warn``); both are listed on the result (:class:`RunList`)."""
     from fedbug.errors import ResultsError
     from fedbug.results import RunDir
 
     runs = RunList()
+    seen: dict[tuple[str, Any], Path] = {}
     visited: set[Path] = set()
     for d in dirs:
         if not d.exists():
@@ -319,6 +328,14 @@ def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
                         file=sys.stderr,
                     )
                 continue
+            summary = run["summary"]
+            chash = summary.get("config_hash")
+            if isinstance(chash, str):  # hand-made summaries may have none: never pooled
+                key = (chash, json.dumps(summary.get("seed")))
+                if key in seen:
+                    runs.duplicates.append((rd.path, seen[key]))
+                    continue
+                seen[key] = rd.path
             runs.append(run)
     if not runs:
         damaged = f" ({len(runs.damaged)} damaged run(s) skipped)" if runs.damaged else ""
