@@ -7,6 +7,7 @@ import pytest
 from fedbug.config import read_config_doc, validate
 from fedbug.sweep import expand
 
+DEMO = Path(__file__).parent.parent / "configs" / "digits-demo.yaml"
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))
 
 
@@ -23,12 +24,20 @@ def test_config_and_grid_validate(path):
 
 
 def test_demo_compares_fedavg_and_fedbug_half():
-    cfg = validate(read_config_doc(Path(__file__).parent.parent / "configs/digits-demo.yaml"))
+    cfg = validate(read_config_doc(DEMO))
     assert cfg.dataset == "digits" and cfg.partition == "dirichlet" and cfg.alpha == 0.3
     assert cfg.policy == "bottom_up" and cfg.bottom_up.gu_ratio == 0.5
     assert cfg.grid == {
-        "variant": [{"policy": "none"}, {"policy": "bottom_up", "bottom_up.gu_ratio": 0.5}]
+        "variant": [
+            {"label": "FedAvg", "policy": "none"},
+            {"label": "FedBug 50%", "policy": "bottom_up", "bottom_up.gu_ratio": 0.5},
+        ]
     }
+    labels = [cell.label for cell, _ in expand(read_config_doc(DEMO), cfg.grid)]
+    assert labels == [
+        "FedAvg (policy=none)",
+        "FedBug 50% (policy=bottom_up, bottom_up.gu_ratio=0.5)",
+    ]
 
 
 def test_readme_and_ci_run_the_same_test_command():

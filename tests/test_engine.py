@@ -115,7 +115,7 @@ def test_resume_equals_uninterrupted(tmp_path, algorithm):
 def test_existing_run_folder_needs_resume(tmp_path):
     cfg = tiny_config(rounds=1)
     run_experiment(cfg, tmp_path / "r")
-    with pytest.raises(ConfigError, match="--resume"):
+    with pytest.raises(ConfigError, match="resume=True"):
         run_experiment(cfg, tmp_path / "r")
 
 

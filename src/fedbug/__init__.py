@@ -6,6 +6,7 @@ from fedbug.config import Config, load_config
 from fedbug.data import FederatedDataset, load_dataset
 from fedbug.engine import Experiment, RunResult, run_experiment
 from fedbug.errors import ConfigError, DataError, FedbugError
+from fedbug.tasks import TASKS, CustomTask, Task
 from fedbug.version import __version__
 
 
@@ -20,11 +21,14 @@ __all__ = [
     "__version__",
     "Config",
     "ConfigError",
+    "CustomTask",
     "DataError",
     "Experiment",
     "FedbugError",
     "FederatedDataset",
     "RunResult",
+    "TASKS",
+    "Task",
     "config",
     "load_config",
     "load_dataset",

@@ -29,6 +29,7 @@ from fedbug.models import MODELS
 from fedbug.policies import POLICIES
 from fedbug.selection import SELECTIONS
 from fedbug.system import SystemParams
+from fedbug.tasks import TASKS
 
 
 class BaseConfig(BaseModel):
@@ -102,6 +103,11 @@ class BaseConfig(BaseModel):
     )
     # evaluation and output
     evaluation: Literal["global", "mean_of_local_models", "personalized"] = "global"
+    task: str = Field(
+        "classification",
+        description="classification, regression, multilabel, next_token (fedbug.tasks); "
+        "custom: a task object given to fedbug.run",
+    )
     pfl_test: Literal["matched", "holdout"] | None = Field(
         None,
         description="client test sets: the official test set dealt (matched, the default of "
@@ -163,6 +169,8 @@ class BaseConfig(BaseModel):
             raise ValueError(_unknown("policy", self.policy, POLICIES.names()))
         if self.selection is not None and self.selection not in SELECTIONS:
             raise ValueError(_unknown("selection", self.selection, SELECTIONS.names()))
+        if self.task != "custom" and self.task not in TASKS:
+            raise ValueError(_unknown("task", self.task, [*TASKS.names(), "custom"]))
         if self.clients_per_round is not None and self.clients_per_round > self.num_clients:
             raise ValueError(
                 f"clients_per_round={self.clients_per_round} exceeds num_clients="
@@ -579,7 +587,7 @@ def resolve(cfg: BaseConfig) -> BaseConfig:
     return cfg
 
 
-_LATER_KEYS = ("on_divergence", "min_results", "memory_format", "dataset_options")
+_LATER_KEYS = ("on_divergence", "min_results", "memory_format", "dataset_options", "task")
 _NOT_HASHED = {"grid", "seeds", "name", "count_flops", "threads", "executor", "workers", "flower"}
 
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 
 class FedbugError(Exception):
-    """Base class: a problem with the user's input that they can fix; the message says how."""
+    """Base class: a problem with the user's input that they can fix; the message says how.
+
+    The message speaks the Python API (``resume=True``); ``cli_message``, where set, says the
+    same in the command line's words (``--resume``), and the CLI prints that one."""
 
     exit_code = 2
+    cli_message: str | None = None
 
 
 class ConfigError(FedbugError):
@@ -37,6 +41,20 @@ class DivergenceError(FedbugError):
         self.round = round
         self.client = client
         self.reason = reason
+
+
+class RunFolderHoldsRun(ConfigError):
+    """A new run was asked for in a folder that already holds one."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"run folder {path!r} already holds a run; pass resume=True to continue it or "
+            "choose another run_dir"
+        )
+        self.cli_message = (
+            f"run folder {path!r} already holds a run; pass --resume to continue it or choose "
+            "another --out"
+        )
 
 
 class RunFolderBusy(FedbugError):

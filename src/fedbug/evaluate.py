@@ -5,16 +5,17 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedbug.client import with_memory_format
 from fedbug.data.base import FederatedDataset
+from fedbug.tasks import Task, build_task
 from fedbug.units import ParamSpace
 
 
 class Evaluator:
-    """Test accuracy and mean loss of given weights, under ``torch.inference_mode``."""
+    """The task's test figures of given weights (classification: accuracy and mean loss), under
+    ``torch.inference_mode``, from the test tensors in memory."""
 
     def __init__(
         self,
@@ -23,25 +24,31 @@ class Evaluator:
         dataset: FederatedDataset,
         batch_size: int,
         memory_format: str = "contiguous",
+        task: Task | None = None,
     ) -> None:
         self.model = copy.deepcopy(model)
         self.flat = space.bind(self.model)
         self.dataset = dataset
         self.batch_size = batch_size
         self.prepare = with_memory_format(dataset.prepare, memory_format)
+        self.task = build_task(task)
 
     @torch.inference_mode()
-    def evaluate(self, weights: Tensor) -> tuple[float, float]:
+    def figures(self, weights: Tensor) -> dict[str, float]:
+        """Every test figure of the task (``loss`` among them), over the whole test set."""
         self.flat.copy_(weights)
         self.model.eval()
         ds = self.dataset
-        correct = torch.zeros((), dtype=torch.long)
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        sums: dict[str, Tensor] = {}
         n = len(ds.test_y)
         for start in range(0, n, self.batch_size):
             x = self.prepare(ds.test_x[start : start + self.batch_size])
             y = ds.test_y[start : start + self.batch_size]
-            out = self.model(x)
-            loss_sum += F.cross_entropy(out, y, reduction="sum").double()
-            correct += (out.argmax(1) == y).sum()
-        return int(correct) / n, float(loss_sum) / n
+            for key, value in self.task.batch_sums(self.model(x), y).items():
+                sums[key] = sums[key] + value if key in sums else value
+        return self.task.finish(sums, n)
+
+    def evaluate(self, weights: Tensor) -> tuple[float, float]:
+        """(headline figure, loss): classification's accuracy and mean loss."""
+        figures = self.figures(weights)
+        return figures[self.task.headline], figures["loss"]

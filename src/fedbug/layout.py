@@ -41,6 +41,13 @@ class Layout:
         return self.num_units - len(self.extra)
 
 
+def extra_units(units: Sequence[Unit], extra_modules: Sequence[str]) -> tuple[int, ...]:
+    """The units an algorithm added to the model (their modules named in ``extra_modules``)."""
+    return tuple(
+        i for i, u in enumerate(units) if any(m.split(".")[0] in extra_modules for m in u.modules)
+    )
+
+
 def build_layout(
     units: Sequence[Unit],
     head_units: int = 1,
@@ -48,9 +55,7 @@ def build_layout(
     extra_modules: Sequence[str] = (),
 ) -> Layout:
     """Split ``units`` into base sub-layers, head and algorithm-added extra units."""
-    extra = tuple(
-        i for i, u in enumerate(units) if any(m.split(".")[0] in extra_modules for m in u.modules)
-    )
+    extra = extra_units(units, extra_modules)
     model = [i for i in range(len(units)) if i not in extra]
     if head_units < 0 or head_units >= len(model):
         raise ConfigError(

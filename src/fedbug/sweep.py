@@ -28,20 +28,39 @@ class Cell:
     values: dict[str, Any]
 
     def items(self) -> list[tuple[str, Any]]:
-        """(key, value) pairs, a variant group's keys in place of the group."""
+        """(key, value) pairs, a variant group's keys in place of the group (its ``label``, a
+        name for the reader, left out)."""
         out: list[tuple[str, Any]] = []
         for k, v in self.values.items():
-            out += list(v.items()) if is_variant_group(k, v) else [(k, v)]
+            if is_variant_group(k, v):
+                out += [(kk, vv) for kk, vv in v.items() if kk != LABEL]
+            else:
+                out.append((k, v))
         return out
 
     @property
+    def names(self) -> list[str]:
+        """The ``label`` of each variant group entry that has one (``FedBug 50%``)."""
+        return [
+            str(v[LABEL]) for k, v in self.values.items() if is_variant_group(k, v) and LABEL in v
+        ]
+
+    @property
     def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.items()) or "base"
+        keys = ", ".join(f"{k}={v}" for k, v in self.items())
+        names = ", ".join(self.names)
+        if names:
+            return f"{names} ({keys})" if keys else names
+        return keys or "base"
 
     @property
     def slug(self) -> str:
         text = "_".join(f"{k.split('.')[-1]}-{v}" for k, v in self.items()) or "base"
         return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:100]
+
+
+#: A variant group entry's name for the reader (not a config key): ``{label: FedAvg, ...}``.
+LABEL = "label"
 
 
 def is_variant_group(key: str, value: Any) -> bool:
@@ -124,8 +143,9 @@ def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[s
     """Per cell: mean +- std over seeds of final and best accuracy and of run time."""
     rows = []
     for cell, runs in cell_runs:
-        final = [r["summary"]["final_acc"] for r in runs if r["summary"]["final_acc"] is not None]
-        best = [r["summary"]["best_acc"] for r in runs if r["summary"]["best_acc"] is not None]
+        metric = headline(runs)
+        final = [x for r in runs if (x := headline_value(r["summary"], "final")) is not None]
+        best = [x for r in runs if (x := headline_value(r["summary"], "best")) is not None]
         secs = [r["summary"]["seconds"] for r in runs]
         fm, fs = mean_std(final)
         bm, bs = mean_std(best)
@@ -133,6 +153,7 @@ def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[s
             "cell": cell.values,
             "label": cell.label,
             "seeds": [r["summary"]["seed"] for r in runs],
+            "metric": metric,
             "final_acc_mean": fm,
             "final_acc_std": fs,
             "best_acc_mean": bm,
@@ -184,16 +205,37 @@ def _per_cell_pfl(rows: list[dict[str, Any]]) -> str:
 
 def _per_cell(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| cell | seeds | final acc (%) | best acc (%) | s/run |",
+        "| cell | seeds | final {m} | best {m} | s/run |".format(m=_unit(rows)),
         "| --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        fmt = _fmt(r.get("metric", "acc"))
         lines.append(
-            f"| {r['label']} | {len(r['seeds'])} | {100 * r['final_acc_mean']:.2f} ± "
-            f"{100 * r['final_acc_std']:.2f} | {100 * r['best_acc_mean']:.2f} ± "
-            f"{100 * r['best_acc_std']:.2f} | {r['seconds_mean']:.1f} |"
+            f"| {r['label']} | {len(r['seeds'])} | {fmt(r['final_acc_mean'], r['final_acc_std'])}"
+            f" | {fmt(r['best_acc_mean'], r['best_acc_std'])} | {r['seconds_mean']:.1f} |"
         )
     return "\n".join(lines)
+
+
+def headline(runs: list[dict[str, Any]]) -> str:
+    """The task's headline metric of these runs (``acc`` for classification and older runs)."""
+    return str(runs[0]["summary"].get("metric", "acc")) if runs else "acc"
+
+
+def headline_value(summary: dict[str, Any], which: str) -> float | None:
+    """A run's final or best headline figure (older summaries: final_acc / best_acc)."""
+    return summary.get(which, summary.get(f"{which}_acc"))
+
+
+def _unit(rows: list[dict[str, Any]]) -> str:
+    metric = rows[0].get("metric", "acc") if rows else "acc"
+    return "acc (%)" if metric == "acc" else metric
+
+
+def _fmt(metric: str) -> Callable[[float, float], str]:
+    if metric == "acc":
+        return lambda m, s: f"{100 * m:.2f} ± {100 * s:.2f}"
+    return lambda m, s: f"{m:.4g} ± {s:.2g}"
 
 
 def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, title: str) -> None:
@@ -209,8 +251,10 @@ def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, t
         by_round: dict[int, list[float]] = {}
         for run in runs:
             for rec in run["records"]:
-                if rec["test_acc"] is not None:
-                    by_round.setdefault(rec["round"], []).append(100 * rec["test_acc"])
+                value = rec.get(f"test_{headline(runs)}")
+                if value is not None:
+                    scale = 100 if headline(runs) == "acc" else 1
+                    by_round.setdefault(rec["round"], []).append(scale * value)
         rounds = sorted(by_round)
         mean = np.array([np.mean(by_round[r]) for r in rounds])
         std = np.array([np.std(by_round[r]) for r in rounds])

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
 
 from fedbug.layout import Layout
 from fedbug.registry import Registry
+from fedbug.tasks import Classification, Task
 from fedbug.units import ParamSpace
 
 if TYPE_CHECKING:
@@ -134,6 +134,9 @@ class Algorithm:
     needs_features: ClassVar[bool] = False
     stateful_clients: ClassVar[bool] = False
     has_global_model: ClassVar[bool] = True
+    #: whether the algorithm treats the model's last units as a head apart from its base
+    #: (personalized methods); then the model needs at least one base unit and one head unit
+    splits_body_head: ClassVar[bool] = False
     extra_modules: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
@@ -141,8 +144,11 @@ class Algorithm:
         """Why ``cfg`` cannot run this algorithm (one sentence naming the fix), or None."""
         return None
 
-    def __init__(self, global_lr: float = 1.0, params: Params | None = None) -> None:
+    def __init__(
+        self, global_lr: float = 1.0, params: Params | None = None, task: Task | None = None
+    ) -> None:
         self.global_lr = global_lr
+        self.task: Task = task if task is not None else Classification()
         self.params = (
             params if params is not None else (self.params_cls() if self.params_cls else None)
         )
@@ -210,8 +216,9 @@ class Algorithm:
         return model
 
     def loss(self, output: Any, y: Tensor) -> Tensor:
-        """The local training loss of the model's output (cross-entropy)."""
-        return F.cross_entropy(output, y)
+        """The local training loss of the model's output: the task's (classification:
+        cross-entropy)."""
+        return self.task.loss(output, y)
 
     def logits(self, output: Any) -> Tensor:
         """The prediction scores in the model's output (FedROD: generic + personal)."""
@@ -256,11 +263,16 @@ class Algorithm:
         return {}
 
 
-def build_algorithm(name: str, global_lr: float, blocks: dict[str, Any]) -> Algorithm:
-    """The algorithm ``name`` with its hyperparameter block from the config."""
+def build_algorithm(
+    name: str, global_lr: float, blocks: dict[str, Any], task: Task | None = None
+) -> Algorithm:
+    """The algorithm ``name`` with its hyperparameter block from the config and its task."""
     cls = ALGORITHMS.get(name)
     params = blocks.get(name) if cls.params_cls else None
-    return cls(global_lr=global_lr, params=params)
+    alg = cls(global_lr=global_lr, params=params)
+    if task is not None:
+        alg.task = task
+    return alg
 
 
 def zeros_like_space(space: ParamSpace) -> Tensor:

@@ -13,6 +13,8 @@ from fedbug.layout import Layout
 
 
 class BodyHead(FedAvg):
+    splits_body_head = True
+
     """FedAvg with the layout's base, head and extra units at hand."""
 
     @property

@@ -102,6 +102,15 @@ class FedROD(BodyHead):
     def local_units(self, num_units: int) -> tuple[int, ...]:
         return self._check(num_units).extra
 
+    @classmethod
+    def check_config(cls, cfg: Any) -> str | None:
+        if cfg.task != "classification":
+            return (
+                f"fedrod trains its generic head with the balanced softmax over classes; it "
+                f"needs task: classification, not {cfg.task}"
+            )
+        return None
+
     def start_client(self, task: Any, labels: Tensor, runtime: Any = None, gen: Any = None) -> Any:
         return FedRODClient(self, task, labels)
 

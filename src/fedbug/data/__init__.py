@@ -21,16 +21,34 @@ from fedbug.data import (  # noqa: F401  (registers the data sets)
 )
 from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
 from fedbug.data.partition import partition, partition_summary
-from fedbug.errors import ConfigError
+from fedbug.errors import ConfigError, DataError
 
 __all__ = [
     "DATASETS",
     "DatasetSpec",
     "FederatedDataset",
+    "check_present",
     "load_dataset",
     "partition",
     "partition_summary",
 ]
+
+
+def check_present(name: str, data_dir: str | Path | None = None) -> None:
+    """Raise the data set's missing-files :class:`DataError` (where it looked, how to get it)
+    when ``name`` is not on this machine, without loading it: a sweep checks every data set its
+    cells need before the first run starts."""
+    if name not in DATASETS:
+        return  # a user's own data set (user:<name>) or an unknown name, refused elsewhere
+    spec = DATASETS.get(name)
+    if spec.generate is not None:
+        return
+    folder = Path(data_dir).expanduser() if data_dir is not None else None
+    if spec.locate(folder) is None:
+        raise DataError(
+            f"data set {name!r} is not on this machine (looked in "
+            f"{', '.join(spec.searched(folder))}); {spec.how_to_get}"
+        )
 
 
 def load_dataset(

@@ -31,16 +31,25 @@ def evaluate_round(
         return {"test_acc": figures["acc_client_mean"], "test_loss": None, **figures}
     out: dict[str, Any]
     if local_mean is not None:
-        acc, loss = exp.evaluator.evaluate(local_mean.mean())
-        acc_s, loss_s = exp.evaluator.evaluate(eval_weights)
-        out = {"test_acc": acc, "test_loss": loss, "test_acc_server": acc_s}
-        out["test_loss_server"] = loss_s
+        out = test_figures(exp.evaluator.figures(local_mean.mean()))
+        out.update(test_figures(exp.evaluator.figures(eval_weights), "_server"))
     else:
-        acc, loss = exp.evaluator.evaluate(eval_weights)
-        out = {"test_acc": acc, "test_loss": loss}
+        out = test_figures(exp.evaluator.figures(eval_weights))
     if exp.personal is not None:
         out.update(client_figures(exp, eval_weights, lambda _client: {}, generic=True))
     return out
+
+
+def test_figures(figures: dict[str, float], suffix: str = "") -> dict[str, float]:
+    """A task's figures as record fields: ``test_<name><suffix>``, the loss first."""
+    out = {f"test_loss{suffix}": figures["loss"]}
+    out.update({f"test_{k}{suffix}": v for k, v in figures.items() if k != "loss"})
+    return out
+
+
+def unevaluated(exp: Experiment) -> dict[str, Any]:
+    """The test fields of a round without evaluation (None each)."""
+    return {f"test_{exp.task.headline}": None, "test_loss": None}
 
 
 def client_figures(

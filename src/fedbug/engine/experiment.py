@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +25,7 @@ from fedbug.data.augment import AUGMENTATIONS
 from fedbug.engine.dataprep import natural_clients, personal_test_sets, subsample
 from fedbug.errors import ConfigError
 from fedbug.evaluate import Evaluator
-from fedbug.layout import build_layout
+from fedbug.layout import build_layout, extra_units
 from fedbug.models import build_model
 from fedbug.pfl import (
     PersonalizedEvaluator,
@@ -35,6 +36,7 @@ from fedbug.policies.schedule import RoundSchedule
 from fedbug.seeding import derive_seed
 from fedbug.selection import SELECTIONS
 from fedbug.system import SystemModel, per_sample_costs
+from fedbug.tasks import Task, build_task
 from fedbug.units import ParamSpace, find_units, traced_module_order
 
 ModelSource = nn.Module | Callable[[], nn.Module] | None
@@ -47,17 +49,32 @@ class ClientSide:
     :class:`Experiment` adds the server's parts."""
 
     def __init__(
-        self, cfg: BaseConfig, dataset: FederatedDataset | None = None, model: ModelSource = None
+        self,
+        cfg: BaseConfig,
+        dataset: FederatedDataset | None = None,
+        model: ModelSource = None,
+        task: Task | str | None = None,
     ) -> None:
-        self.cfg = cfg = resolve(cfg)
+        cfg = resolve(cfg)
+        if task is None and cfg.task == "custom":
+            raise ConfigError(
+                "task: custom needs the task itself: fedbug.run(cfg, task=...) or "
+                "fedbug.run(cfg, loss=..., metrics=...)"
+            )
+        self.task = build_task(task if task is not None else cfg.task)
+        if self.task.name != cfg.task:
+            cfg = cfg.model_copy(update={"task": self.task.name})
         torch.set_num_threads(cfg.threads)
-        self.sources = (dataset, model)  # what worker processes rebuild the experiment from
+        # what worker processes rebuild the experiment from
+        self.sources = (dataset, model, task)
         data_dir = Path(cfg.data_dir).expanduser() if cfg.data_dir else None
         ds = (
             dataset
             if dataset is not None
             else load_dataset(cfg.dataset, data_dir, cfg.dataset_options, cfg.num_clients)
         )
+        self.cfg = cfg = with_user_sources(cfg, dataset, model)
+        check_labels(self.task, ds, cfg)
         if cfg.subsample < 1.0:
             ds = subsample(ds, cfg.subsample)
         self.dataset = ds
@@ -65,14 +82,15 @@ class ClientSide:
             self.parts, ds = natural_clients(ds, cfg.num_clients, cfg.seed)
             self.dataset = ds
         else:
+            labels, num_classes = class_labels(ds)
             self.parts = partition(
-                ds.train_y,
+                labels,
                 cfg.num_clients,
                 cfg.partition,
                 cfg.alpha,
                 cfg.seed,
                 cfg.unbalanced_sigma,
-                ds.num_classes,
+                num_classes,
                 cfg.min_client_samples,
             )
         # Per-client test sets: test_parts[i] indexes self.dataset.test_x / test_y (see
@@ -85,7 +103,7 @@ class ClientSide:
             self.dataset = ds
         self.num_clients = len(self.parts)
         blocks = {name: cfg.options(name) for name in type(cfg).model_fields}
-        self.algorithm: Algorithm = build_algorithm(cfg.algorithm, cfg.global_lr, blocks)
+        self.algorithm: Algorithm = build_algorithm(cfg.algorithm, cfg.global_lr, blocks, self.task)
         if cfg.evaluation != "personalized" and not self.algorithm.has_global_model:
             raise ConfigError(
                 f"{cfg.algorithm} keeps part of every model on its client, so there is no global "
@@ -93,12 +111,13 @@ class ClientSide:
             )
         example = self.example = ds.prepare(ds.train_x[:2])
         model = self._build_model(model)
+        self.model_class = type(model)
         self.classifier = traced_module_order(model, example)[-1]
         self.template = self.algorithm.wrap_model(model, self.classifier)
         self.units = find_units(self.template, example, names=cfg.units)
         self.space = ParamSpace(self.template, self.units)
         self.layout = build_layout(
-            self.units, cfg.head_units, cfg.sublayers, self.algorithm.extra_modules
+            self.units, self._head_units(), cfg.sublayers, self.algorithm.extra_modules
         )
         self.algorithm.setup(self.layout)
         # the units the server and clients exchange (the rest stay on each client)
@@ -135,6 +154,39 @@ class ClientSide:
         sizes = [len(p) for p in self.parts]
         self.sizes = sizes
         self.mean_samples = sum(sizes) / len(sizes)
+
+    def _head_units(self) -> int:
+        """``head_units``, fewer where the model has too few units and nothing needs its head
+        apart (a one-unit model under FedAvg: all base); personalized methods and FedSeq's
+        schedule keep it and refuse a model too small for it."""
+        cfg = self.cfg
+        own = len(self.units) - len(extra_units(self.units, self.algorithm.extra_modules))
+        if self.algorithm.splits_body_head or cfg.schedule != "none":
+            if cfg.head_units >= own:
+                raise ConfigError(
+                    f"{cfg.algorithm if self.algorithm.splits_body_head else 'a FedSeq schedule'}"
+                    f" keeps a head of {cfg.head_units} unit(s) apart from the base, but this "
+                    f"model has {own} unit(s); use a model with more units (or fewer "
+                    "head_units)"
+                )
+            return cfg.head_units
+        return min(cfg.head_units, own - 1)
+
+    def provenance(self) -> dict[str, Any]:
+        """What this run trained on, as its summary records it: the data set's name, shapes and
+        label kind, the model's class (module and qualified name)."""
+        ds = self.dataset
+        cls = self.model_class
+        return {
+            "data": {
+                "name": ds.name,
+                "train": list(ds.train_x.shape),
+                "test": list(ds.test_x.shape),
+                "num_classes": ds.num_classes,
+                "labels": ds.labels,
+            },
+            "model_class": f"{cls.__module__}.{cls.__qualname__}",
+        }
 
     def _build_model(self, model: ModelSource) -> nn.Module:
         ds, cfg = self.dataset, self.cfg
@@ -183,9 +235,13 @@ class Experiment(ClientSide):
     selection, evaluation)."""
 
     def __init__(
-        self, cfg: BaseConfig, dataset: FederatedDataset | None = None, model: ModelSource = None
+        self,
+        cfg: BaseConfig,
+        dataset: FederatedDataset | None = None,
+        model: ModelSource = None,
+        task: Task | str | None = None,
     ) -> None:
-        super().__init__(cfg, dataset, model)
+        super().__init__(cfg, dataset, model, task)
         cfg, ds, example, policy_units = self.cfg, self.dataset, self.example, self.policy_units
         sizes = self.sizes
         self.system: SystemModel | None = None
@@ -216,7 +272,7 @@ class Experiment(ClientSide):
             cfg, self.num_clients, self.system
         )
         self.evaluator = Evaluator(
-            self.template, self.space, ds, cfg.eval_batch_size, cfg.memory_format
+            self.template, self.space, ds, cfg.eval_batch_size, cfg.memory_format, self.task
         )
         self.personal: PersonalizedEvaluator | None = None
         if self.test_parts is not None:
@@ -234,3 +290,46 @@ class Experiment(ClientSide):
 
     def lr_at(self, round: int) -> float:
         return self.cfg.lr * self.cfg.lr_decay ** (round - 1)
+
+
+def with_user_sources(
+    cfg: BaseConfig, dataset: FederatedDataset | None, model: ModelSource
+) -> BaseConfig:
+    """The config naming a user's own data set and model (``user:<name>``, ``user:<module.
+    class>``) instead of the defaults it was not run on, so config.yaml and summary.json say
+    what the run used."""
+    update: dict[str, Any] = {}
+    if dataset is not None and not cfg.dataset.startswith("user:"):
+        update["dataset"] = f"user:{dataset.name}"
+    if model is not None and not cfg.model.startswith("user:"):
+        # a module: its class; a class or a factory function: itself
+        target = type(model) if isinstance(model, nn.Module) else model
+        update["model"] = f"user:{target.__module__}.{target.__qualname__}"
+    return cfg.model_copy(update=update) if update else cfg
+
+
+def class_labels(ds: FederatedDataset) -> tuple[Tensor, int]:
+    """The labels a partition deals by class and their number: the data set's own for class
+    labels; one class (all zeros) for values (regression targets), which only iid and natural
+    partitions accept."""
+    if ds.labels == "classes":
+        return ds.train_y, ds.num_classes
+    return torch.zeros(len(ds.train_y), dtype=torch.long), 1
+
+
+def check_labels(task: Task, ds: FederatedDataset, cfg: BaseConfig) -> None:
+    """Refuse a task the data set's labels cannot serve, and class-based partitions of values."""
+    if task.labels not in ("any", ds.labels):
+        raise ConfigError(
+            f"task {task.name} needs a data set with labels: {task.labels}, but "
+            f"{ds.name!r} has labels: {ds.labels}; choose another task or data set"
+        )
+    if ds.labels == "values" and cfg.partition in ("dirichlet", "dirichlet_classwise"):
+        raise ConfigError(
+            f"partition: {cfg.partition} deals classes, but {ds.name!r} has labels: values "
+            "(regression targets); use partition: iid or natural"
+        )
+    if ds.labels == "values" and cfg.evaluation == "personalized":
+        raise ConfigError(
+            "evaluation: personalized scores each client's accuracy; it needs class labels"
+        )

@@ -32,15 +32,22 @@ from fedbug.client import (
 )
 from fedbug.config import BaseConfig, config_hash
 from fedbug.data import FederatedDataset
-from fedbug.engine.evaluation import evaluate_round, personalize, round_bytes, trained_sublayers
+from fedbug.engine.evaluation import (
+    evaluate_round,
+    personalize,
+    round_bytes,
+    trained_sublayers,
+    unevaluated,
+)
 from fedbug.engine.executors import Executor, build_executor
 from fedbug.engine.experiment import Experiment, ModelSource
 from fedbug.engine.run_folder import open_run, save_checkpoint, write_summary
 from fedbug.engine.simulation import Simulation
 from fedbug.engine.states import STATE_STORE_MIN_BYTES, ClientStates, LocalModelMean
 from fedbug.engine.summary import make_summary, weights_sha256
-from fedbug.errors import DivergenceError
+from fedbug.errors import ConfigError, DivergenceError
 from fedbug.results import RunDir
+from fedbug.tasks import CustomTask, LossFn, Task
 
 RoundCallback = Callable[[dict[str, Any]], None]
 ExecutorFactory = Callable[["Experiment"], Executor]
@@ -61,11 +68,19 @@ def run_experiment(
     resume: bool = False,
     dataset: FederatedDataset | None = None,
     model: ModelSource = None,
+    task: Task | str | None = None,
+    loss: LossFn | None = None,
+    metrics: dict[str, LossFn] | None = None,
     on_round: RoundCallback | None = None,
     stop_after: int | None = None,
     executor_factory: ExecutorFactory | None = None,
 ) -> RunResult:
     """Run (or resume) one experiment; write its run folder when ``run_dir`` is given.
+
+    ``dataset`` and ``model`` replace the config's (a :class:`FederatedDataset`; a module, class
+    or factory); ``task`` the config's task (a name or a :class:`~fedbug.tasks.Task`), or
+    ``loss`` (a function of (output, y)) with optional ``metrics`` (name -> a function giving
+    one batch's sum) a :class:`~fedbug.tasks.CustomTask`.
 
     ``executor_factory`` builds the executor from the experiment (default: the one the config
     names); the Flower ServerApp passes one that sends clients to its grid.
@@ -76,9 +91,16 @@ def run_experiment(
     loss or weights stop being finite raises :class:`~fedbug.errors.DivergenceError` after
     writing ``summary.json`` with ``"status": "diverged"``.
     """
+    if loss is not None:
+        if task is not None:
+            raise ConfigError("give a task or a loss (with metrics), not both")
+        task = CustomTask(loss, metrics)
+    elif metrics is not None:
+        raise ConfigError("metrics go with a loss: fedbug.run(cfg, loss=..., metrics=...)")
+    sources = (dataset, model, task)
     if run_dir is None:
         with contextlib.ExitStack() as cleanup:  # what the run opens is closed however it ends
-            args = (cfg, None, resume, dataset, model, on_round, stop_after, executor_factory)
+            args = (cfg, None, resume, sources, on_round, stop_after, executor_factory)
             return _run(cleanup, *args)
     rd = RunDir(Path(run_dir))
     created = not rd.path.exists()
@@ -93,7 +115,7 @@ def run_experiment(
     try:
         rd.remove_stale_temps()  # a killed run's half-written files; the lock is ours now
         with contextlib.ExitStack() as cleanup:
-            args = (cfg, rd, resume, dataset, model, on_round, stop_after, executor_factory)
+            args = (cfg, rd, resume, sources, on_round, stop_after, executor_factory)
             return _run(cleanup, *args)
     finally:
         rd.release_lock()
@@ -107,13 +129,12 @@ def _run(
     cfg: BaseConfig,
     rd: RunDir | None,
     resume: bool,
-    dataset: FederatedDataset | None,
-    model: ModelSource,
+    sources: tuple[FederatedDataset | None, ModelSource, Task | str | None],
     on_round: RoundCallback | None,
     stop_after: int | None,
     executor_factory: ExecutorFactory | None = None,
 ) -> RunResult:
-    exp = Experiment(cfg, dataset, model)
+    exp = Experiment(cfg, *sources)
     cfg = exp.cfg
     weights = exp.initial_weights()
     server_state = exp.algorithm.init_server_state(weights, exp.num_clients)
@@ -197,7 +218,7 @@ def _run(
             down_each = round_bytes(exp, shared, r, model_bytes)
             simulated = sim.finish(r, results, down_each, step.weights - weights) if results else {}
             weights, server_state = step.weights, step.state
-            evaluated: dict[str, Any] = {"test_acc": None, "test_loss": None}
+            evaluated: dict[str, Any] = unevaluated(exp)
             t_eval = 0.0
             if r % cfg.eval_every == 0 or r == cfg.rounds:
                 t_eval = time.perf_counter()

@@ -11,7 +11,8 @@ from torch import Tensor
 from fedbug.config import BaseConfig
 from fedbug.data import partition_summary
 from fedbug.data.partition_plot import plot_partition
-from fedbug.errors import CheckpointError, ConfigError
+from fedbug.engine.experiment import class_labels
+from fedbug.errors import CheckpointError, RunFolderHoldsRun
 from fedbug.results import RunDir, plot_run
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def check_checkpoint_fits(
     """Refuse, with one :class:`CheckpointError` naming ``path``, a checkpoint whose contents do
     not fit this run's model (weights of another size, say: written by another model or fedbug
     version under the same config hash), before any of it is loaded."""
-    fix = "start the run again in another --out (or remove this run folder)"
+    fix = "start the run again in another run folder (or remove this one)"
     missing = [k for k in _CHECKPOINT_KEYS if k not in ck]
     if missing:
         raise CheckpointError(
@@ -116,25 +117,24 @@ def open_run(
         start = int(ck["round"]) + 1
         records = rd.truncate_metrics(start - 1)
     elif rd.exists_with_results() and not resume:
-        raise ConfigError(
-            f"run folder {str(rd.path)!r} already holds a run; pass --resume to continue it "
-            "or choose another --out"
-        )
+        raise RunFolderHoldsRun(str(rd.path))
     else:
         new_run_folder(rd, exp)
     return weights, server_state, start, records
 
 
 def new_run_folder(rd: RunDir, exp: Experiment) -> None:
-    """A new run's folder: the resolved config, the partition and its plot."""
+    """A new run's folder: the resolved config, the partition and its plot (one class for a
+    data set of values: sizes only)."""
     cfg = exp.cfg
+    labels, num_classes = class_labels(exp.dataset)
     rd.create()
     rd.truncate_metrics(0)
     rd.write_config(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     rd.write_json(
         "partition.json",
         {
-            "summary": partition_summary(exp.parts, exp.dataset.train_y, exp.dataset.num_classes),
+            "summary": partition_summary(exp.parts, labels, num_classes),
             "clients": [p.tolist() for p in exp.parts],
             **(
                 {
@@ -150,8 +150,8 @@ def new_run_folder(rd: RunDir, exp: Experiment) -> None:
     )
     plot_partition(
         exp.parts,
-        exp.dataset.train_y,
-        exp.dataset.num_classes,
+        labels,
+        num_classes,
         rd.path / "partition.png",
         f"{cfg.name}: {cfg.partition} partition (seed {cfg.seed})",
         test_parts=exp.test_parts,

@@ -25,17 +25,28 @@ def weights_sha256(weights: Tensor) -> str:
 def make_summary(
     cfg: BaseConfig, records: list[dict[str, Any]], chash: str, seconds: float, exp: Experiment
 ) -> dict[str, Any]:
-    evaluated = [r for r in records if r["test_acc"] is not None]
+    task = exp.task
+    key = f"test_{task.headline}"
+    evaluated = [r for r in records if r.get(key) is not None]
     last = evaluated[-1] if evaluated else None
+    pick = max if task.higher_is_better else min
+    classification = key == "test_acc"
     return {
         "name": cfg.name,
         "status": "completed" if records and records[-1]["round"] == cfg.rounds else "partial",
         "seed": cfg.seed,
         "config_hash": chash,
         "rounds": records[-1]["round"] if records else 0,
-        "final_acc": last["test_acc"] if last else None,
+        "final_acc": last["test_acc"] if last and classification else None,
         "final_loss": last["test_loss"] if last else None,
-        "best_acc": max((r["test_acc"] for r in evaluated), default=None),
+        "best_acc": max((r["test_acc"] for r in evaluated), default=None)
+        if classification
+        else None,
+        "metric": task.headline,
+        "final": last[key] if last else None,
+        "best": pick((r[key] for r in evaluated), default=None),
+        "task": task.describe(),
+        **exp.provenance(),
         "num_clients": exp.num_clients,
         "num_units": exp.space.num_units,
         "units": [u.name for u in exp.units],

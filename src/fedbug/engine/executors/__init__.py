@@ -22,7 +22,7 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
     if name == "processes":
         from fedbug.engine.executors.processes import ProcessExecutor, WorkerSpec
 
-        dataset, model = exp.sources
-        spec = WorkerSpec(exp.cfg, dataset, model)
+        dataset, model, task = exp.sources
+        spec = WorkerSpec(exp.cfg, dataset, model, task)
         return ProcessExecutor(spec, exp.sizes, exp.cfg.workers, exp.cfg.threads)
     raise NotImplementedError(f"executor {name!r} is not available in this build")

@@ -51,6 +51,7 @@ class WorkerSpec:
     cfg: Any
     dataset: Any = None
     model: nn.Module | Any = None
+    task: Any = None
 
 
 def _send(conn: Connection, obj: Any) -> None:
@@ -65,7 +66,7 @@ def _worker_main(spec: WorkerSpec, threads: int, conn: Connection) -> None:
     """A worker's life: build the runtime, then train the tasks it is sent until told to stop."""
     try:
         torch.set_num_threads(threads)
-        exp = ClientSide(spec.cfg, spec.dataset, spec.model)
+        exp = ClientSide(spec.cfg, spec.dataset, spec.model, spec.task)
         torch.set_num_threads(threads)  # ClientSide sets the config's count; keep ours
         runtime = exp.make_runtime()
         _send(conn, ("ready", None))
