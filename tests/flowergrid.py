@@ -204,16 +204,14 @@ class Deployment:
         return left
 
 
-#: timings, and each line's checksum (which covers them): they differ between two runs
-TIMING = {"time_train", "time_eval", "wall_time", "crc"}
-
-
 def run_records(run_dir: Any) -> list[dict]:
     """A run folder's metrics.jsonl records without their timings."""
     import json
 
+    from tiny import without_timing
+
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in lines]
+    return without_timing(json.loads(x) for x in lines)
 
 
 def only_run(out: Any) -> Any:

@@ -29,25 +29,16 @@ RUN_FILES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    """A run sets torch's thread count for the process; give the next test file it back."""
-    import torch
-
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture
-def fast_plots(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Per-run plots are most of a tiny run's time: stub them where a test does not read them
-    (test_run_writes_one_complete_run_folder checks the real one; sweeps keep their own)."""
+def fast_plots(stub_plot) -> None:
+    """Per-run plots are most of a tiny run's time: a PNG signature for accuracy.png where a
+    test does not read it (test_run_writes_one_complete_run_folder checks the real one; sweeps
+    keep their own)."""
 
     def stub(records: list, path: Path, title: str) -> None:
         path.write_bytes(b"\x89PNG\r\n\x1a\n")
 
-    monkeypatch.setattr("fedbug.engine.run_folder.plot_run", stub)
+    stub_plot("plot_run", stub)
 
 
 def write_config(tmp_path: Path, doc: object = None, name: str = "tiny.yaml", **extra) -> Path:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -229,14 +228,10 @@ TALLY = {"examples": 0, "ran": 0, "refused": 0, "capped": 0}
 
 @pytest.fixture(scope="module")
 def fuzz_env():
-    """No plots, an empty HOME (no data set but digits is found), threads given back."""
-    n = torch.get_num_threads()
+    """An empty HOME for the module (no data set but digits is found)."""
     with tempfile.TemporaryDirectory() as home, pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOME", home)
-        mp.setattr("fedbug.engine.run_folder.plot_run", lambda *a, **k: None)
-        mp.setattr("fedbug.engine.run_folder.plot_partition", lambda *a, **k: None)
         yield
-    torch.set_num_threads(n)
     print(f"\ncli fuzz: {TALLY}")
 
 
@@ -248,7 +243,7 @@ def fuzz_env():
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(doc=documents(), sets=overrides())
-def test_any_invocation_runs_one_round_or_is_one_line_exit_2(fuzz_env, doc, sets):
+def test_any_invocation_runs_one_round_or_is_one_line_exit_2(fuzz_env, no_plots, doc, sets):
     with tempfile.TemporaryDirectory() as tmp:
         rc, err, out = invoke(Path(tmp), doc, sets, cap=True)
         TALLY["examples"] += 1
@@ -269,12 +264,6 @@ def test_any_invocation_runs_one_round_or_is_one_line_exit_2(fuzz_env, doc, sets
 # -- the closest valid key -------------------------------------------------------------------
 
 
-@pytest.fixture
-def quick(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr("fedbug.engine.run_folder.plot_run", lambda *a, **k: None)
-    monkeypatch.setattr("fedbug.engine.run_folder.plot_partition", lambda *a, **k: None)
-
-
 @pytest.mark.parametrize(
     ("doc", "sets", "wrong", "right"),
     [
@@ -286,7 +275,7 @@ def quick(monkeypatch: pytest.MonkeyPatch):
         (BASE, ["bach_size=8"], "bach_size", "batch_size"),
     ],
 )
-def test_a_misspelled_key_names_the_closest_valid_key(tmp_path, quick, doc, sets, wrong, right):
+def test_a_misspelled_key_names_the_closest_valid_key(tmp_path, no_plots, doc, sets, wrong, right):
     rc, err, out = invoke(tmp_path, doc, sets)
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert f"unknown key {wrong!r}; did you mean {right!r}?" in err
@@ -308,7 +297,7 @@ BOMB = "".join(
     ],
     ids=["alias-bomb-options", "alias-bomb-grid", "self-reference", "self-reference-override"],
 )
-def test_yaml_alias_bombs_are_refused_at_once(tmp_path, quick, text, sets):
+def test_yaml_alias_bombs_are_refused_at_once(tmp_path, no_plots, text, sets):
     """A few lines of YAML anchors expand to 387 million values (hashing or writing the config
     hung); a mapping that contains itself never ends."""
     cfg = tmp_path / "bomb.yaml"
@@ -322,6 +311,6 @@ def test_yaml_alias_bombs_are_refused_at_once(tmp_path, quick, text, sets):
     assert not out.exists()
 
 
-def test_negative_model_width_is_one_line(tmp_path, quick):
+def test_negative_model_width_is_one_line(tmp_path, no_plots):
     rc, err, out = invoke(tmp_path, BASE, ["model_options={hidden: [-3]}"])
     assert rc == 2 and len(err.splitlines()) == 1, err

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import without_timing
 
 from fedbug.results import load_checkpoint_file
 
@@ -48,8 +49,6 @@ threads: 1
 KILLS = 10
 SEED = 20240601
 PHASES = ("train", "eval", "checkpoint", "metrics", "write")  # each drawn KILLS / 5 times
-#: timings, and each line's checksum (which covers them): they differ between two runs
-TIMING = {"time_train", "time_eval", "wall_time", "crc"}
 
 # The helper: imports once, then for each JSON request on stdin forks a child that runs
 # fedbug.cli.main(argv) with the kill hook armed; answers {"pid", "rc", "signal"} when the child
@@ -236,9 +235,8 @@ def _final_state(run_dir: Path) -> tuple[list[dict], torch.Tensor]:
     text = (run_dir / "metrics.jsonl").read_text(encoding="utf-8")
     assert text.endswith("\n"), "metrics.jsonl ends with a partial line"
     records = [json.loads(line) for line in text.splitlines()]  # every line whole JSON
-    stripped = [{k: v for k, v in r.items() if k not in TIMING} for r in records]
     weights = load_checkpoint_file(run_dir / "checkpoint.pt")["weights"]
-    return stripped, weights
+    return without_timing(records), weights
 
 
 def _leftovers(run_dir: Path) -> list[str]:

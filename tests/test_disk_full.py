@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import without_timing
 
 import fedbug.results
 from fedbug.cli import main
@@ -33,8 +34,6 @@ batch_size: 16
 eval_batch_size: 512
 checkpoint_every: 2
 """
-#: timings, and each line's checksum (which covers them): they differ between two runs
-TIMING = {"time_train", "time_eval", "wall_time", "crc"}
 
 
 class _FullDisk:
@@ -84,9 +83,7 @@ def _run(capsys, cfg: Path, out: Path, *extra: str) -> tuple[int, str]:
 def _final(run_dir: Path) -> tuple[list[dict], torch.Tensor]:
     text = (run_dir / "metrics.jsonl").read_text(encoding="utf-8")
     assert text.endswith("\n")
-    records = [
-        {k: v for k, v in json.loads(x).items() if k not in TIMING} for x in text.splitlines()
-    ]
+    records = without_timing(json.loads(x) for x in text.splitlines())
     return records, load_checkpoint_file(run_dir / "checkpoint.pt")["weights"]
 
 

@@ -4,18 +4,12 @@ import json
 
 import pytest
 import torch
-from tiny import tiny_config
+from tiny import tiny_config, without_timing
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.engine import run_experiment
 from fedbug.errors import CheckpointError, ConfigError
 from fedbug.policies import POLICIES
-
-TIMING = {"time_train", "time_eval", "wall_time"}
-
-
-def _strip(records):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS.names())
@@ -47,7 +41,7 @@ def test_every_policy_algorithm_pair_runs_two_rounds(algorithm, policy):
 def test_same_config_and_seed_give_identical_numbers():
     cfg = tiny_config(algorithm="feddyn", policy="bottom_up", bottom_up={"gu_ratio": 0.4}, rounds=3)
     a, b = run_experiment(cfg), run_experiment(cfg)
-    assert _strip(a.records) == _strip(b.records)
+    assert without_timing(a.records) == without_timing(b.records)
     assert torch.equal(a.weights, b.weights)
     c = run_experiment(cfg.model_copy(update={"seed": 1}))
     assert not torch.equal(a.weights, c.weights)
@@ -106,7 +100,7 @@ def test_resume_equals_uninterrupted(tmp_path, algorithm):
     with open(tmp_path / "cut" / "metrics.jsonl", "a") as f:
         f.write('{"round": 4, "test_a')
     resumed = run_experiment(cfg, tmp_path / "cut", resume=True)
-    assert _strip(resumed.records) == _strip(full.records)
+    assert without_timing(resumed.records) == without_timing(full.records)
     assert torch.equal(resumed.weights, full.weights)
     lines = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["round"] for x in lines] == [1, 2, 3, 4, 5]
@@ -165,7 +159,7 @@ def test_mean_of_local_models_evaluation_by_hand_and_resume(tmp_path):
     assert "test_acc_server" in full.records[-1]
     run_experiment(cfg, tmp_path / "cut", stop_after=2)
     resumed = run_experiment(cfg, tmp_path / "cut", resume=True)
-    assert _strip(resumed.records) == _strip(full.records)
+    assert without_timing(resumed.records) == without_timing(full.records)
 
 
 def test_subsample_keeps_a_fixed_share_of_each_class():

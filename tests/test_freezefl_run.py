@@ -1,14 +1,13 @@
 """FreezeFL through the engine: simulated devices, freezing, selection, records, resume."""
 
 import pytest
-from tiny import tiny_config
+from tiny import tiny_config, without_timing
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.config import load_config
 from fedbug.engine import run_experiment
 from fedbug.errors import ConfigError
 
-TIMING = {"time_train", "time_eval", "wall_time"}
 SYSTEM = {"abilities": "uniform", "ability_min": 0.5, "ability_max": 3.0}
 
 
@@ -25,10 +24,6 @@ def _cfg(**kw):
     )
     base.update(kw)
     return tiny_config(**base)
-
-
-def _strip(records):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
 def test_records_and_freezing():
@@ -69,7 +64,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     full = run_experiment(cfg, tmp_path / "full")
     run_experiment(cfg, tmp_path / "cut", stop_after=2)
     resumed = run_experiment(cfg, tmp_path / "cut", resume=True)
-    assert _strip(resumed.records) == _strip(full.records)
+    assert without_timing(resumed.records) == without_timing(full.records)
 
 
 def test_rbcsf_runs_and_needs_a_system():

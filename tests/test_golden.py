@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 import torch
+from tiny import without_timing
 
 from fedbug.config import load_config
 from fedbug.engine import run_experiment, weights_sha256
 
 GOLDEN = Path(__file__).with_name("golden.json")
-TIMING = {"time_train", "time_eval", "wall_time"}
 
 BASE: dict[str, Any] = {
     "name": "golden",
@@ -104,7 +104,7 @@ def family_config(name: str) -> Any:
 
 
 def _records_sha(records: list[dict[str, Any]]) -> str:
-    kept = [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+    kept = without_timing(records)
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
@@ -138,12 +138,6 @@ def _golden() -> dict[str, Any]:
     return json.loads(GOLDEN.read_text(encoding="utf-8"))
 
 
-@pytest.fixture(autouse=True)
-def _no_plots(monkeypatch):
-    monkeypatch.setattr("fedbug.engine.run_folder.plot_run", lambda *a, **k: None)
-    monkeypatch.setattr("fedbug.engine.run_folder.plot_partition", lambda *a, **k: None)
-
-
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_family_numbers_are_unchanged(name):
     golden = _golden()
@@ -164,10 +158,6 @@ def test_every_family_is_recorded():
 
 
 def _write() -> None:
-    import fedbug.engine as engine
-
-    engine.plot_run = lambda *a, **k: None  # type: ignore[assignment]
-    engine.plot_partition = lambda *a, **k: None  # type: ignore[assignment]
     families = {}
     for name in sorted(FAMILIES):
         families[name] = measure(name)

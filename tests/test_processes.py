@@ -4,18 +4,12 @@ import os
 
 import pytest
 import torch
-from tiny import tiny_config
+from tiny import tiny_config, without_timing
 
 from fedbug.client import ClientTask
 from fedbug.config import resolve
 from fedbug.engine import Experiment, run_experiment
 from fedbug.engine.executors.processes import ProcessExecutor, WorkerError, WorkerSpec, deal
-
-TIMING = {"time_train", "time_eval", "wall_time"}
-
-
-def _strip(records):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
 def _children() -> set[int]:
@@ -46,7 +40,7 @@ def test_process_executor_equals_sequential_bitwise_with_client_state():
     before = _children()
     seq = run_experiment(cfg)
     par = run_experiment(cfg.model_copy(update={"executor": "processes", "workers": 2}))
-    assert _strip(par.records) == _strip(seq.records)
+    assert without_timing(par.records) == without_timing(seq.records)
     assert torch.equal(par.weights, seq.weights)
     assert _children() <= before  # the workers were joined: no zombie, no orphan
 

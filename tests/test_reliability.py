@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tiny import TINY_DOC, TwoLayer, fast_engine, runtime, tiny_config
+from tiny import TINY_DOC, TwoLayer, runtime, tiny_config
 
 from fedbug.checks import check_update, is_divergence
 from fedbug.cli import main
@@ -25,10 +25,8 @@ from fedbug.results import RunDir
 
 
 @pytest.fixture(autouse=True)
-def _fast(monkeypatch: pytest.MonkeyPatch):
-    """No plots (most of a tiny run's time); torch's thread count given back afterwards."""
-    with fast_engine(monkeypatch):
-        yield
+def _fast(no_plots):
+    """No plots (most of a tiny run's time)."""
 
 
 def cfg(**overrides):

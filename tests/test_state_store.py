@@ -2,15 +2,13 @@
 never written; FedDyn's running sum of all clients' lambda against their full mean."""
 
 import torch
-from tiny import tiny_config
+from tiny import tiny_config, without_timing
 
 import fedbug.engine.rounds as engine
 from fedbug.engine import Experiment, run_experiment
 from fedbug.engine.states import ClientStates
 from fedbug.results import RunDir
 from fedbug.state_store import StateStore
-
-TIMING = {"time_train", "time_eval", "wall_time"}
 
 
 def _state(v: float) -> dict[str, torch.Tensor]:
@@ -65,8 +63,7 @@ def test_engine_resume_with_the_store_equals_uninterrupted(tmp_path, monkeypatch
     assert set(ck["client_states"]) == {"__store__"}  # the checkpoint holds no state itself
     run_experiment(cfg, tmp_path / "cut", stop_after=3)  # killed after round 3 (ckpt at 2)
     resumed = run_experiment(cfg, tmp_path / "cut", resume=True)
-    strip = [{k: v for k, v in r.items() if k not in TIMING} for r in resumed.records]
-    assert strip == [{k: v for k, v in r.items() if k not in TIMING} for r in full.records]
+    assert without_timing(resumed.records) == without_timing(full.records)
     assert torch.equal(resumed.weights, full.weights)
     memory = run_experiment(cfg.model_copy(update={"name": "mem"}))  # no run folder: in memory
     assert torch.equal(memory.weights, full.weights)

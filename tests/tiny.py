@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -105,17 +105,11 @@ def tiny_config(**overrides):
     return load_config(None, doc=doc)
 
 
-@contextlib.contextmanager
-def fast_engine(monkeypatch) -> Iterator[None]:
-    """No plots (most of a tiny run's time); torch's thread count given back afterwards."""
+# The wall-clock keys of a round record, and a metrics.jsonl line's checksum (which covers
+# them); the rest of a record repeats bit for bit.
+TIMING = frozenset({"time_train", "time_eval", "wall_time", "crc"})
 
-    def stub(*_args, **_kwargs) -> None:
-        return None
 
-    monkeypatch.setattr("fedbug.engine.run_folder.plot_run", stub)
-    monkeypatch.setattr("fedbug.engine.run_folder.plot_partition", stub)
-    n = torch.get_num_threads()
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+def without_timing(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Round records (or metrics.jsonl lines) less their :data:`TIMING` keys."""
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]

@@ -19,7 +19,6 @@ import pytest
 import torch
 import yaml
 from PIL import Image
-from tiny import fast_engine
 
 from fedbug.cli import main
 from fedbug.config import load_config
@@ -45,14 +44,11 @@ RUN = {
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """An empty HOME (only the files a test writes are found, no cache is kept), no plots, and
-    torch's thread count given back afterwards."""
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_plots):
+    """An empty HOME (only the files a test writes are found, no cache is kept), no plots."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    with fast_engine(monkeypatch):
-        yield
 
 
 # -- small data sets in their official formats -------------------------------------------------

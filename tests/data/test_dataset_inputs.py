@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny import fast_engine
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
@@ -96,10 +95,9 @@ def test_tokens_inputs_are_kept_as_ids() -> None:
     assert ds.prepare(ds.train_x).tolist() == x.tolist()
 
 
-def test_numpy_data_trains_through_a_real_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_numpy_data_trains_through_a_real_run(no_plots) -> None:
     ds = numpy_dataset()
-    with fast_engine(monkeypatch):
-        result = fedbug.run(tiny(), model=Net, dataset=ds)
+    result = fedbug.run(tiny(), model=Net, dataset=ds)
     assert [r["round"] for r in result.records] == [1, 2]
     acc = result.summary["final_acc"]
     assert isinstance(acc, float) and acc > 0.5  # chance is 0.25; the blobs are well separated
@@ -290,8 +288,7 @@ def test_from_clients_runs_with_the_natural_partition(monkeypatch: pytest.Monkey
     exp = fedbug.Experiment(cfg, dataset=ds, model=Net)
     assert [p.tolist() for p in exp.parts] == [p.tolist() for p in ds.natural_clients]
     assert [p.tolist() for p in exp.test_parts] == [p.tolist() for p in ds.natural_test_clients]
-    with fast_engine(monkeypatch):
-        result = fedbug.run(cfg, model=Net, dataset=ds)
+    result = fedbug.run(cfg, model=Net, dataset=ds)
     assert [r["round"] for r in result.records] == [1, 2]
     assert result.summary["final_acc"] > 0.5
 

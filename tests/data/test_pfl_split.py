@@ -294,10 +294,10 @@ def test_plot_partition_writes_png(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*tmp*"))  # written atomically, no leftovers
 
 
-def test_run_writes_partition_png_and_test_parts(tmp_path: Path, monkeypatch) -> None:
+def test_run_writes_partition_png_and_test_parts(tmp_path: Path, stub_plot) -> None:
     from fedbug.engine import run_experiment
 
-    monkeypatch.setattr("fedbug.engine.run_folder.plot_run", lambda *a, **k: None)
+    stub_plot("plot_run")  # the partition plot is the one this test reads
     cfg = tiny_config(model="mlp", rounds=1, evaluation="personalized", pfl_test="holdout")
     run_experiment(cfg, tmp_path / "run", dataset=blobs_dataset(240, 3), stop_after=0)
     assert (tmp_path / "run" / "partition.png").read_bytes().startswith(b"\x89PNG")

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("flwr")
 
 from flowergrid import LoopbackGrid, task_identity  # noqa: E402
-from tiny import tiny_config  # noqa: E402
+from tiny import tiny_config, without_timing  # noqa: E402
 
 from fedbug.algorithms import ALGORITHMS  # noqa: E402
 from fedbug.engine import run_experiment  # noqa: E402
@@ -19,12 +19,6 @@ from fedbug.errors import ConfigError  # noqa: E402
 from fedbug.flower.clientapp import app as client_app  # noqa: E402
 from fedbug.flower.executor import FlowerExecutor  # noqa: E402
 from fedbug.policies import POLICIES  # noqa: E402
-
-TIMING = {"time_train", "time_eval", "wall_time"}
-
-
-def strip(records):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
 def on_flower(cfg, grid_kwargs=None, rounds_cfg=None):
@@ -57,7 +51,7 @@ def test_every_policy_algorithm_pair_equals_in_process(algorithm, policy):
     )
     here = run_experiment(cfg)
     there, _ = on_flower(cfg)
-    assert strip(there.records) == strip(here.records)
+    assert without_timing(there.records) == without_timing(here.records)
     assert torch.equal(there.weights, here.weights)
 
 
@@ -72,7 +66,7 @@ def test_client_state_lives_on_the_node_and_matches_in_process():
     )
     here = run_experiment(cfg)
     there, grid = on_flower(cfg)
-    assert strip(there.records) == strip(here.records)
+    assert without_timing(there.records) == without_timing(here.records)
     assert torch.equal(there.weights, here.weights)
     held = [c for c in grid.contexts.values() if "fedbug-state" in c.state.array_records]
     assert held, "FedDyn's lambda_i should be kept in the nodes' context.state"
@@ -85,7 +79,7 @@ def test_replies_in_any_order_give_the_same_numbers():
     cfg = tiny_config(rounds=2, threads=1, clients_per_round=4)
     a, _ = on_flower(cfg)
     b, _ = on_flower(cfg, {"reverse": True})
-    assert strip(a.records) == strip(b.records)
+    assert without_timing(a.records) == without_timing(b.records)
     assert torch.equal(a.weights, b.weights)
 
 
