@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -118,7 +119,18 @@ def open_run(
         records = rd.truncate_metrics(start - 1)
     elif rd.exists_with_results() and not resume:
         raise RunFolderHoldsRun(str(rd.path))
+    elif (rd.path / "summary.json").exists():
+        # resume asked of a finished run kept without its checkpoint: never wipe its results
+        raise CheckpointError(
+            f"run folder {str(rd.path)!r} holds a finished run but no checkpoint.pt to resume "
+            "from; remove the folder to run it again, or choose another one"
+        )
     else:
+        if resume:  # killed before its first checkpoint, or never started: round 1 again
+            warnings.warn(
+                f"no checkpoint to resume from in {str(rd.path)!r}: starting the run from round 1",
+                stacklevel=4,
+            )
         new_run_folder(rd, exp)
     return weights, server_state, start, records
 
