@@ -9,11 +9,11 @@ Fine-tuning is local training: :func:`fedbug.client.train_client` on a runtime b
 (:meth:`PersonalizedEvaluator.finetune_runtime`: policy ``none``; the optimizer, momentum,
 weight decay and clipping of the :class:`FinetuneSettings`; the run's memory format and
 augmentation) with :class:`Finetuning` as the algorithm: every unit trains at every step
-(FedBABU's head too) for plain epochs, on the cross-entropy of the algorithm's prediction
-(:meth:`~fedbug.algorithms.Algorithm.logits`; FedROD: generic + personal logits), and nothing
-else of the algorithm (no proximal or dynamic term, no head phase, no state kept or sent). Its
-batches and augmentation come from the client's generator at round :data:`FINETUNE_ROUND`, an
-address no training round uses.
+(FedBABU's head too) for plain epochs, on the task's loss (classification: cross-entropy) of the
+algorithm's prediction (:meth:`~fedbug.algorithms.Algorithm.logits`; FedROD: generic + personal
+logits), and nothing else of the algorithm (no proximal or dynamic term, no head phase, no state
+kept or sent). Its batches and augmentation come from the client's generator at round
+:data:`FINETUNE_ROUND`, an address no training round uses.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm
@@ -59,17 +58,17 @@ class FinetuneSettings:
 
 class Finetuning(Algorithm):
     """``inner``'s fine-tuning: FedAvg's client (every unit, plain epochs, nothing added to the
-    loss or the gradients, no state) on the cross-entropy of ``inner``'s prediction."""
+    loss or the gradients, no state) on the task's loss of ``inner``'s prediction."""
 
     name = "finetuning"
 
     def __init__(self, inner: Algorithm) -> None:
-        super().__init__()
+        super().__init__(task=inner.task)
         self.inner = inner
         self.layout = inner.layout
 
     def loss(self, output: Any, y: Tensor) -> Tensor:
-        return F.cross_entropy(self.inner.logits(output), y)
+        return self.task.loss(self.inner.logits(output), y)
 
     def logits(self, output: Any) -> Tensor:
         return self.inner.logits(output)
