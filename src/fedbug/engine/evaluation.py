@@ -81,6 +81,8 @@ def personalize(
         momentum=cfg.finetune_momentum,
         weight_decay=cfg.weight_decay,
         batch_size=cfg.batch_size,
+        optimizer=cfg.optimizer,
+        clip_grad_norm=cfg.clip_grad_norm,
     )
     after = exp.personal.finetune(weights, states.get, settings, cfg.seed)
     block = pfl_summary(before, after)

@@ -121,10 +121,10 @@ class ClientSide:
         )
         self.algorithm.setup(self.layout)
         # the units the server and clients exchange (the rest stay on each client)
-        self.shared = set(self.algorithm.shared_units(self.space.num_units))
-        self.shared_mask = [u in self.shared for u in range(self.space.num_units)]
+        self.shared_mask = self.algorithm.shared_mask(self.space.num_units)
+        self.shared = {u for u, s in enumerate(self.shared_mask) if s}
         # freeze policies see the model's own units, not those an algorithm adds (as the client)
-        policy_units = self.policy_units = self.space.num_units - len(self.layout.extra)
+        policy_units = self.policy_units = self.layout.policy_units
         self.policy = build_policy(cfg.policy, cfg.options(cfg.policy))
         if not len(self.policy.trainable_units(StepCtx(1, 1, policy_units))):
             raise ConfigError(f"policy {cfg.policy!r} trains no unit of this model")

@@ -71,7 +71,7 @@ class Simulation:
                 clients=[res.client for res in results],
                 num_clients=exp.num_clients,
                 n_frozen={res.client: res.n_frozen for res in results},
-                num_units=exp.space.num_units - len(exp.layout.extra),
+                num_units=exp.layout.policy_units,
                 space=exp.space,
                 local_deltas={res.client: res.delta for res in results},
                 trained={res.client: res.trained for res in results},

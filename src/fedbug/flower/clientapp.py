@@ -92,7 +92,6 @@ def train(msg: Message, context: Context) -> Message:
         result.state_reset = True
     if result.state:
         _save_state(context, task.client, result.state)
-    shared = set(exp.algorithm.shared_units(exp.space.num_units))
-    mask = [u in shared for u in range(exp.space.num_units)]
+    mask = exp.algorithm.shared_mask(exp.space.num_units)
     sent = sent_units(result, mask, exp.cfg.upload)
     return Message(encode_reply(result, exp.space, sent), reply_to=msg)
