@@ -252,8 +252,9 @@ def table_rows(
     betas = {}
     for i, (_, runs) in enumerate(groups):
         c = runs[0]["summary"]["config"]
-        if c.get("policy") == "freezefl" and isinstance(c.get("freezefl"), dict):
-            betas[i] = c["freezefl"].get("beta")
+        block = c.get(str(c.get("policy")))  # the chosen policy's options (FreezeFL's beta)
+        if isinstance(block, dict) and "beta" in block:
+            betas[i] = block["beta"]
     beta_varies = len(set(betas.values())) > 1
 
     rows = []
