@@ -7,10 +7,14 @@
 ``--fedbug-ref`` is a checkout of IandRover/FedBug (never vendored here; see RESULTS.md for the
 commit compared). Every scenario of :data:`SCENARIOS` (or those whose name contains an
 ``--only`` word) runs on both sides from the same seeds: the same initial weights, client data,
-full-batch local steps (no batch order to replay), augmentation off, the same lr, weight decay,
-clipping and K. After each round it prints, per unit, the largest absolute difference of the
-global weights and that difference relative to the unit's largest absolute change from the
-initial weights, and the verdict against ``--tol`` (relative). ``--write-fixtures`` saves the
+full-batch local steps (in fedbug's order, replayed in the reference), augmentation off, the
+same lr, weight decay, clipping and K. After each round it prints, per unit, the largest
+absolute difference of the global weights and that difference relative to the unit's largest
+absolute change from the initial weights, and the verdict against ``--tol`` (relative, 1e-4);
+``--sensitivity`` adds fedbug's distance from itself when its start moves by 1e-7, the noise
+figure below which a difference cannot be told from rounding (WITHIN NOISE: at most 10x it).
+Every case also runs through ``fedbug.run`` and its final weights are compared with the
+hand-built loop's. ``--write-fixtures`` saves the
 inputs (the scenario: seeds and settings) and the reference's per-round weight statistics as
 JSON under ``tests/fixtures/equivalence/`` for ``tests/test_equivalence_fixtures.py``.
 """
