@@ -1,5 +1,7 @@
-"""`resume` with nothing to resume: a new run, said in a warning; a finished run kept without
-its checkpoint is refused, never wiped (committed benchmark results keep their metrics)."""
+"""`resume` with nothing to resume: a new run, said in a warning (a run killed before its first
+checkpoint resumes from round 1 silently, as the crash drill expects); a finished run kept
+without its checkpoint is refused, never wiped (committed benchmark results keep their
+metrics)."""
 
 import pytest
 from tiny import tiny_config
@@ -9,7 +11,7 @@ from fedbug.errors import CheckpointError
 
 
 def test_resume_in_an_empty_folder_starts_a_new_run_and_says_so(tmp_path):
-    with pytest.warns(UserWarning, match="no checkpoint to resume from.*round 1"):
+    with pytest.warns(UserWarning, match="nothing to resume.*starting a new run"):
         res = run_experiment(tiny_config(rounds=1), tmp_path / "r", resume=True)
     assert [r["round"] for r in res.records] == [1]
 

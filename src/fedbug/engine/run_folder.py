@@ -126,9 +126,11 @@ def open_run(
             "from; remove the folder to run it again, or choose another one"
         )
     else:
-        if resume:  # killed before its first checkpoint, or never started: round 1 again
+        # killed before its first checkpoint: round 1 again, as an uninterrupted run did
+        if resume and not (rd.path / "config.yaml").exists():
             warnings.warn(
-                f"no checkpoint to resume from in {str(rd.path)!r}: starting the run from round 1",
+                f"nothing to resume in {str(rd.path)!r} (no run was started there): starting a "
+                "new run",
                 stacklevel=4,
             )
         new_run_folder(rd, exp)
