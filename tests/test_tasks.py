@@ -85,22 +85,25 @@ def _mse(output, y):
     return ((output - y) ** 2).mean()
 
 
+def _config(**values):
+    """A config of a few clients, every one taking part, on one thread, FLOPs not counted."""
+    base = {"num_clients": 2, "clients_per_round": 2, "count_flops": False, "threads": 1}
+    return fedbug.config(**{**base, **values})
+
+
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "feddyn", "scaffold"])
 def test_regression_with_a_user_loss_trains_under_bottom_up(algorithm):
-    cfg = fedbug.config(
+    cfg = _config(
         algorithm=algorithm,
         policy="bottom_up",
         bottom_up={"gu_ratio": 0.5},
         partition="iid",
         num_clients=4,
-        clients_per_round=2,
         rounds=6,
         local_steps=10,
         batch_size=20,
         lr=0.05,
         weight_decay=0.0,
-        count_flops=False,
-        threads=1,
     )
     res = fedbug.run(cfg, model=Net, dataset=_regression_data(), loss=_mse)
     losses = [r["test_loss"] for r in res.records]
@@ -111,18 +114,15 @@ def test_regression_with_a_user_loss_trains_under_bottom_up(algorithm):
 
 
 def test_built_in_regression_task_reports_r2_mae():
-    cfg = fedbug.config(
+    cfg = _config(
         task="regression",
         partition="iid",
         num_clients=4,
-        clients_per_round=2,
         rounds=5,
         local_steps=10,
         batch_size=20,
         lr=0.05,
         weight_decay=0.0,
-        count_flops=False,
-        threads=1,
     )
     res = fedbug.run(cfg, model=Net, dataset=_regression_data())
     last = res.records[-1]
@@ -160,20 +160,16 @@ def test_quadratic_two_clients_through_the_public_api():
         return 0.5 * ((output - y) ** 2).mean()
 
     def run(algorithm):
-        cfg = fedbug.config(
+        cfg = _config(
             algorithm=algorithm,
             partition="natural",
-            num_clients=2,
-            clients_per_round=2,
             rounds=200,
             local_steps=5,
             batch_size=4,
             lr=0.1,
             weight_decay=0.0,
             weighting="uniform",
-            count_flops=False,
             eval_every=200,
-            threads=1,
         )
         return float(fedbug.run(cfg, model=Scalar, dataset=data, loss=half_mse).weights[0])
 
@@ -191,15 +187,11 @@ def test_fedrod_refuses_a_task_it_cannot_serve():
 
 def test_a_custom_task_object_is_recorded():
     task = CustomTask(_mse, metrics={"abs": lambda o, y: (o - y).abs().sum()})
-    cfg = fedbug.config(
+    cfg = _config(
         partition="iid",
-        num_clients=2,
-        clients_per_round=2,
         rounds=1,
         local_steps=1,
         batch_size=20,
-        count_flops=False,
-        threads=1,
     )
     res = fedbug.run(cfg, model=Net, dataset=_regression_data(), task=task)
     assert "test_abs" in res.records[-1]
@@ -229,17 +221,14 @@ def _blobs():
     ],
 )
 def test_a_one_unit_model_runs_under_every_non_personalized_method(algorithm, policy):
-    cfg = fedbug.config(
+    cfg = _config(
         algorithm=algorithm,
         policy=policy,
         partition="iid",
         num_clients=3,
-        clients_per_round=2,
         rounds=2,
         local_steps=3,
         batch_size=10,
-        count_flops=False,
-        threads=1,
     )
     res = fedbug.run(cfg, model=lambda: nn.Linear(4, 3), dataset=_blobs())
     assert res.summary["num_units"] == 1 and res.records[-1]["test_acc"] is not None
@@ -247,30 +236,23 @@ def test_a_one_unit_model_runs_under_every_non_personalized_method(algorithm, po
 
 @pytest.mark.parametrize("algorithm", ["fedper", "fedrep", "fedbabu", "lg_fedavg"])
 def test_personalized_methods_refuse_a_one_unit_model_with_a_reason(algorithm):
-    cfg = fedbug.config(
+    cfg = _config(
         algorithm=algorithm,
         evaluation="personalized",
         partition="iid",
         num_clients=3,
-        clients_per_round=2,
         rounds=1,
         local_steps=1,
-        count_flops=False,
-        threads=1,
     )
     with pytest.raises(ConfigError, match=f"{algorithm} keeps a head of 1 unit.*has 1 unit"):
         fedbug.run(cfg, model=lambda: nn.Linear(4, 3), dataset=_blobs())
 
 
 def test_a_user_model_and_data_are_recorded_as_such():
-    cfg = fedbug.config(
+    cfg = _config(
         partition="iid",
-        num_clients=2,
-        clients_per_round=2,
         rounds=1,
         local_steps=1,
-        count_flops=False,
-        threads=1,
     )
     res = fedbug.run(cfg, model=Net, dataset=_regression_data(), loss=_mse)
     s = res.summary
@@ -290,16 +272,12 @@ def test_a_user_model_and_data_are_recorded_as_such():
 def test_api_errors_speak_api_and_cli_errors_speak_cli(tmp_path, capsys):
     from fedbug.cli import main
 
-    cfg = fedbug.config(
+    cfg = _config(
         dataset="digits",
         model="mlp",
-        num_clients=2,
-        clients_per_round=2,
         rounds=1,
         local_steps=1,
         batch_size=16,
-        count_flops=False,
-        threads=1,
     )
     fedbug.run(cfg, run_dir=tmp_path / "run")
     with pytest.raises(ConfigError, match=r"resume=True.*run_dir") as exc:

@@ -247,13 +247,15 @@ def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, t
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    metric = "acc"
     for cell, runs in cell_runs:
+        metric = headline(runs)  # one task a sweep
+        key, scale = f"test_{metric}", 100 if metric == "acc" else 1
         by_round: dict[int, list[float]] = {}
         for run in runs:
             for rec in run["records"]:
-                value = rec.get(f"test_{headline(runs)}")
+                value = rec.get(key)
                 if value is not None:
-                    scale = 100 if headline(runs) == "acc" else 1
                     by_round.setdefault(rec["round"], []).append(scale * value)
         rounds = sorted(by_round)
         mean = np.array([np.mean(by_round[r]) for r in rounds])
@@ -261,7 +263,7 @@ def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, t
         (line,) = ax.plot(rounds, mean, label=cell.label)
         ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel("test accuracy (%)" if metric == "acc" else f"test {metric}")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
