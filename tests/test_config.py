@@ -349,6 +349,21 @@ def test_config_hash_kept_when_policies_took_their_options_into_blocks(overrides
     assert config_hash(load_config(None, overrides)) == before
 
 
+@pytest.mark.parametrize(
+    ("base", "before", "option", "other"),
+    [
+        (["algorithm=feddyn"], "1946592037", "feddyn.clip", "loss"),
+    ],
+)
+def test_config_hash_kept_for_options_added_later(base, before, option, other):
+    """Options added to a block after run folders existed (hashes written before them): at
+    their default, given or not, the hash is the one from before; set otherwise, it moves."""
+    default = {"feddyn.clip": "all"}.get(option, "exact")
+    assert config_hash(load_config(None, base)) == before
+    assert config_hash(load_config(None, [*base, f"{option}={default}"])) == before
+    assert config_hash(load_config(None, [*base, f"{option}={other}"])) != before
+
+
 def test_config_hash_same_for_equal_values_written_differently(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(

@@ -223,6 +223,7 @@ def train_client(
             scale = (settings.clip_grad_norm / (norm + 1e-6)).clamp(max=1.0)
             for r in regions:
                 rt.grad[r].mul_(scale)
+        alg.adjust_grads_after_clipping(ctx)
         opt.step()
         session.after_step()
         if settings.count_flops:

@@ -495,6 +495,7 @@ def config_hash(cfg: BaseConfig) -> str:
     for key in _LATER_KEYS:
         if d.get(key) == BaseConfig.model_fields[key].get_default(call_default_factory=True):
             d.pop(key, None)
+    _later_options_when_set(d, cfg)
     _policy_options_as_before(d, cfg.policy)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -515,6 +516,22 @@ _ALWAYS_HASHED_BLOCKS = {
     "reputation",
     "rbcsf",
 }
+
+
+#: Options added to a method's block after run folders existed: hashed only when they differ
+#: from their default, so folders from before still resume.
+_LATER_OPTIONS = {"feddyn": ("clip",)}
+
+
+def _later_options_when_set(d: dict[str, Any], cfg: BaseConfig) -> None:
+    for name, keys in _LATER_OPTIONS.items():
+        block, params = d.get(name), cfg.options(name)
+        if not isinstance(block, dict) or params is None:
+            continue
+        fields = type(params).model_fields
+        for key in keys:
+            if key in block and block[key] == fields[key].get_default(call_default_factory=True):
+                del block[key]
 
 
 def _policy_options_as_before(d: dict[str, Any], policy: str) -> None:

@@ -1,15 +1,19 @@
 """FedDyn: client gradient + alpha_i (w - w_t + lambda_i), lambda_i += Delta_i; server adds the
-mean of all N clients' lambda, kept as a running sum."""
+mean of all N clients' lambda, kept as a running sum; ``clip: loss`` (the authors' code) adds
+alpha_i w after gradient clipping instead of before."""
 
 import numpy as np
+import pytest
 import torch
 from handcalc import W0, ce_grad
 from tiny import TwoLayer, data, runtime, set_weights, task, tiny_config
+from torch import nn
 
 from fedbug.aggregate import Aggregate
 from fedbug.algorithms.feddyn import FedDyn, FedDynParams
 from fedbug.client import TrainSettings, train_client
 from fedbug.engine import run_experiment
+from fedbug.tasks import CustomTask
 
 
 def test_client_step_by_hand():
@@ -75,3 +79,66 @@ def test_server_averages_participants_plainly_whatever_their_sizes():
     step = alg.server_update(w, agg, state, round=1, num_clients=2)
     # plain mean 2.0, plus the mean over all clients of lambda (1 + 3) / 2 = 2.0
     torch.testing.assert_close(step.weights, torch.full((12,), 4.0))
+
+
+class _Linear(nn.Module):
+    """A bias-free Linear(2, 1) trained on the loss <x, theta>: its gradient is x itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+def _one_step(clip: str, clip_grad_norm: float | None, weight_decay: float = 0.0) -> list[float]:
+    m = _Linear()
+    set_weights(m, [6.0, 8.0])
+    settings = TrainSettings(
+        local_steps=1,
+        batch_size=1,
+        weight_decay=weight_decay,
+        clip_grad_norm=clip_grad_norm,
+        count_flops=False,
+    )
+    rt = runtime(m, "feddyn", params={"alpha": 0.5, "clip": clip}, settings=settings)
+    rt.algorithm.task = CustomTask(lambda out, y: out.sum())
+    received = torch.tensor([6.0, 8.0])
+    # one sample, the clients' mean size 1: alpha_i = 0.5; lr 1, so the update is -g
+    res = train_client(
+        received, task(lr=1.0), data([[5.0, 8.0]], [0]), {"lambda": torch.tensor([2.0, 0.0])}, rt
+    )
+    return res.delta.tolist()
+
+
+@pytest.mark.parametrize(
+    "clip, clip_grad_norm, weight_decay, expected",
+    [
+        # theta = theta_t = (6, 8), lambda_i = (2, 0), grad F_i = x = (5, 8), alpha_i = 0.5.
+        # all: g = grad F_i + alpha_i (theta - theta_t + lambda_i) = (5, 8) + (1, 0) = (6, 8)
+        # loss: g = grad F_i + alpha_i (lambda_i - theta_t) = (5, 8) + (-4, -8)/2 = (3, 4),
+        #       then + alpha_i theta = (3, 4) after clipping: (6, 8) again when nothing clips
+        ("all", None, 0.0, [-6.0, -8.0]),
+        ("loss", None, 0.0, [-6.0, -8.0]),
+        # clipping at 1: all scales (6, 8) (norm 10) to (0.6, 0.8); loss scales (3, 4) (norm 5)
+        # to (0.6, 0.8) and adds (3, 4): (3.6, 4.8)
+        ("all", 1.0, 0.0, [-0.6, -0.8]),
+        ("loss", 1.0, 0.0, [-3.6, -4.8]),
+        # at 7 only all's norm (10) is above it: (4.2, 5.6); loss's (3, 4) has norm 5: unclipped
+        ("all", 7.0, 0.0, [-4.2, -5.6]),
+        ("loss", 7.0, 0.0, [-6.0, -8.0]),
+        # weight decay 0.1 adds 0.1 theta = (0.6, 0.8) after clipping in both: the reference's
+        # SGD weight decay alpha_i + wd = 0.6 gives (3.6, 4.8) for loss at clip 1 as well
+        ("all", 1.0, 0.1, [-1.2, -1.6]),
+        ("loss", 1.0, 0.1, [-4.2, -5.6]),
+    ],
+)
+def test_clip_option_by_hand(clip, clip_grad_norm, weight_decay, expected):
+    assert _one_step(clip, clip_grad_norm, weight_decay) == pytest.approx(expected, abs=1e-5)
+
+
+def test_clip_option_defaults_to_all_and_refuses_others():
+    assert FedDynParams().clip == "all"
+    with pytest.raises(ValueError, match="clip"):
+        FedDynParams(clip="weight_decay")

@@ -124,7 +124,8 @@ class Algorithm:
     Client half: ``start_client`` (a per-client :class:`ClientSession`), ``extra_loss`` (terms on
     the loss, e.g. FedDecorr) and ``adjust_grads`` (terms whose gradient is known in closed form,
     added to the gradient of the trainable regions: exact and cheaper than building them into the
-    graph), ``finish_client`` (new client state), ``client_extras`` (extra tensors sent).
+    graph; ``adjust_grads_after_clipping`` for terms gradient clipping must not see),
+    ``finish_client`` (new client state), ``client_extras`` (extra tensors sent).
     Server half: ``client_config`` and ``payload`` (what clients are sent), ``server_update``
     from the aggregate of the round's updates, ``setup_system`` (the simulated devices).
     """
@@ -247,6 +248,14 @@ class Algorithm:
         return loss
 
     def adjust_grads(self, ctx: LocalCtx) -> None:
+        """Add closed-form gradient terms to the trainable regions, before gradient clipping
+        (so clipping sees them); nothing by default."""
+        return None
+
+    def adjust_grads_after_clipping(self, ctx: LocalCtx) -> None:
+        """Add gradient terms that gradient clipping must not see, after it and before the
+        optimiser step, as the optimiser's weight decay is (FedDyn's alpha_i theta under
+        ``feddyn: {clip: loss}``); nothing by default. Called whether or not clipping is on."""
         return None
 
     def finish_client(self, ctx: LocalCtx, delta: Tensor) -> dict[str, Tensor]:

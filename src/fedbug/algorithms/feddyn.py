@@ -5,11 +5,19 @@ Client i keeps lambda_i (zero at first). Local gradient: grad F_i + alpha_i (the
 lambda_i += theta_i - theta_t. Server: theta_{t+1} = mean_{i in S} theta_i + (1/N) sum_{all i}
 lambda_i. The sum over all N clients is kept as a running sum updated from the participants
 only (lambda_i moves by Delta_i), so a round costs O(participants), not O(N).
+
+Under gradient clipping (``clip_grad_norm``) the paper says nothing; ``clip`` says what the
+clipping sees. ``all`` (the default): the loss's gradient and the whole FedDyn term,
+g = clip(grad F_i + alpha_i (theta - theta_t + lambda_i)) + wd theta. ``loss``: as the authors'
+code (FedDyn's ``train_feddyn_mdl``, copied into the FedBug authors' ``utils_general.py``), which
+puts alpha_i <theta, lambda_i - theta_t> in the loss and alpha_i theta into SGD's weight decay,
+applied after clipping: g = clip(grad F_i + alpha_i (lambda_i - theta_t)) + (alpha_i + wd) theta.
+The two are equal (up to float rounding) whenever clipping does not bite.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from torch import Tensor
@@ -21,6 +29,11 @@ from fedbug.units import ParamSpace
 
 class FedDynParams(Params):
     alpha: float = Field(0.01, gt=0.0, description="regularisation weight (appendix: 0.01)")
+    clip: Literal["all", "loss"] = Field(
+        "all",
+        description="what gradient clipping sees: the whole FedDyn term (all) or, as the "
+        "authors' code, all but alpha_i theta, which acts after clipping as weight decay (loss)",
+    )
 
 
 @ALGORITHMS.register("feddyn")
@@ -49,8 +62,18 @@ class FedDyn(FedAvg):
     def adjust_grads(self, ctx: LocalCtx) -> None:
         a = self._alpha_i(ctx)
         lam = ctx.state["lambda"]
-        for w, g, w0, r in ctx.trainable():
-            g.add_(w - w0 + lam[r], alpha=a)
+        if self.params.clip == "all":
+            for w, g, w0, r in ctx.trainable():
+                g.add_(w - w0 + lam[r], alpha=a)
+        else:  # alpha_i theta comes after clipping
+            for _, g, w0, r in ctx.trainable():
+                g.add_(lam[r] - w0, alpha=a)
+
+    def adjust_grads_after_clipping(self, ctx: LocalCtx) -> None:
+        if self.params.clip == "loss":  # the authors' weight decay alpha_i + wd, its alpha_i part
+            a = self._alpha_i(ctx)
+            for w, g, _, _ in ctx.trainable():
+                g.add_(w, alpha=a)
 
     def finish_client(self, ctx: LocalCtx, delta: Tensor) -> dict[str, Tensor]:
         return {"lambda": ctx.state["lambda"] + delta}
