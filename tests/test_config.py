@@ -353,6 +353,13 @@ def test_config_hash_kept_when_policies_took_their_options_into_blocks(overrides
     ("base", "before", "option", "other"),
     [
         (["algorithm=feddyn"], "1946592037", "feddyn.clip", "loss"),
+        (
+            ["policy=bottom_up", "bottom_up.gu_ratio=0.5"],
+            "9b68ddb944",
+            "bottom_up.gu_period",
+            "floor",
+        ),  # fmt: skip
+        (["policy=top_down"], "90f553525a", "top_down.gu_period", "floor"),
     ],
 )
 def test_config_hash_kept_for_options_added_later(base, before, option, other):

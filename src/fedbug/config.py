@@ -520,7 +520,7 @@ _ALWAYS_HASHED_BLOCKS = {
 
 #: Options added to a method's block after run folders existed: hashed only when they differ
 #: from their default, so folders from before still resume.
-_LATER_OPTIONS = {"feddyn": ("clip",)}
+_LATER_OPTIONS = {"feddyn": ("clip",), "bottom_up": ("gu_period",), "top_down": ("gu_period",)}
 
 
 def _later_options_when_set(d: dict[str, Any], cfg: BaseConfig) -> None:

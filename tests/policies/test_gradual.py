@@ -1,4 +1,5 @@
-"""FedBug's schedule m = min(M, ceil(k*M/(P*K))) (Algorithm 3) and its top-down mirror."""
+"""FedBug's schedule m = min(M, ceil(k*M/(P*K))) (Algorithm 3), the authors' floored period
+(``gu_period: floor``) and the top-down mirror of both."""
 
 import pytest
 
@@ -43,6 +44,61 @@ def test_schedule_matches_formula_and_ends_unfrozen(M, P, K):
     assert counts[-1] == M
     # after the GU stage (k > P*K) everything trains
     assert all(m == M for k, m in enumerate(counts, 1) if k >= P * K)
+
+
+@pytest.mark.parametrize(
+    "M, P, K, exact, floor",
+    [
+        # P*K/M = 8/5 = 1.6 steps a unit. exact: m = ceil(k*5/8) = 1, 2 (1.25), 2 (1.875),
+        # 3 (2.5), 4 (3.125), 4 (3.75), 5 (4.375). floor: F = floor(1.6) = 1, m = 1 + (k-1) // 1.
+        (5, 0.4, 20, [1, 2, 2, 3, 4, 4, 5, 5], [1, 2, 3, 4, 5, 5, 5, 5]),
+        # P*K/M = 8/3 = 2.67. exact: m = ceil(3k/8) = 1 (.375), 1 (.75), 2 (1.125), 2 (1.5),
+        # 2 (1.875), 3 (2.25), 3, 3. floor: F = 2, m = 1 + (k-1) // 2 = 1, 1, 2, 2, 3, 3, 3, 3.
+        (3, 1.0, 8, [1, 1, 2, 2, 2, 3, 3, 3], [1, 1, 2, 2, 3, 3, 3, 3]),
+        # ResNet-18 block units at the authors' K = 50: P*K/M = 20/8 = 2.5. exact: m =
+        # ceil(0.4 k); floor: F = 2, m = 1 + (k-1) // 2. The 8th unit thaws at step 18 vs 15.
+        (
+            8,
+            0.4,
+            50,
+            [1, 1, 2, 2, 2, 3, 3, 4, 4, 4, 5, 5, 6, 6, 6, 7, 7, 8],
+            [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8],
+        ),
+        # P*K/M whole (the authors' CIFAR CNN, K = 50, P = 0.4): the two are the same
+        (
+            5,
+            0.4,
+            50,
+            [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4 + [5] * 4,
+            [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4 + [5] * 4,
+        ),
+    ],
+)
+def test_floored_period_by_hand(M, P, K, exact, floor):
+    n = len(exact)
+    assert [unfrozen_count(k, K, M, P) for k in range(1, n + 1)] == exact
+    assert [unfrozen_count(k, K, M, P, "exact") for k in range(1, n + 1)] == exact
+    assert [unfrozen_count(k, K, M, P, "floor") for k in range(1, n + 1)] == floor
+    assert unfrozen_count(K, K, M, P, "floor") == M
+
+
+def test_floored_period_through_both_policies():
+    """bottom_up and top_down read the period from the same block and count the same way."""
+    ctx = StepCtx(step=3, local_steps=20, num_units=5)  # exact: 2 units, floor: 3
+    up = build_policy("bottom_up", gu_ratio=0.4, gu_period="floor")
+    down = build_policy("top_down", gu_ratio=0.4, gu_period="floor")
+    assert up.trainable_units(ctx) == range(0, 3)
+    assert down.trainable_units(ctx) == range(2, 5)
+    assert build_policy("bottom_up", gu_ratio=0.4).trainable_units(ctx) == range(0, 2)
+    assert BottomUp(0.4).params.gu_period == "exact"
+
+
+def test_floored_period_of_zero_steps_refused():
+    """P*K < M: the authors' code stops (an assert); so does the floor period, saying why."""
+    with pytest.raises(ConfigError, match=r"floor\(0.4\*10/5\) is 0 steps"):
+        unfrozen_count(1, 10, 5, 0.4, "floor")
+    assert unfrozen_count(1, 10, 5, 0.4) == 2  # exact: 0.8 steps a unit, ceil(1.25) at once
+    assert unfrozen_count(3, 10, 5, 0.0, "floor") == 5  # P = 0 is plain training in both
 
 
 def test_bottom_up_and_top_down_ranges():

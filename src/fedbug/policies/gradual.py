@@ -6,12 +6,21 @@ P*K/M steps, and after the GU stage all units train. P = 0 is vanilla training (
 so). Top-down (the ablation of Sec. 5.2, ULMFiT-style) thaws the same number of units from the
 output down. Options: ``bottom_up: {gu_ratio: P}`` (or ``top_down:``), P = 0.4 by default (the
 paper's headline setting).
+
+``gu_period: floor`` is the FedBug authors' code (``utils_gu.py``, ``StopGradScheduler``): a GU
+period of floor(P*K/M) whole steps, so unit j (0-based) thaws at 0-based step j*floor(P*K/M) and
+m = min(M, 1 + floor((k-1) / floor(P*K/M))); the default ``exact`` is the paper's period P*K/M.
+The two agree when P*K/M is a whole number (the authors' CIFAR settings); otherwise ``floor``
+thaws every unit earlier (K = 20, P = 0.4, M = 5: all five by step 5, the paper's by step 7).
+Where floor(P*K/M) = 0 the authors' code stops (an assert, or a division by zero), and so does
+``floor``, with a :class:`~fedbug.errors.ConfigError`. Top-down counts its units the same way.
 """
 
 from __future__ import annotations
 
 import warnings
 from math import ceil
+from typing import Literal
 
 from pydantic import Field
 
@@ -25,12 +34,31 @@ class GradualParams(PolicyParams):
     gu_ratio: float = Field(
         0.4, ge=0.0, le=1.0, description="P, the share of local steps spent unfreezing"
     )
+    gu_period: Literal["exact", "floor"] = Field(
+        "exact",
+        description="a unit thaws every P*K/M steps (exact, the paper) or every floor(P*K/M) "
+        "steps (floor, the authors' code)",
+    )
 
 
-def unfrozen_count(step: int, local_steps: int, num_units: int, gu_ratio: float) -> int:
-    """m = min(M, ceil(k*M/(P*K))) of Algorithm 3; M when P = 0."""
+def unfrozen_count(
+    step: int, local_steps: int, num_units: int, gu_ratio: float, gu_period: str = "exact"
+) -> int:
+    """m = min(M, ceil(k*M/(P*K))) of Algorithm 3 (``exact``), or with the authors' floored
+    period F = floor(P*K/M), m = min(M, 1 + floor((k-1)/F)) (``floor``); M when P = 0."""
     if gu_ratio == 0:
         return num_units
+    if gu_period == "floor":
+        # in floats, as utils_gu.py: factor = gu_ratio * totel_iters // M; unit j stays frozen
+        # while local_iter_count // factor <= j - 1 (local_iter_count = k - 1)
+        period = gu_ratio * local_steps // num_units
+        if period <= 0:
+            raise ConfigError(
+                f"gu_period floor: the GU period floor(P*K/M) = floor({gu_ratio:g}*{local_steps}"
+                f"/{num_units}) is 0 steps (the authors' code stops here); raise gu_ratio or "
+                "the local steps, or use gu_period: exact"
+            )
+        return int(min(num_units, 1 + (step - 1) // period))
     # k*M/(P*K) computed as a fraction of integers where P is exact, to avoid ceil(2.0000000001).
     value = step * num_units / (gu_ratio * local_steps)
     m = ceil(value - 1e-9 * value)
@@ -59,7 +87,8 @@ class _Gradual(FreezePolicy):
         return self.params.gu_ratio
 
     def count(self, ctx: StepCtx) -> int:
-        return unfrozen_count(ctx.step, ctx.local_steps, ctx.num_units, self.gu_ratio)
+        p = self.params
+        return unfrozen_count(ctx.step, ctx.local_steps, ctx.num_units, p.gu_ratio, p.gu_period)
 
 
 @POLICIES.register("bottom_up")
