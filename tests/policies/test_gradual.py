@@ -2,7 +2,9 @@
 (``gu_period: floor``) and the top-down mirror of both."""
 
 import pytest
+from tiny import tiny_config
 
+from fedbug.engine import run_experiment
 from fedbug.errors import ConfigError
 from fedbug.policies import BottomUp, StepCtx, TopDown, build_policy, unfrozen_count
 
@@ -93,11 +95,13 @@ def test_floored_period_through_both_policies():
     assert BottomUp(0.4).params.gu_period == "exact"
 
 
-def test_floored_period_of_zero_steps_refused():
-    """P*K < M: the authors' code stops (an assert); so does the floor period, saying why."""
-    with pytest.raises(ConfigError, match=r"floor\(0.4\*10/5\) is 0 steps"):
-        unfrozen_count(1, 10, 5, 0.4, "floor")
+def test_floored_period_of_zero_steps_trains_every_unit():
+    """P*K < M: the authors' code stops (an assert); the floor period thaws unit j at step
+    j*0, i.e. every unit from the first step, where exact thaws several at a step."""
+    assert [unfrozen_count(k, 10, 5, 0.4, "floor") for k in (1, 2, 10)] == [5, 5, 5]
     assert unfrozen_count(1, 10, 5, 0.4) == 2  # exact: 0.8 steps a unit, ceil(1.25) at once
+    # the engine asks every policy at step 1 of 1 whether it trains any unit
+    assert len(build_policy("bottom_up", gu_period="floor").trainable_units(StepCtx(1, 1, 5)))
     assert unfrozen_count(3, 10, 5, 0.0, "floor") == 5  # P = 0 is plain training in both
 
 
@@ -125,3 +129,9 @@ def test_bad_ratio_refused():
         BottomUp(1.5)
     with pytest.raises(ConfigError, match="unknown freeze policy"):
         build_policy("bottomup")
+
+
+def test_floored_period_runs_through_the_engine():
+    for policy in ("bottom_up", "top_down"):
+        cfg = tiny_config(policy=policy, **{policy: {"gu_ratio": 0.5, "gu_period": "floor"}})
+        assert run_experiment(cfg).records[-1]["test_acc"] is not None

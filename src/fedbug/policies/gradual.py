@@ -12,8 +12,9 @@ period of floor(P*K/M) whole steps, so unit j (0-based) thaws at 0-based step j*
 m = min(M, 1 + floor((k-1) / floor(P*K/M))); the default ``exact`` is the paper's period P*K/M.
 The two agree when P*K/M is a whole number (the authors' CIFAR settings); otherwise ``floor``
 thaws every unit earlier (K = 20, P = 0.4, M = 5: all five by step 5, the paper's by step 7).
-Where floor(P*K/M) = 0 the authors' code stops (an assert, or a division by zero), and so does
-``floor``, with a :class:`~fedbug.errors.ConfigError`. Top-down counts its units the same way.
+Where floor(P*K/M) = 0 (fewer GU steps than units) the authors' code stops (an assert, or a
+division by zero); ``floor`` then trains every unit from the first step (unit j thaws at step
+j*0), where ``exact`` thaws several units a step. Top-down counts its units the same way.
 """
 
 from __future__ import annotations
@@ -52,12 +53,8 @@ def unfrozen_count(
         # in floats, as utils_gu.py: factor = gu_ratio * totel_iters // M; unit j stays frozen
         # while local_iter_count // factor <= j - 1 (local_iter_count = k - 1)
         period = gu_ratio * local_steps // num_units
-        if period <= 0:
-            raise ConfigError(
-                f"gu_period floor: the GU period floor(P*K/M) = floor({gu_ratio:g}*{local_steps}"
-                f"/{num_units}) is 0 steps (the authors' code stops here); raise gu_ratio or "
-                "the local steps, or use gu_period: exact"
-            )
+        if period <= 0:  # where the code stops: every unit j thaws at step j*0
+            return num_units
         return int(min(num_units, 1 + (step - 1) // period))
     # k*M/(P*K) computed as a fraction of integers where P is exact, to avoid ceil(2.0000000001).
     value = step * num_units / (gu_ratio * local_steps)
