@@ -16,6 +16,11 @@ There is no torchvision build here that loads beside torch 2.13 (CPU). The FedBu
 Nothing else of torchvision exists in the stand-in: any other use fails loudly. The device is
 the CPU (the harness builds the reference's ``args`` itself, with ``device = cpu``; the code
 paths it drives call ``.to(args.device)`` only).
+
+PFLlib (TsingZ0/PFLlib) imports ``h5py`` at module level in ``flcore/servers/serverbase.py``
+and uses it only in ``Server.save_results``, to write the accuracy curves to an HDF5 file; h5py
+is not installed here. :func:`install_h5py` puts a stand-in ``h5py`` whose ``File`` keeps what is
+written in memory (``WRITTEN``) and writes no file.
 """
 
 from __future__ import annotations
@@ -138,6 +143,35 @@ def resnet18(**kwargs):
 
 def resnet34(**kwargs):
     return ResNet([3, 4, 6, 3], **kwargs)
+
+
+class H5File:
+    """``h5py.File(path, "w")`` as ``Server.save_results`` uses it: a context manager with
+    ``create_dataset(name, data=...)``; the datasets land in ``WRITTEN[path]``."""
+
+    WRITTEN: dict[str, dict[str, object]] = {}
+
+    def __init__(self, path, mode="r"):
+        if mode != "w":
+            raise RuntimeError("the harness's h5py stand-in only writes")
+        self.datasets = H5File.WRITTEN.setdefault(str(path), {})
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def create_dataset(self, name, data=None):
+        self.datasets[name] = np.asarray(data)
+
+
+def install_h5py() -> None:
+    """Put the stand-in ``h5py`` (only ``File`` for writing) in ``sys.modules``."""
+    h5 = types.ModuleType("h5py")
+    h5.__doc__ = "fedbug equivalence harness stand-in (benchmarks/equivalence/shims.py)"
+    h5.File = H5File
+    sys.modules["h5py"] = h5
 
 
 def install_torchvision() -> None:
