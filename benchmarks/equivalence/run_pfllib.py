@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -272,7 +273,11 @@ def write_fixture(res: dict[str, Any], expect: str, commit: str) -> Path:
     }
     FIXTURES.mkdir(parents=True, exist_ok=True)
     path = FIXTURES / f"{s.name}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    text = json.dumps(doc, indent=1)
+    # lists of numbers, then each unit's statistics, on one line
+    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + " ".join(m[1].split()) + "]", text)
+    text = re.sub(r"\{\s+([^{}]*?)\s+\}", lambda m: "{" + " ".join(m[1].split()) + "}", text)
+    path.write_text(text + "\n")
     return path
 
 

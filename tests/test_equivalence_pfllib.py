@@ -1,0 +1,100 @@
+"""fedbug's personalized methods against PFLlib (TsingZ0/PFLlib), from numbers the harness saved.
+
+``benchmarks/equivalence/run_pfllib.py --write-fixtures`` ran PFLlib's own server and client
+classes (FedPer, LG-FedAvg, FedRep, FedROD, FedBABU) on small seeded cases and saved, per case,
+the inputs (the scenario, plus a digest of the data and initial weights it generates) and per
+round PFLlib's global (shared) weights and every client's model as per-unit statistics, and for
+FedBABU each client's fine-tuned model. Here fedbug's side is recomputed from the scenario alone
+with the harness's driver (``benchmarks/equivalence/fedbug_pfl.py``: the engine's
+``Experiment``, ``train_client``, ``Aggregate``, ``server_update``, the personalized
+evaluation's fine-tuning runtime) and checked against them; no PFLlib code is needed.
+
+The cases run on the model's smooth twin (tanh and average pooling,
+``benchmarks/equivalence/scenario.py``). The harness measured at most ~6e-6 of a unit's change;
+each statistic of a unit's change d = w - w0 must agree within RTOL x ||d|| (first values:
+RTOL x max |d|), and a unit PFLlib never moved (FedBABU's head) must not move in fedbug either.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures" / "equivalence" / "pfllib"
+sys.path.insert(0, str(ROOT / "benchmarks" / "equivalence"))
+
+from fedbug_pfl import run_rounds  # noqa: E402
+from fedbug_side import unit_stats  # noqa: E402
+from pfl_scenario import PflScenario, input_digest  # noqa: E402
+
+RTOL = 1e-4
+CASES = sorted(FIXTURES.glob("*.json"))
+METHODS = {"fedper", "lg_fedavg", "fedrep", "fedrod", "fedbabu"}
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_fixtures_are_there():
+    """Every method has a fixture, and every fixture names its source and expects a match."""
+    docs = [_load(p) for p in CASES]
+    assert {d["scenario"]["method"] for d in docs} == METHODS, f"fixtures missing in {FIXTURES}"
+    for path, doc in zip(CASES, docs):
+        ref = doc["reference"]
+        assert ref["repo"] == "TsingZ0/PFLlib" and len(ref["commit"]) == 40, path.name
+        assert doc["expected"] == "match", path.name
+
+
+def _close(got: float, want: float, scale: float, what: str) -> None:
+    assert abs(got - want) <= RTOL * scale + 1e-9, f"{what}: fedbug {got!r}, PFLlib {want!r}"
+
+
+def _check_units(got_rows: list[dict], want_rows: list[dict], at: str) -> None:
+    assert [u["unit"] for u in got_rows] == [u["unit"] for u in want_rows], at
+    for got, want in zip(got_rows, want_rows):
+        where = f"{at}, unit {want['unit']}"
+        scale = want["delta_l2"]
+        for key in ("delta_sum", "delta_probe", "delta_l2", "sum", "l2"):
+            _close(got[key], want[key], scale, f"{where}: {key}")
+        for i, (g, w) in enumerate(zip(got["delta_first"], want["delta_first"])):
+            _close(g, w, want["delta_max"], f"{where}: delta_first[{i}]")
+        for i, (g, w) in enumerate(zip(got["first"], want["first"])):
+            _close(g, w, want["delta_max"], f"{where}: first[{i}]")
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_fedbug_matches_pfllib(path: Path):
+    doc = _load(path)
+    s = PflScenario.from_json(doc["scenario"])
+    digest, want_inputs = input_digest(s), doc["inputs"]  # the inputs PFLlib ran on
+    assert digest["y"] == want_inputs["y"]
+    for key in ("x_sum", "init_first"):
+        assert digest[key] == pytest.approx(want_inputs[key], rel=1e-6, abs=1e-6), key
+    assert digest["init_l2"] == pytest.approx(want_inputs["init_l2"], rel=1e-6)
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = run_rounds(s)
+    finally:
+        torch.set_num_threads(previous)
+    assert len(run.rounds) == len(doc["rounds"])
+    shared = {run.space.units[u].name for u in run.shared}
+    for r, want in enumerate(doc["rounds"], start=1):
+        got = [u for u in unit_stats(run.space, run.rounds[r - 1], run.initial)
+               if u["unit"] in shared]  # fmt: skip
+        _check_units(got, want["global"], f"round {r}, global")
+        assert len(want["clients"]) == s.clients
+        for i, want_client in enumerate(want["clients"]):
+            got = unit_stats(run.space, run.clients[r - 1][i], run.initial)
+            _check_units(got, want_client, f"round {r}, client {i}")
+    assert len(run.finetuned) == len(doc.get("finetuned", []))
+    for i, want_client in enumerate(doc.get("finetuned", [])):
+        got = unit_stats(run.space, run.finetuned[i], run.initial)
+        _check_units(got, want_client, f"fine-tuned client {i}")
