@@ -53,9 +53,10 @@ RES = {"model": "resnet18", "local_steps": 20, "clip": 1e9}
 # chaotic on these inputs)
 FEDEXP = {0.0: {"clients": 4, "lr": 0.5}, 0.4: {"clients": 4, "lr": 1.0}}
 FEDDYN_CLIP = (
-    "differs (open: fedbug bug): FedDyn's alpha*theta is clipped in fedbug, "
-    "weight decay after clipping in the reference"
+    "differs (explained 7): fedbug's default feddyn clip: all clips alpha_i*theta, the "
+    "reference adds it after clipping as weight decay (feddyn clip: loss)"
 )
+FEDDYN_CODE = {"alpha": 0.01, "clip": "loss"}  # the reference's order: alpha_i*theta unclipped
 
 
 def _cases() -> list[tuple[Scenario, str, bool]]:
@@ -101,9 +102,16 @@ def _cases() -> list[tuple[Scenario, str, bool]]:
         case = Scenario(name, alg, gu, params=params, clip=CLIP, **CNN, **extra)
         expect = FEDDYN_CLIP if alg == "feddyn" else "match"
         out.append((case, expect, alg in ("feddyn", "fedprox")))
+        if alg == "feddyn":
+            code = dataclasses.replace(case, name="cnn-clip-feddyn-loss-gu40", params=FEDDYN_CODE)
+            out.append((code, "match", True))
     # GU periods that are not whole steps: the reference floors P*K/M
-    why = "differs: the reference floors the GU period P*K/M (1.6 -> 1 step)"
-    out.append((Scenario("cnn-fedavg-gu40-k20", "fedavg", 0.4, local_steps=20), why, False))
+    why = "differs (explained 3): the reference floors the GU period P*K/M (1.6 -> 1 step)"
+    k20 = Scenario("cnn-fedavg-gu40-k20", "fedavg", 0.4, local_steps=20)
+    out.append((k20, why, False))
+    floor = {"policy": "bottom_up", "policy_params": {"gu_ratio": 0.4, "gu_period": "floor"}}
+    out.append((dataclasses.replace(k20, name="cnn-fedavg-gu40-k20-floor", **floor), "match",
+                True))  # fmt: skip
     # the real model (ReLU, max pooling): chaotic, compared with fedbug's own sensitivity
     for gu in (0.0, 0.4):
         tag = "gu0" if gu == 0 else "gu40"
@@ -119,6 +127,13 @@ def _cases() -> list[tuple[Scenario, str, bool]]:
     case = Scenario("resnet18-stage-feddyn-gu40-clip10", "feddyn", 0.4, units="stage",
                     params={"alpha": 0.01}, **{**RES, "clip": 10.0})  # fmt: skip
     out.append((case, FEDDYN_CLIP, False))
+    code = dataclasses.replace(case, name="resnet18-stage-feddyn-loss-gu40-clip10",
+                               params=FEDDYN_CODE)  # fmt: skip
+    out.append((code, "match", False))
+    # block units at K = 25: P*K/M = 10/8 = 1.25 steps, floored to 1 by the reference
+    case = Scenario("resnet18-block-fedavg-gu40-k25-floor", "fedavg", 0.4, units="block",
+                    **{**RES, "local_steps": 25, **floor})  # fmt: skip
+    out.append((case, "match", False))
     return out
 
 

@@ -52,7 +52,9 @@ class Scenario:
     input_scale: float = 1.0  # x = input_scale * N(0, 1); large values make clipping bite
     params: dict[str, Any] = field(default_factory=dict)  # fedbug's options block
     smooth: bool = True  # tanh and average pooling in place of ReLU and max pooling
-    # fedbug's freeze policy when it is not the one gu_ratio names (none / bottom_up)
+    # fedbug's freeze policy when it is not the one gu_ratio names (none / bottom_up), or that
+    # one with more options (bottom_up: {gu_ratio: 0.4, gu_period: floor}); the reference
+    # reads gu_ratio alone
     policy: str = ""
     policy_params: dict[str, Any] = field(default_factory=dict)
     data_seed: int = 0
