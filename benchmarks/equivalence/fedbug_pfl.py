@@ -4,14 +4,15 @@
 the model wrapped by the algorithm, its units, the base/head layout, the client runtime) and
 runs a hand-built round loop over :func:`fedbug.client.train_client`,
 :class:`~fedbug.aggregate.Aggregate` and the algorithm's ``server_update``, every client every
-round, keeping each client's state (its personal units, ``local.<unit>``). After each round it
-returns the global weights and each client's local model (the received weights plus its update:
-what the client trained, personal units included). For FedBABU it then fine-tunes every client
-with the runtime of the personalized evaluation (``PersonalizedEvaluator.finetune_runtime``) from
-the final global model (the paper) or, with ``finetune_from: local``, from the client's own last
-local model (PFLlib). :func:`run_engine` runs the same case through ``fedbug.run`` and returns its
-final weights and per-client accuracies after fine-tuning, to check that the engine does what
-the loop does.
+round or the clients the engine's selection draws, keeping each client's state (its personal
+units, ``local.<unit>``). After each round it returns the global weights and each client's local
+model (a participant: the received weights plus its update, personal units included; any other
+client: what it holds, the previous global weights with its personal units). For FedBABU it then
+fine-tunes every client with the runtime of the personalized evaluation
+(``PersonalizedEvaluator.finetune_runtime``) from the final global model (the paper) or, with
+``finetune_from: local``, from the client's own last local model (PFLlib). :func:`run_engine`
+runs the same case through ``fedbug.run`` and returns its final weights and per-client
+accuracies after fine-tuning, to check that the engine does what the loop does.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import Tensor
 
 import fedbug
 from fedbug.aggregate import Aggregate
-from fedbug.client import ClientTask, train_client
+from fedbug.client import ClientTask, load_local_parts, train_client
 from fedbug.engine.experiment import Experiment
 from fedbug.pfl import FINETUNE_ROUND, FinetuneSettings
 from fedbug.units import ParamSpace
@@ -42,6 +43,7 @@ class PflRun:
     rounds: list[Tensor] = field(default_factory=list)  # global weights after each round
     clients: list[list[Tensor]] = field(default_factory=list)  # [round][client] local model
     steps: list[list[int]] = field(default_factory=list)  # [round][client] local steps
+    participants: list[list[int]] = field(default_factory=list)  # [round] the selection's draw
     finetuned: list[Tensor] = field(default_factory=list)  # [client], FedBABU only
     finetune_acc: list[float | None] = field(default_factory=list)
 
@@ -52,7 +54,7 @@ def config_doc(s: PflScenario) -> dict[str, Any]:
         "name": s.name,
         "model": "fedseq_cnn",
         "num_clients": s.clients,
-        "clients_per_round": s.clients,
+        "clients_per_round": s.clients_per_round or s.clients,
         "partition": "natural",
         "augment": "none",
         "rounds": s.rounds,
@@ -120,20 +122,28 @@ def run_rounds(s: PflScenario, perturb: float = 0.0) -> PflRun:
     for r in range(1, cfg.rounds + 1):
         agg = Aggregate(space, cfg.weighting)
         payload = alg.payload(server)
-        models, steps = [], []
-        for i in range(exp.num_clients):
+        chosen = list(exp.selection.select(r, cfg.seed, exp.num_clients))
+        trained = {}
+        for i in chosen:  # in the selection's order, as the engine aggregates them
             task = ClientTask(r, i, cfg.seed, exp.lr_at(r), exp.mean_samples, payload, cfg.rounds)
-            res = train_client(weights, task, exp.client_data(i), states[i], rt)
-            models.append(weights + res.delta)
-            steps.append(res.steps)
+            res = trained[i] = train_client(weights, task, exp.client_data(i), states[i], rt)
+            agg.add(res.delta, res.uploaded, res.num_samples, res.entries, res.extras)
+        models = []
+        for i in range(exp.num_clients):
+            if i in trained:
+                models.append(weights + trained[i].delta)
+            else:  # it holds the weights it was last sent, with its own units in place
+                models.append(weights.clone())
+                load_local_parts(models[-1], states[i], space)
+        for i, res in trained.items():
             if local:
                 states[i] = res.state
-            agg.add(res.delta, res.uploaded, res.num_samples, res.entries, res.extras)
         step = alg.server_update(weights, agg, server, r, exp.num_clients)
         weights, server = step.weights, step.state
         out.rounds.append(weights.clone())
         out.clients.append(models)
-        out.steps.append(steps)
+        out.steps.append([trained[i].steps if i in trained else 0 for i in range(exp.num_clients)])
+        out.participants.append(chosen)
     if s.finetune_epochs:
         _finetune(s, exp, weights, states, out)
     return out

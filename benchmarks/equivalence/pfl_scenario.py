@@ -6,7 +6,8 @@ images of ``input_shape``, uniform labels, ``sizes`` train and ``test_samples`` 
 client), the initial weights (fedbug's ``fedseq_cnn`` built under ``init_seed``, copied into
 PFLlib's ``FedAvgCNN`` by parameter order), local training (SGD at ``lr``, no momentum nor weight
 decay, as PFLlib's clients; ``local_epochs`` epochs of ``batch_size`` mini-batches, FedRep's
-``head_epochs`` head epochs first), the rounds (every client every round) and FedBABU's
+``head_epochs`` head epochs first), the rounds (every client every round, or
+``clients_per_round`` of them as fedbug's selection draws them, replayed in PFLlib) and FedBABU's
 fine-tuning (``finetune_epochs`` at ``lr``, from the final global model as in the FedBABU paper,
 or from each client's own last local model as PFLlib does: ``finetune_from``).
 
@@ -49,6 +50,7 @@ class PflScenario:
     head_epochs: int = 1  # FedRep: PFLlib's plocal_epochs, fedbug's fedrep.head_epochs
     lr: float = 0.05
     rounds: int = 2  # PFLlib's loop runs global_rounds + 1 rounds and needs at least 2
+    clients_per_round: int = 0  # 0: every client every round; else fedbug's draw, replayed
     finetune_epochs: int = 0  # FedBABU: after the last round
     finetune_from: str = "global"  # FedBABU's fine-tuning start: "global" (paper) or "local"
     num_classes: int = 10

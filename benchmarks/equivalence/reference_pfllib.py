@@ -9,8 +9,8 @@ does (``FedAvgCNN(in_features=1, num_classes=10, dim=1024)``, then ``args.head =
 parameter order (shapes checked), constructs the server (which builds its clients) and calls
 ``server.train()``: its whole round loop (select, send, evaluate, train, receive, aggregate;
 FedBABU's fine-tuning of every client after the last round) runs as written, with
-``join_ratio`` 1 (every client every round) and ``global_rounds`` = rounds - 1 (the loop runs
-rounds 0..global_rounds).
+``global_rounds`` = rounds - 1 (the loop runs rounds 0..global_rounds) and ``join_ratio`` the
+share of clients a round (1 in most cases).
 
 What is replaced, each the least that lets the comparison run (RESULTS.md lists them):
 
@@ -27,10 +27,12 @@ What is replaced, each the least that lets the comparison run (RESULTS.md lists 
    ``fedbug.client.train_client`` draws them; batches are collated by torch's
    ``default_collate`` and a last partial batch is dropped (PFLlib's ``drop_last=True``). Outside
    training (the evaluation, FedROD's class count) it yields the samples in order.
-4. Device: ``-dev cpu``; the driven code only calls ``.to(self.device)``. Files: the run happens
+4. Selection (only when fewer than all clients take part): ``server.select_clients`` draws as
+   written, then the round's clients become fedbug's draw for that round.
+5. Device: ``-dev cpu``; the driven code only calls ``.to(self.device)``. Files: the run happens
    in a temporary working directory (``save_results`` writes ``../results``, ``save_global_model``
    ``models/``); its printing is captured.
-5. The smooth twin (``PflScenario.smooth``): the same module swap as on fedbug's side.
+6. The smooth twin (``PflScenario.smooth``): the same module swap as on fedbug's side.
 
 The weights are read by wrapping ``server.aggregate_parameters``: after it, the server's global
 model and every client's model (FedROD: and its personal ``head``) as the round left them; after
@@ -113,7 +115,8 @@ def flags(s: PflScenario) -> list[str]:
     """The ``main.py`` command-line flags of the scenario (every other option at its default)."""
     return [
         "-data", "equivalence", "-m", "CNN", "-algo", PFLLIB_NAME[s.method],
-        "-ncl", str(s.num_classes), "-nc", str(s.clients), "-jr", "1",
+        "-ncl", str(s.num_classes), "-nc", str(s.clients),
+        "-jr", str(s.clients_per_round / s.clients) if s.clients_per_round else "1",
         "-gr", str(s.rounds - 1), "-ls", str(s.local_epochs), "-lbs", str(s.batch_size),
         "-lr", str(s.lr), "-pls", str(s.head_epochs), "-fte", str(s.finetune_epochs),
         "-dev", "cpu",
@@ -180,8 +183,12 @@ def _fedavg_cnn(models: Any, s: PflScenario) -> nn.Module:
     return models.FedAvgCNN(in_features=c, num_classes=s.num_classes, dim=64 * side(h) * side(w))
 
 
-def run(path: str | Path, s: PflScenario) -> ReferenceRun:
-    """PFLlib's global model and every client's model after each round of the scenario."""
+def run(
+    path: str | Path, s: PflScenario, participants: list[list[int]] | None = None
+) -> ReferenceRun:
+    """PFLlib's global model and every client's model after each round of the scenario;
+    ``participants`` (fedbug's draw, per round) replaces PFLlib's when fewer than all clients
+    take part in a round."""
     if s.rounds < 2:
         raise ValueError("PFLlib's loop needs 2 rounds at least (it averages Budget[1:])")
     m = load(path)
@@ -230,7 +237,7 @@ def run(path: str | Path, s: PflScenario) -> ReferenceRun:
             with contextlib.redirect_stdout(log), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # as main.py does
                 server = getattr(m[module], cls)(args, 0)
-                _instrument(server, loaders, out)
+                _instrument(server, loaders, out, participants)
                 server.train()
         finally:
             os.chdir(cwd)
@@ -248,16 +255,24 @@ def _client_params(client: Any) -> list[torch.Tensor]:
     return params
 
 
-def _instrument(server: Any, loaders: _Loaders, out: ReferenceRun) -> None:
+def _instrument(
+    server: Any, loaders: _Loaders, out: ReferenceRun, participants: list[list[int]] | None
+) -> None:
     """Wrap (not change) what the harness needs to see: the round number (``select_clients``
     is called once at the start of a round), each client's training (the batch order), the
-    weights after each aggregation."""
+    weights after each aggregation; with ``participants``, the round's clients are fedbug's
+    draw (PFLlib's own draw is made and set aside)."""
     counter = {"round": 0}
     select, aggregate = server.select_clients, server.aggregate_parameters
 
     def select_clients():
         counter["round"] += 1
-        return select()
+        drawn = select()
+        if participants is None:
+            return drawn
+        chosen = participants[counter["round"] - 1]
+        server.current_num_join_clients = len(chosen)  # what receive_models samples from
+        return [server.clients[i] for i in chosen]
 
     def aggregate_parameters():
         aggregate()

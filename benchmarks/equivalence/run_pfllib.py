@@ -71,6 +71,11 @@ def _cases() -> list[tuple[PflScenario, str, bool]]:
             out.append((PflScenario(m, m), "match", True))
     out.append((PflScenario("fedrep-head3", "fedrep", head_epochs=3, local_epochs=1), "match",
                 True))  # fmt: skip
+    # 2 of 3 clients a round (fedbug's draw, replayed): personal units of clients that sit out
+    for m in METHODS:
+        ft = {"finetune_epochs": FT, "finetune_from": "local"} if m == "fedbabu" else {}
+        case = PflScenario(f"{m}-2of3", m, rounds=3, clients_per_round=2, **ft)
+        out.append((case, "match", True))
     out.append((PflScenario("fedper-partial-batch", "fedper", sizes=(5, 1, 8)), DROP_LAST, False))
     # the real model (ReLU, max pooling), with fedbug's own sensitivity as the noise figure
     for m in METHODS:
@@ -144,11 +149,11 @@ def compare(
     s: PflScenario, ref_path: str, engine: bool = True, sensitivity: bool = False
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    ref = reference_pfllib.run(ref_path, s)
-    t_ref = time.perf_counter() - t0
-    t0 = time.perf_counter()
     fb = run_rounds(s)
     t_fb = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ref = reference_pfllib.run(ref_path, s, fb.participants if s.clients_per_round else None)
+    t_ref = time.perf_counter() - t0
     units = range(fb.space.num_units)
     shared_names = [n for n in fb.names if fb.space.unit_of[fb.space.names.index(n)] in fb.shared]
     rounds, ref_stats, fb_stats = [], [], []
@@ -173,9 +178,11 @@ def compare(
         "shared": [fb.space.units[u].name for u in fb.shared],
         "personal": [fb.space.units[u].name for u in fb.local],
         "seconds": {"reference": round(t_ref, 2), "fedbug": round(t_fb, 2)},
+        "participants": fb.participants,
         "steps": {
             "reference": [
-                [ref.batches[(r, i)] for i in range(s.clients)] for r in range(1, s.rounds + 1)
+                [ref.batches.get((r, i), 0) for i in range(s.clients)]
+                for r in range(1, s.rounds + 1)
             ],
             "fedbug": fb.steps,
         },
