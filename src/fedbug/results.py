@@ -5,7 +5,10 @@ renamed over the target. A checkpoint carries a SHA-256 of its payload, checked 
 loads with ``torch.load(weights_only=True)`` only. ``metrics.jsonl`` gets one whole line per
 round; on resume a torn last line is dropped and the rounds after the checkpoint are redone.
 While a run writes its folder it holds an OS file lock (``flock``) on ``.lock`` (which names its
-pid); the kernel releases it when the process ends, so a killed run leaves no stale lock.
+pid and a random token); the kernel releases it when the process ends, so a killed run leaves no
+stale lock. A process that writes the folder for the holder (Flower's ServerApp, started by the
+``fedbug run`` that holds the lock) joins the lock with the token and, before each write, checks
+that the holder still holds it: once the holder is gone it stops without writing.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import os
 import pickle
 import platform
+import secrets
 import subprocess
 import sys
 import time
@@ -50,13 +54,21 @@ def _pid_alive(pid: int) -> bool:
     return pid > 0
 
 
+def _read_lock(fd: int) -> tuple[int | None, str | None]:
+    """(the pid, the token) written in an open lock file (``PID\nTOKEN\n``); None for what it
+    does not hold (not written yet, or an older fedbug's pid-only file)."""
+    try:
+        lines = os.pread(fd, 128, 0).decode("ascii", "replace").split("\n")
+    except OSError:
+        return None, None
+    pid = lines[0].strip()
+    token = lines[1].strip() if len(lines) > 1 else ""
+    return (int(pid) if pid.isdigit() else None), (token or None)
+
+
 def _read_pid(fd: int) -> int | None:
     """The pid written in an open lock file; None when it holds none (not written yet)."""
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+    return _read_lock(fd)[0]
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -191,6 +203,9 @@ class RunDir:
         self.summary_path = self.path / "summary.json"
         self.config_path = self.path / "config.yaml"
         self._lock_fd: int | None = None
+        #: the token written in ``.lock`` by this object (holder) or given to it (delegate)
+        self.lock_token: str | None = None
+        self._delegate_fd: int | None = None
 
     def exists_with_results(self) -> bool:
         return self.metrics_path.exists() or self.checkpoint_path.exists()
@@ -235,17 +250,62 @@ class RunDir:
                     f"an older version's lock); wait for it to finish, or if no fedbug runs "
                     f"there, delete {str(self.lock_path)!r}"
                 )
+            token = secrets.token_hex(16)
             try:
                 os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+                os.pwrite(fd, f"{os.getpid()}\n{token}\n".encode("ascii"), 0)
             except OSError as e:
                 os.close(fd)
                 raise _naming(e, self.lock_path) from e
-            self._lock_fd = fd
+            self._lock_fd, self.lock_token = fd, token
             return
         raise RunFolderBusy(
             f"run folder {str(self.path)!r}: could not take its lock ({LOCK_NAME}); another run "
             "keeps taking it"
+        )
+
+    def join_lock(self, token: str) -> None:
+        """Write the folder for the process that holds its lock with ``token`` (Flower's
+        ServerApp for the ``fedbug run`` that started it), or raise :class:`RunFolderBusy` when
+        that process no longer holds it. Every write then checks again (:meth:`check_held`)."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR)
+        except FileNotFoundError:
+            raise self._lost() from None
+        except OSError as e:
+            raise _naming(e, self.lock_path) from e
+        self._delegate_fd, self.lock_token = fd, token
+        try:
+            self.check_held()
+        except BaseException:
+            self._delegate_fd, self.lock_token = None, None
+            os.close(fd)
+            raise
+
+    def check_held(self) -> None:
+        """For a process that joined the lock: raise :class:`RunFolderBusy` unless the run that
+        gave the token still holds the lock (alive, and its token still in ``.lock``). A no-op
+        for the holder itself and for a folder written without a lock."""
+        fd = self._delegate_fd
+        if fd is None:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise _naming(e, self.lock_path) from e
+            held = True  # someone holds it: whose is the token's to say
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)  # no one held it: the holder has ended
+            held = False
+        if not held or _read_lock(fd)[1] != self.lock_token or not _same_file(fd, self.lock_path):
+            raise self._lost()
+
+    def _lost(self) -> RunFolderBusy:
+        return RunFolderBusy(
+            f"run folder {str(self.path)!r}: the fedbug run this process writes for no longer "
+            "holds it (it was stopped, or another run took the folder); stopping without "
+            "writing. Continue it with --resume"
         )
 
     def remove_stale_temps(self) -> list[Path]:
@@ -261,9 +321,13 @@ class RunDir:
     def release_lock(self) -> None:
         """Remove ``.lock`` and drop the lock, if this object holds it. The file is removed
         while still locked, so a process that opened it meanwhile sees it gone and retries."""
+        if self._delegate_fd is not None:  # joined, not held: the holder removes .lock
+            os.close(self._delegate_fd)
+            self._delegate_fd = self.lock_token = None
         fd, self._lock_fd = self._lock_fd, None
         if fd is None:
             return
+        self.lock_token = None
         try:
             if _same_file(fd, self.lock_path):
                 with contextlib.suppress(FileNotFoundError):
@@ -273,16 +337,19 @@ class RunDir:
 
     def write_json(self, name: str, obj: Any) -> None:
         """Write ``name`` atomically; ``summary.json`` gets its checksum (:data:`CRC_KEY`)."""
+        self.check_held()
         if name == SUMMARY_NAME and isinstance(obj, dict):
             obj = with_crc(obj)
         atomic_write_text(self.path / name, json.dumps(obj, indent=1, sort_keys=False) + "\n")
 
     def write_config(self, text: str) -> None:
+        self.check_held()
         atomic_write_text(self.config_path, text)
 
     # -- metrics ---------------------------------------------------------------------
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Append one round's record as one line with its checksum, fsynced."""
+        self.check_held()
         line = json.dumps(with_crc(record), separators=(",", ":")) + "\n"
         try:
             with open(self.metrics_path, "a", encoding="utf-8") as f:
@@ -308,6 +375,7 @@ class RunDir:
         """Keep only the records of rounds <= ``up_to_round`` (a checkpoint's round); return
         them. Lines after it are dropped unread (their rounds are redone); a damaged line
         before it, or fewer rounds than that, raise :class:`ResultsError`."""
+        self.check_held()
         keep = self._read_metrics(up_to_round)[0] if up_to_round > 0 else []
         if len(keep) < up_to_round:
             raise ResultsError(
@@ -379,6 +447,7 @@ class RunDir:
 
     # -- checkpoints -----------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any]) -> None:
+        self.check_held()
         buf = io.BytesIO()
         torch.save(state, buf)
         payload = buf.getvalue()

@@ -74,6 +74,7 @@ def run_experiment(
     on_round: RoundCallback | None = None,
     stop_after: int | None = None,
     executor_factory: ExecutorFactory | None = None,
+    lock_token: str | None = None,
 ) -> RunResult:
     """Run (or resume) one experiment; write its run folder when ``run_dir`` is given.
 
@@ -87,7 +88,10 @@ def run_experiment(
 
     ``stop_after`` ends the run after that round (as a kill would, for tests of ``resume``).
     While it runs, the run folder holds a lock (``.lock``, removed at the end, even on errors);
-    a second run on the same folder raises :class:`~fedbug.errors.RunFolderBusy`. A run whose
+    a second run on the same folder raises :class:`~fedbug.errors.RunFolderBusy`. With
+    ``lock_token`` this process writes the folder for the process that holds its lock with that
+    token (Flower's ServerApp for the ``fedbug run`` that started it) and stops, raising
+    :class:`~fedbug.errors.RunFolderBusy`, at its next write once that process is gone. A run whose
     loss or weights stop being finite raises :class:`~fedbug.errors.DivergenceError` after
     writing ``summary.json`` with ``"status": "diverged"``.
     """
@@ -103,10 +107,14 @@ def run_experiment(
             args = (cfg, None, resume, sources, on_round, stop_after, executor_factory)
             return _run(cleanup, *args)
     rd = RunDir(Path(run_dir))
-    created = not rd.path.exists()
-    rd.create()
+    created = lock_token is None and not rd.path.exists()
+    if lock_token is None:
+        rd.create()  # a joining process finds the folder its holder made
     try:
-        rd.acquire_lock()
+        if lock_token is None:
+            rd.acquire_lock()
+        else:
+            rd.join_lock(lock_token)
     except BaseException:
         if created:
             with contextlib.suppress(OSError):

@@ -2,9 +2,12 @@
 
 Each node builds the experiment from the run config once per process (data set, partition,
 model; the same seeded partition the server computes) and trains the client it is asked for.
-Per-client algorithm state (FedDyn's lambda_i, personal parts) lives in the node's
-``context.state``, never on the server; a client whose state the server expects but the node
-lacks (a restarted SuperNode) starts from the initial state and reports ``state_reset``.
+Per-client algorithm state (FedDyn's lambda_i, personal parts) lives on the node, never on the
+server: in the node's ``context.state``, or, where the run config names ``node-state-dir`` (the
+simulation fedbug starts: the run folder's ``.flower/node-states``), on disk in versions by
+round (:class:`~fedbug.flower.node_state.NodeStates`), so a resumed run goes on exactly. A client
+whose state the server expects but the node lacks (a restarted SuperNode) starts from the
+initial state and reports ``state_reset``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from flwr.clientapp import ClientApp
 
 from fedbug.client import train_client
 from fedbug.flower.messages import decode_task, encode_reply, sent_units
+from fedbug.flower.node_state import NodeStates
 
 app = ClientApp()
 
@@ -64,14 +68,30 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"node": record}), reply_to=msg)
 
 
-def _load_state(context: Context, client: int) -> dict[str, torch.Tensor] | None:
+def _on_disk(context: Context, exp: Any) -> NodeStates | None:
+    root = str(context.run_config.get("node-state-dir", "") or "")
+    return NodeStates(root, exp.cfg.checkpoint_every) if root else None
+
+
+def _load_state(
+    context: Context, exp: Any, client: int, round: int
+) -> dict[str, torch.Tensor] | None:
+    disk = _on_disk(context, exp)
+    if disk is not None:
+        return disk.load(client, round)
     info = context.state.config_records.get(STATE_INFO)
     if info is None or int(info["client"]) != client:
         return None
     return context.state.array_records[STATE].to_torch_state_dict()
 
 
-def _save_state(context: Context, client: int, state: dict[str, torch.Tensor]) -> None:
+def _save_state(
+    context: Context, exp: Any, client: int, round: int, state: dict[str, torch.Tensor]
+) -> None:
+    disk = _on_disk(context, exp)
+    if disk is not None:
+        disk.save(client, round, state)
+        return
     context.state[STATE] = ArrayRecord({k: v.detach().contiguous() for k, v in state.items()})
     context.state[STATE_INFO] = ConfigRecord({"client": client})
 
@@ -85,13 +105,15 @@ def train(msg: Message, context: Context) -> Message:
     pid, _ = _partition(context)
     if pid is not None and pid != task.client:
         raise ValueError(f"this SuperNode holds partition {pid}, not client {task.client}")
-    stored = _load_state(context, task.client) if tcfg["has-state"] else None
+    # on disk, versions by round are right after a resume too (the server's has-state is not)
+    wanted = tcfg["has-state"] or _on_disk(context, exp) is not None
+    stored = _load_state(context, exp, task.client, task.round) if wanted else None
     state = stored if stored is not None else exp.algorithm.init_client_state(exp.space)
     result = train_client(weights, task, exp.client_data(task.client), state, runtime)
     if tcfg["has-state"] and stored is None:
         result.state_reset = True
     if result.state:
-        _save_state(context, task.client, result.state)
+        _save_state(context, exp, task.client, task.round, result.state)
     mask = exp.algorithm.shared_mask(exp.space.num_units)
     sent = sent_units(result, mask, exp.cfg.upload)
     return Message(encode_reply(result, exp.space, sent), reply_to=msg)

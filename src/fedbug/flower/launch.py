@@ -7,17 +7,26 @@ Deployment: the SuperLink and SuperNodes are the user's (README); fedbug only su
 to ``flower.superlink`` and follows the run. In both, the ServerApp (a process the SuperLink
 starts) runs the round loop and writes the run folder; this process shows its progress from
 ``metrics.jsonl`` and reads ``summary.json`` at the end.
+
+This process holds the run folder's lock from before it touches ``.flower`` until everything
+it started has stopped; the ServerApp joins that lock with its token and stops at its next
+write once this process is gone. Killed with SIGTERM or SIGINT, this process stops what it
+started; killed with SIGKILL, the SuperLink it started dies with it (Linux: the parent-death
+signal) and takes its ServerApp along (Flower's own parent monitor), and the next ``fedbug run
+--resume`` on the folder ends whatever of that run is left before it starts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +35,7 @@ from typing import Any
 
 from fedbug.errors import DivergenceError, FedbugError
 from fedbug.flower import require_flower
+from fedbug.results import RunDir
 
 APP_NAME = "fedbug-app"
 CONNECTION = "fedbug"
@@ -57,6 +67,8 @@ config = "{{}}"
 out = ""
 resume = false
 data-dir = ""
+lock-token = ""
+node-state-dir = ""
 """
 
 
@@ -131,9 +143,27 @@ def processes_with_env(name: str, value: str) -> list[int]:
     return found
 
 
+def kill_with_env(name: str, value: str, grace: float = 10.0) -> None:
+    """SIGKILL every process whose environment holds ``name=value`` (a run's ``FLWR_HOME``:
+    what Flower and Ray started for it) until none is left or ``grace`` seconds pass."""
+    end = time.monotonic() + grace
+    while (left := processes_with_env(name, value)) and time.monotonic() < end:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child, between fork and exec
+    """Linux: the child gets SIGKILL when the process that started it dies, however it dies."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class Processes:
-    """Processes fedbug started; :meth:`stop` ends them all (TERM, then KILL), by group, and
-    then any process left that carries this run's ``FLWR_HOME`` (Ray starts its own sessions).
+    """Processes fedbug started (each dies with this process on Linux); :meth:`stop` ends them
+    all (TERM, then KILL), by group, and then any process left that carries this run's
+    ``FLWR_HOME`` (Ray starts its own sessions).
     """
 
     def __init__(self, home: Path | None = None) -> None:
@@ -143,7 +173,12 @@ class Processes:
     def start(self, cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         with open(log, "ab") as out:
             p = subprocess.Popen(
-                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                cmd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         self.procs.append(p)
         return p
@@ -166,16 +201,8 @@ class Processes:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
         self.procs.clear()
-        if self.home is None:
-            return
-        end = time.monotonic() + grace
-        while (left := processes_with_env("FLWR_HOME", str(self.home))) and (
-            time.monotonic() < end
-        ):
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.2)
+        if self.home is not None:
+            kill_with_env("FLWR_HOME", str(self.home), grace)
 
 
 def _flwr(args: list[str], env: dict[str, str], timeout: float = 120.0) -> dict[str, Any]:
@@ -251,10 +278,48 @@ def run_on_flower(
     from fedbug.config import resolve
 
     cfg = resolve(cfg)
-    run_dir = Path(run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    rd = RunDir(Path(run_dir).resolve())
+    rd.create()
+    rd.acquire_lock()  # before anything touches the folder, .flower included
+    try:
+        with _sigterm_interrupts():
+            return _run_locked(cfg, rd, resume, on_round)
+    finally:
+        rd.release_lock()
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt here (as Ctrl-C does), so that what this process started
+    is stopped on the way out. Only in the main thread, where Python runs signal handlers."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _run_locked(
+    cfg: Any, rd: RunDir, resume: bool, on_round: Callable[[dict[str, Any]], None] | None
+) -> dict[str, Any]:
+    run_dir = rd.path
     home = run_dir / ".flower"
+    kill_with_env("FLWR_HOME", str(home))  # what a killed `fedbug run` here left running
     home.mkdir(exist_ok=True)
+    node_states = ""
+    if cfg.executor == "flower-simulation":  # the virtual nodes' disk: this run folder
+        node_states = str(home / "node-states")
+        if not resume and not rd.exists_with_results():  # a new run: no earlier run's states
+            shutil.rmtree(node_states, ignore_errors=True)
     app = write_app(home / "app")
     run_config = home / "run-config.toml"
     run_config.write_text(
@@ -262,6 +327,8 @@ def run_on_flower(
         f"out = {_toml_str(str(run_dir))}\n"
         f"resume = {'true' if resume else 'false'}\n"
         f"data-dir = {_toml_str(cfg.data_dir or '')}\n"
+        f"lock-token = {_toml_str(rd.lock_token or '')}\n"
+        f"node-state-dir = {_toml_str(node_states)}\n"
     )
     procs = Processes(home)
     log = home / "superlink.log"
@@ -321,8 +388,7 @@ def run_on_flower(
             raise
         finally:
             procs.stop()
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = rd.read_summary() if rd.summary_path.exists() else {}
     if summary.get("status") == "diverged":
         d = summary.get("divergence", {})
         raise DivergenceError(

@@ -2,7 +2,9 @@
 
 The run config carries the resolved fedbug config (``config``, JSON), the run folder (``out``)
 and whether to resume (``resume``); the run folder is written by this process, exactly as an
-in-process run writes it.
+in-process run writes it. When ``fedbug run`` started the run it holds the folder's lock and
+passes its token (``lock-token``): this process writes for it and stops once it is gone.
+A run submitted with ``flwr run`` alone takes the lock itself.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main(grid: Grid, context: Context) -> None:
         cfg,
         Path(out) if out else None,
         resume=bool(rc.get("resume", False)),
+        lock_token=str(rc.get("lock-token", "")) or None,
         executor_factory=lambda exp: FlowerExecutor(
             grid, exp, map_once=cfg.executor == "flower-simulation"
         ),
