@@ -61,6 +61,7 @@ def config_doc(s: PflScenario) -> dict[str, Any]:
         "local_epochs": s.local_epochs,
         "batch_size": s.batch_size,
         "lr": s.lr,
+        "lr_decay": s.lr_decay,
         "weight_decay": 0.0,
         "momentum": 0.0,
         "weighting": "samples",
@@ -125,7 +126,10 @@ def run_rounds(s: PflScenario, perturb: float = 0.0) -> PflRun:
         chosen = list(exp.selection.select(r, cfg.seed, exp.num_clients))
         trained = {}
         for i in chosen:  # in the selection's order, as the engine aggregates them
-            task = ClientTask(r, i, cfg.seed, exp.lr_at(r), exp.mean_samples, payload, cfg.rounds)
+            lr = exp.lr_at(r)
+            if s.lr_decay_by == "client":  # PFLlib's: once per round this client trained
+                lr = cfg.lr * cfg.lr_decay ** sum(i in p for p in out.participants)
+            task = ClientTask(r, i, cfg.seed, lr, exp.mean_samples, payload, cfg.rounds)
             res = trained[i] = train_client(weights, task, exp.client_data(i), states[i], rt)
             agg.add(res.delta, res.uploaded, res.num_samples, res.entries, res.extras)
         models = []

@@ -49,6 +49,10 @@ class PflScenario:
     local_epochs: int = 2
     head_epochs: int = 1  # FedRep: PFLlib's plocal_epochs, fedbug's fedrep.head_epochs
     lr: float = 0.05
+    lr_decay: float = 1.0  # per round (fedbug's lr_decay); PFLlib: -ld True -ldg lr_decay
+    # fedbug's loop only: "client" decays a client's lr once per round it trained (PFLlib's
+    # way); fedbug.run decays by round, so such a case skips the engine cross-check
+    lr_decay_by: str = "round"
     rounds: int = 2  # PFLlib's loop runs global_rounds + 1 rounds and needs at least 2
     clients_per_round: int = 0  # 0: every client every round; else fedbug's draw, replayed
     finetune_epochs: int = 0  # FedBABU: after the last round

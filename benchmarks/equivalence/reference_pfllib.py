@@ -120,7 +120,7 @@ def flags(s: PflScenario) -> list[str]:
         "-gr", str(s.rounds - 1), "-ls", str(s.local_epochs), "-lbs", str(s.batch_size),
         "-lr", str(s.lr), "-pls", str(s.head_epochs), "-fte", str(s.finetune_epochs),
         "-dev", "cpu",
-    ]  # fmt: skip
+    ] + (["-ld", "True", "-ldg", str(s.lr_decay)] if s.lr_decay != 1 else [])  # fmt: skip
 
 
 def parse_args(system: Path, argv: list[str]) -> argparse.Namespace:

@@ -56,6 +56,11 @@ DROP_LAST = (
     "of 5 samples trains on 4 a epoch, one of 1 sample (batch 2) not at all"
 )
 
+LR_DECAY = (
+    "differs (explained): PFLlib decays a client's lr once per round that client trained "
+    "(ExponentialLR stepped in train()), fedbug once per round: lr_decay^(round - 1)"
+)
+
 
 def _cases() -> list[tuple[PflScenario, str, bool]]:
     """(scenario, what is expected, saved as a fixture). Expected: ``match`` (every figure within
@@ -77,6 +82,14 @@ def _cases() -> list[tuple[PflScenario, str, bool]]:
         case = PflScenario(f"{m}-2of3", m, rounds=3, clients_per_round=2, **ft)
         out.append((case, "match", True))
     out.append((PflScenario("fedper-partial-batch", "fedper", sizes=(5, 1, 8)), DROP_LAST, False))
+    # lr decay: PFLlib steps each client's scheduler when that client trains, fedbug by round
+    decay = {"lr_decay": 0.5, "rounds": 3}
+    out.append((PflScenario("fedrep-lr-decay", "fedrep", **decay), "match", True))
+    case = PflScenario("fedrep-lr-decay-2of3", "fedrep", clients_per_round=2, **decay)
+    out.append((case, LR_DECAY, False))
+    case = PflScenario("fedrep-lr-decay-2of3-as-code", "fedrep", clients_per_round=2,
+                       lr_decay_by="client", **decay)  # fmt: skip
+    out.append((case, "match", False))
     # the real model (ReLU, max pooling), with fedbug's own sensitivity as the noise figure
     for m in METHODS:
         ft = {"finetune_epochs": FT, "finetune_from": "local"} if m == "fedbabu" else {}
@@ -199,7 +212,7 @@ def compare(
         out["finetuned"] = ft_rows
         out["reference_stats"]["finetuned"] = ft_ref
         out["fedbug_stats"]["finetuned"] = ft_fb
-    if engine:
+    if engine and s.lr_decay_by == "round":
         final, acc = run_engine(s)
         out["engine_vs_loop_max_abs"] = float((final - fb.rounds[-1]).abs().max())
         if s.finetune_epochs and s.finetune_from == "global":
