@@ -138,7 +138,7 @@ def test_a_damaged_line_is_named_not_dropped(finished, tmp_path, case):
     with pytest.raises(ResultsError) as e:
         rd.read_metrics()
     msg = one_line(e, rd.metrics_path)
-    assert "line 2 " in msg and problem in msg and "--out" in msg, msg
+    assert "line 2 " in msg and problem in msg and "fedbug repair" in msg, msg
 
 
 def test_a_torn_last_line_is_dropped_but_a_finished_run_is_refused(finished, tmp_path):

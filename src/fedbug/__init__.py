@@ -4,7 +4,7 @@ from typing import Any
 
 from fedbug.config import Config, load_config
 from fedbug.data import FederatedDataset, load_dataset
-from fedbug.engine import Experiment, RunResult, run_experiment
+from fedbug.engine import Experiment, RepairReport, RunResult, repair_run, run_experiment
 from fedbug.errors import ConfigError, DataError, FedbugError
 from fedbug.tasks import TASKS, CustomTask, Task
 from fedbug.version import __version__
@@ -16,6 +16,7 @@ def config(**values: Any) -> Any:
 
 
 run = run_experiment
+repair = repair_run
 
 __all__ = [
     "__version__",
@@ -26,12 +27,15 @@ __all__ = [
     "Experiment",
     "FedbugError",
     "FederatedDataset",
+    "RepairReport",
     "RunResult",
     "TASKS",
     "Task",
     "config",
     "load_config",
     "load_dataset",
+    "repair",
+    "repair_run",
     "run",
     "run_experiment",
 ]

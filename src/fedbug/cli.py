@@ -13,7 +13,7 @@ from typing import Any
 from fedbug.errors import FedbugError
 
 
-def _progress(total: int, description: str, quiet: bool):  # type: ignore[no-untyped-def]
+def _progress(total: int | None, description: str, quiet: bool):  # type: ignore[no-untyped-def]
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -192,6 +192,21 @@ def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
     return rd.read_run()
 
 
+def cmd_repair(args: argparse.Namespace) -> int:
+    from fedbug.engine import repair_run
+
+    for folder in args.runs:
+        with _progress(None, f"repair {folder}", args.quiet) as progress:
+            bar = progress.add_task(f"rerun {folder}", total=None, acc="  -  ")
+            report = repair_run(
+                Path(folder),
+                on_round=lambda rec, bar=bar: progress.update(bar, completed=rec["round"]),
+            )
+        for line in report.lines():
+            print(line)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from fedbug.report import cmd_report as run_report
 
@@ -316,6 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="personalized runs: FedSeq Table 4's cells (paper) or before / after FT for all",
     )
     s.set_defaults(func=cmd_sweep)
+
+    rr = sub.add_parser(
+        "repair",
+        help="rebuild a run folder's damaged metrics.jsonl, summary.json or checkpoint by "
+        "running its rounds again (the damaged files kept in damaged-TIME/)",
+    )
+    rr.add_argument("runs", nargs="+", help="run folders")
+    rr.add_argument("-q", "--quiet", action="store_true")
+    rr.set_defaults(func=cmd_repair)
 
     rp = sub.add_parser("report", help="re-print the comparison table of finished runs")
     rp.add_argument("dirs", nargs="+", help="run or sweep folders")

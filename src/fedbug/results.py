@@ -395,22 +395,30 @@ class RunDir:
             return [], False
         except OSError as e:
             raise _naming(e, self.metrics_path) from e
-        lines = raw.split(b"\n")[:-1]  # what follows the last newline is a torn line or empty
-        parsed = [_parse_line(line) for line in lines]
-        checked = any(crc is not None for _, crc, _ in parsed)  # this file's lines have them
+        lines, checked = _check_lines(raw)
         cut = len(lines) if up_to_round is None else min(up_to_round, len(lines))
         records = []
-        for n, (record, crc, problem) in enumerate(parsed[:cut], start=1):
-            if problem is None and checked and crc is None:
-                problem = "no checksum where the other lines have one"
-            if problem is None and record["round"] != n:
-                problem = f"round {record['round']} where round {n} belongs"
+        for n, (record, problem) in enumerate(lines[:cut], start=1):
             if problem is not None:
                 raise ResultsError(
                     f"{str(self.metrics_path)!r} line {n} is damaged ({problem}); {_WAY_OUT}"
                 )
             records.append(record)
         return records, checked
+
+    def metrics_lines(self) -> tuple[list[tuple[dict[str, Any] | None, str | None]], bool]:
+        """Every whole line of ``metrics.jsonl`` as (record or None, what is wrong or None),
+        and whether a torn last line follows them; for ``fedbug repair``, which must see all
+        the damage, not stop at the first."""
+        try:
+            raw = self.metrics_path.read_bytes()
+        except FileNotFoundError:
+            return [], False
+        except OSError as e:
+            raise _naming(e, self.metrics_path) from e
+        lines, _ = _check_lines(raw)
+        torn = raw != b"" and not raw.endswith(b"\n")
+        return [(None if bad else rec, bad) for rec, bad in lines], torn
 
     # -- summary ---------------------------------------------------------------------
     def read_summary(self) -> dict[str, Any]:
@@ -461,7 +469,10 @@ class RunDir:
 #: the checksum field of a metrics line and of summary.json
 CRC_KEY = "crc"
 SUMMARY_NAME = "summary.json"
-_WAY_OUT = "restore the file from a copy, or run the config again with another --out"
+_WAY_OUT = (
+    "rebuild it with `fedbug repair RUN_FOLDER` (runs its rounds again), or restore the file "
+    "from a copy"
+)
 
 
 def record_crc(obj: dict[str, Any]) -> str:
@@ -488,6 +499,21 @@ def _check_crc(obj: dict[str, Any]) -> tuple[str | None, str | None]:
     if not isinstance(crc, str) or crc != record_crc(obj):
         return str(crc), "checksum mismatch"
     return crc, None
+
+
+def _check_lines(raw: bytes) -> tuple[list[tuple[dict[str, Any], str | None]], bool]:
+    """(each whole line's record and what is wrong with it, whether the lines carry
+    checksums); what follows the last newline (a torn line, or nothing) is left out."""
+    parsed = [_parse_line(line) for line in raw.split(b"\n")[:-1]]
+    checked = any(crc is not None for _, crc, _ in parsed)  # this file's lines have them
+    out = []
+    for n, (record, crc, problem) in enumerate(parsed, start=1):
+        if problem is None and checked and crc is None:
+            problem = "no checksum where the other lines have one"
+        if problem is None and record["round"] != n:
+            problem = f"round {record['round']} where round {n} belongs"
+        out.append((record, problem))
+    return out, checked
 
 
 def _parse_line(line: bytes) -> tuple[dict[str, Any], str | None, str | None]:

@@ -8,6 +8,7 @@ client function only, never the loop.
 """
 
 from fedbug.engine.experiment import ClientSide, Experiment, ModelSource
+from fedbug.engine.repair import RepairReport, repair_run
 from fedbug.engine.rounds import RunResult, run_experiment
 from fedbug.engine.summary import weights_sha256
 
@@ -15,7 +16,9 @@ __all__ = [
     "ClientSide",
     "Experiment",
     "ModelSource",
+    "RepairReport",
     "RunResult",
+    "repair_run",
     "run_experiment",
     "weights_sha256",
 ]
