@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from fedbug.api import run  # in-process, or on Flower when the config's executor says so
 from fedbug.config import Config, load_config
 from fedbug.data import FederatedDataset, load_dataset
 from fedbug.engine import Experiment, RepairReport, RunResult, repair_run, run_experiment
@@ -15,7 +16,6 @@ def config(**values: Any) -> Any:
     return load_config(None, doc=values)
 
 
-run = run_experiment
 repair = repair_run
 
 __all__ = [

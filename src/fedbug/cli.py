@@ -37,7 +37,7 @@ def _progress(total: int | None, description: str, quiet: bool):  # type: ignore
 
 
 def _run_one(cfg: Any, run_dir: Path, resume: bool, quiet: bool, label: str) -> dict[str, Any]:
-    from fedbug.engine import run_experiment
+    from fedbug.api import run
 
     with _progress(cfg.rounds, label, quiet) as progress:
         task = progress.add_task(label, total=cfg.rounds, acc="  -  ")
@@ -52,14 +52,7 @@ def _run_one(cfg: Any, run_dir: Path, resume: bool, quiet: bool, label: str) -> 
             if rec.get("round_length") is not None and not quiet:
                 progress.console.print(simulated_line(rec))
 
-        if cfg.executor.startswith("flower"):
-            from fedbug.flower.launch import run_on_flower
-            from fedbug.results import RunDir
-
-            summary = run_on_flower(cfg, run_dir, resume=resume, on_round=on_round)
-            records = RunDir(run_dir).read_metrics()  # checked, without the checksums
-            return {"run_dir": run_dir, "records": records, "summary": summary}
-        result = run_experiment(cfg, run_dir, resume=resume, on_round=on_round)
+        result = run(cfg, run_dir, resume=resume, on_round=on_round)  # on Flower too
     return {"run_dir": result.run_dir, "records": result.records, "summary": result.summary}
 
 

@@ -34,7 +34,7 @@ from fedbug.data import DATASETS
 from fedbug.data.augment import AUGMENTATIONS
 from fedbug.errors import ConfigError
 from fedbug.flower.params import FlowerParams
-from fedbug.models import MODELS
+from fedbug.models import MODELS, import_model, is_import_path
 from fedbug.policies import POLICIES
 from fedbug.selection import SELECTIONS
 from fedbug.system import SystemParams
@@ -170,7 +170,9 @@ class BaseConfig(BaseModel):
             raise ValueError(_unknown("algorithm", self.algorithm, ALGORITHMS.names()))
         if self.augment != "auto" and self.augment not in AUGMENTATIONS:
             raise ValueError(_unknown("augment", self.augment, ["auto", *AUGMENTATIONS.names()]))
-        if self.model not in MODELS:
+        if is_import_path(self.model):
+            import_model(self.model)  # a ValueError saying what is wrong
+        elif self.model not in MODELS:
             raise ValueError(_unknown("model", self.model, MODELS.names()))
         if self.dataset not in DATASETS:
             raise ValueError(_unknown("dataset", self.dataset, DATASETS.names()))

@@ -33,8 +33,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fedbug.errors import DivergenceError, FedbugError
+from fedbug.errors import ConfigError, DivergenceError, FedbugError
 from fedbug.flower import require_flower
+from fedbug.models import import_root, is_import_path
 from fedbug.results import RunDir
 
 APP_NAME = "fedbug-app"
@@ -91,9 +92,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def flower_env(home: Path, ray_tmp: Path | None = None) -> dict[str, str]:
-    """The environment of every Flower process fedbug starts."""
+def flower_env(
+    home: Path, ray_tmp: Path | None = None, python_path: list[str] | None = None
+) -> dict[str, str]:
+    """The environment of every Flower process fedbug starts (``python_path`` before the
+    ``PYTHONPATH`` this process has)."""
     env = dict(os.environ)
+    if python_path:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [*python_path, *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
     env.update(
         FLWR_HOME=str(home),
         FLWR_TELEMETRY_ENABLED="0",
@@ -288,6 +296,41 @@ def run_on_flower(
         rd.release_lock()
 
 
+def run_flower_experiment(
+    cfg: Any,
+    run_dir: Path | str | None,
+    *,
+    resume: bool = False,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    task: str | None = None,
+    unsupported: list[str] | None = None,
+) -> Any:
+    """``fedbug.run`` on Flower: :func:`run_on_flower`, its results read back (checked) as a
+    :class:`~fedbug.engine.RunResult`. What the nodes cannot rebuild from the config (objects:
+    a data set, a model, a loss) is refused, naming the config's way to say it."""
+    from fedbug.engine import RunResult
+
+    if unsupported:
+        raise ConfigError(
+            f"executor {cfg.executor}: Flower nodes build the run from its config, so "
+            f"{', '.join(unsupported)} cannot be passed as Python objects; name them in the "
+            "config instead (your own model by import path, model: 'package.module:Name'; a "
+            "task by name, task: regression; your data set as a registered one), or run "
+            "in-process (executor: sequential)"
+        )
+    if run_dir is None:
+        raise ConfigError(
+            f"executor {cfg.executor} needs run_dir: the ServerApp writes the run folder there"
+        )
+    if task is not None:
+        cfg = cfg.model_copy(update={"task": task})
+    run_on_flower(cfg, Path(run_dir), resume=resume, on_round=on_round)
+    rd = RunDir(Path(run_dir).resolve())
+    done = rd.read_run()
+    weights = rd.load_checkpoint()["weights"]
+    return RunResult(rd.path, done["records"], done["summary"], weights)
+
+
 @contextlib.contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
     """SIGTERM raises KeyboardInterrupt here (as Ctrl-C does), so that what this process started
@@ -334,8 +377,10 @@ def _run_locked(
     log = home / "superlink.log"
     status = ""
     run_id: int | None = None
+    # a model named by import path: the nodes import it as this process does
+    own = import_root(cfg.model) if is_import_path(cfg.model) else None
     with _ray_tmp() as ray_tmp:
-        env = flower_env(home, ray_tmp)
+        env = flower_env(home, ray_tmp, [str(own)] if own is not None else None)
         try:
             if cfg.executor == "flower-simulation":
                 port = free_port()

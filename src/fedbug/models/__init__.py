@@ -1,8 +1,18 @@
-"""Models by name. Each builder takes (input_shape, num_classes, **options) -> nn.Module."""
+"""Models by name. Each builder takes (input_shape, num_classes, **options) -> nn.Module.
+
+A model of your own is named by its import path, ``model: "package.module:Name"``: ``Name`` (a
+``nn.Module`` class or a function returning one) is called with ``model_options`` as keyword
+arguments, under the run's model seed, exactly as ``fedbug.run(cfg, model=Name)`` calls it.
+Every process that builds the model (worker processes, Flower nodes) imports it, so the module
+must be importable there (installed, or on ``PYTHONPATH``).
+"""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,14 +44,62 @@ MODELS.register("freezefl_cnn")(FreezeFLCNN)
 MODELS.register("logreg")(LogisticRegression)
 
 
+def is_import_path(name: str) -> bool:
+    """Whether a model name is an import path (``package.module:Name``)."""
+    return ":" in name
+
+
+def import_model(path: str) -> Callable[..., nn.Module]:
+    """The class or factory an import path ``package.module:Name`` names; ValueError saying
+    what is wrong and how to fix it otherwise."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"model {path!r}: an import path is 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(
+            f"model {path!r}: cannot import {module_name!r} ({e}); install it or put its folder "
+            "on PYTHONPATH"
+        ) from None
+    target: Any = module
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ValueError(f"model {path!r}: module {module_name!r} has no {attr!r}")
+    if not callable(target):
+        raise ValueError(f"model {path!r} is not a class or function")
+    return target  # type: ignore[no-any-return]
+
+
+def import_root(path: str) -> Path | None:
+    """The folder to put on ``PYTHONPATH`` so that another process imports the module of the
+    import path ``path`` as this one does (None for an installed module or a built-in)."""
+    module = sys.modules.get(path.partition(":")[0])
+    file = getattr(module, "__file__", None)
+    if module is None or file is None:
+        return None
+    depth = module.__name__.count(".") + (1 if Path(file).name == "__init__.py" else 0)
+    return Path(file).resolve().parents[depth]
+
+
 def build_model(
     name: str, input_shape: tuple[int, ...], num_classes: int, seed: int, **options: Any
 ) -> nn.Module:
     """Build a model with weights drawn from a generator seeded by ``(seed, "model")``."""
-    builder = MODELS.get(name)
+    try:
+        own = import_model(name) if is_import_path(name) else None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    builder = MODELS.get(name) if own is None else None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "model"))
         try:
+            if own is not None:
+                model = own(**options)
+                if not isinstance(model, nn.Module):
+                    raise TypeError(f"it returned a {type(model).__name__}, not a torch module")
+                return model
             return builder(input_shape, num_classes, **options)
         except (TypeError, ValueError, RuntimeError) as e:
             raise ConfigError(f"model {name!r} cannot be built: {e}") from None
@@ -50,6 +108,9 @@ def build_model(
 __all__ = [
     "MODELS",
     "build_model",
+    "import_model",
+    "import_root",
+    "is_import_path",
     "StandardCNN",
     "DigitsCNN",
     "MLP",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from fedbug.engine.executors.base import Executor
 from fedbug.engine.executors.sequential import SequentialExecutor
+from fedbug.errors import ConfigError
 
 if TYPE_CHECKING:
     from fedbug.engine.experiment import Experiment
@@ -25,4 +26,7 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
         dataset, model, task = exp.sources
         spec = WorkerSpec(exp.cfg, dataset, model, task)
         return ProcessExecutor(spec, exp.sizes, exp.cfg.workers, exp.cfg.threads)
-    raise NotImplementedError(f"executor {name!r} is not available in this build")
+    raise ConfigError(
+        f"executor {name!r} starts Flower: run it with fedbug.run (or `fedbug run`), which "
+        "launches it; run_experiment runs clients in this process only"
+    )

@@ -1,0 +1,66 @@
+"""``fedbug.run``: one experiment in this process, or on Flower when the config's executor
+says so (``flower-simulation``, ``flower-deployment``), with the same arguments and result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedbug.config import BaseConfig
+from fedbug.data import FederatedDataset
+from fedbug.engine import RunResult, run_experiment
+from fedbug.engine.experiment import ModelSource
+from fedbug.engine.rounds import RoundCallback
+from fedbug.tasks import LossFn, Task
+
+
+def run(
+    cfg: BaseConfig,
+    run_dir: Path | str | None = None,
+    *,
+    resume: bool = False,
+    dataset: FederatedDataset | None = None,
+    model: ModelSource = None,
+    task: Task | str | None = None,
+    loss: LossFn | None = None,
+    metrics: dict[str, LossFn] | None = None,
+    on_round: RoundCallback | None = None,
+    stop_after: int | None = None,
+) -> RunResult:
+    """Run (or resume) one experiment; see :func:`fedbug.engine.run_experiment` for the
+    arguments. On Flower, the nodes build the data and the model from the config, so both are
+    named there (a model of your own by its import path, ``model: "package.module:Name"``), and
+    ``run_dir`` is needed (the ServerApp writes it)."""
+    if str(cfg.executor).startswith("flower"):
+        from fedbug.flower.launch import run_flower_experiment
+
+        given = {
+            "dataset": dataset,
+            "model": model,
+            "loss": loss,
+            "metrics": metrics,
+            "stop_after": stop_after,
+        }
+        given["task"] = task if task is not None and not isinstance(task, str) else None
+        return run_flower_experiment(
+            cfg,
+            run_dir,
+            resume=resume,
+            on_round=on_round,
+            task=task if isinstance(task, str) else None,
+            unsupported=[k for k, v in given.items() if v is not None],
+        )
+    return run_experiment(
+        cfg,
+        run_dir,
+        resume=resume,
+        dataset=dataset,
+        model=model,
+        task=task,
+        loss=loss,
+        metrics=metrics,
+        on_round=on_round,
+        stop_after=stop_after,
+    )
+
+
+__all__ = ["run"]
