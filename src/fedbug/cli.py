@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,19 +155,72 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out) / f"{base.name}-sweep"
 
     def run_one(cfg: Any, run_dir: Path) -> dict[str, Any]:
-        label = f"{run_dir.name}"
-        resume = args.resume and run_dir.exists()
-        done = finished_run(cfg, run_dir) if resume else None
-        if done is not None:  # kept without its checkpoint (a committed benchmark run)
+        done = _finished_cell(cfg, run_dir, args.resume)
+        if done is not None:
             return done
-        return _run_one(cfg, run_dir, resume, args.quiet, label)
+        resume = args.resume and run_dir.exists()
+        return _run_one(cfg, run_dir, resume, args.quiet, run_dir.name)
 
     for dataset, data_dir in sorted({(c.dataset, c.data_dir or "") for _, c in expand(doc, grid)}):
         check_present(dataset, data_dir or None)  # every cell's data before the first run
-    rows = run_sweep(doc, grid, seeds, out, run_one, ft=args.ft)
+    if args.jobs < 1:
+        raise FedbugError(f"--jobs must be at least 1; got {args.jobs}")
+    run_all = None
+    if args.jobs > 1:
+
+        def run_all(jobs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
+            return _run_parallel(jobs, args.jobs, args.resume, args.quiet)
+
+    rows = run_sweep(doc, grid, seeds, out, run_one, ft=args.ft, run_all=run_all)
     print(format_table(rows, args.ft))
     print(f"sweep folder: {out} (sweep.md, sweep.json, accuracy.png)")
     return 0
+
+
+def _finished_cell(cfg: Any, run_dir: Path, resume: bool) -> dict[str, Any] | None:
+    """Under --resume, a sweep cell's finished run read back (kept without its checkpoint, as
+    a committed benchmark run is) instead of run again."""
+    return finished_run(cfg, run_dir) if resume and run_dir.exists() else None
+
+
+def sweep_job(
+    cfg: Any, run_dir: Path, on_round: Callable[[dict[str, Any]], None] | None, resume: bool
+) -> dict[str, Any]:
+    """One sweep run in a ``--jobs`` worker (module level: sent to the worker by name)."""
+    from fedbug.api import run
+
+    done = _finished_cell(cfg, run_dir, resume)
+    if done is not None:
+        return done
+    res = run(cfg, run_dir, resume=resume and run_dir.exists(), on_round=on_round)
+    return {"run_dir": res.run_dir, "records": res.records, "summary": res.summary}
+
+
+def _run_parallel(
+    jobs: list[tuple[Any, Path]], workers: int, resume: bool, quiet: bool
+) -> list[dict[str, Any]]:
+    """The sweep's runs on ``workers`` processes, a progress bar per run as it goes."""
+    from fedbug.jobs import run_jobs
+
+    with _progress(None, "sweep", quiet) as progress:
+        bars: dict[int, Any] = {}
+
+        def bar(i: int) -> Any:
+            if i not in bars:
+                cfg, run_dir = jobs[i]
+                bars[i] = progress.add_task(run_dir.name[:40], total=cfg.rounds, acc="  -  ")
+            return bars[i]
+
+        def on_round(i: int, rec: dict[str, Any]) -> None:
+            acc = rec.get("test_acc")
+            fields = {"acc": f"{100 * acc:5.1f}%"} if acc is not None else {}
+            progress.update(bar(i), completed=rec["round"], **fields)
+
+        def on_done(i: int) -> None:
+            progress.update(bar(i), completed=jobs[i][0].rounds)
+
+        runner = functools.partial(sweep_job, resume=resume)
+        return run_jobs(runner, jobs, workers, on_round, on_done)
 
 
 def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
@@ -316,6 +371,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="runs")
     s.add_argument("--data-dir", default=None, help="look for data files here first")
     s.add_argument("--resume", action="store_true", help="continue unfinished runs")
+    s.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at once, each in its own process with cores/N threads unless the config "
+        "sets threads (default 1)",
+    )
     s.add_argument("-q", "--quiet", action="store_true")
     s.add_argument(
         "--ft",

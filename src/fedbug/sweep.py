@@ -279,21 +279,29 @@ def run_sweep(
     grid: dict[str, list[Any]],
     seeds: int,
     out: Path,
-    run_one: Callable[[BaseConfig, Path], dict[str, Any]],
+    run_one: Callable[[BaseConfig, Path], dict[str, Any]] | None = None,
     ft: str = "paper",
+    run_all: Callable[[list[tuple[BaseConfig, Path]]], list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every cell x seed through ``run_one(cfg, run_dir)``; write sweep.json/.md and a plot."""
+    """Run every cell x seed, one after another through ``run_one(cfg, run_dir)`` or all at
+    once through ``run_all([(cfg, run_dir), ...])`` (in order: ``fedbug sweep --jobs``); write
+    sweep.json/.md and a plot."""
     if seeds < 1:
         raise ConfigError(f"--seeds must be at least 1; got {seeds}")
     cells = expand(base_doc, grid)
     out.mkdir(parents=True, exist_ok=True)
-    cell_runs = []
-    for cell, cfg in cells:
-        runs = []
-        for s in range(seeds):
-            seeded = cfg.model_copy(update={"seed": cfg.seed + s})
-            runs.append(run_one(seeded, out / f"{cell.slug}-s{seeded.seed}"))
-        cell_runs.append((cell, runs))
+    jobs = [
+        (seeded, out / f"{cell.slug}-s{seeded.seed}")
+        for cell, cfg in cells
+        for seeded in (cfg.model_copy(update={"seed": cfg.seed + s}) for s in range(seeds))
+    ]
+    if run_all is not None:
+        done = run_all(jobs)
+    elif run_one is not None:
+        done = [run_one(cfg, run_dir) for cfg, run_dir in jobs]
+    else:
+        raise TypeError("run_sweep needs run_one or run_all")
+    cell_runs = [(cell, done[i * seeds : (i + 1) * seeds]) for i, (cell, _) in enumerate(cells)]
     rows = summarise(cell_runs)
     name = base_doc.get("name", "sweep")
     atomic_write_text(out / "sweep.json", json.dumps({"name": name, "rows": rows}, indent=1))

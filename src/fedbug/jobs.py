@@ -1,0 +1,117 @@
+"""Many runs at once: ``fedbug sweep --jobs N`` runs its (cell, seed) runs on N worker
+processes, each a whole ``fedbug run`` with its own run folder, lock and checkpoints.
+
+A job's torch threads are the config's ``threads`` where it sets them, else the machine's cores
+divided among the jobs. A run's numbers depend on its thread count (CPU kernels split sums by
+thread), so a parallel sweep gives bit for bit the numbers of the sequential sweep run with the
+same ``threads`` (set ``threads`` in the config to have both). Workers are spawned (never
+forked from a process that has started torch's thread pools). Ctrl-C stops every worker; each
+run folder keeps its last checkpoint, and ``--resume`` continues.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedbug.config import BaseConfig
+from fedbug.errors import FedbugError
+
+#: run_one(cfg, run_dir, on_round) -> the run as ``{"run_dir", "records", "summary"}``
+RunOne = Callable[[BaseConfig, Path, Callable[[dict[str, Any]], None] | None], dict[str, Any]]
+#: on_round(job index, round record) in the parent, for progress
+OnJobRound = Callable[[int, dict[str, Any]], None]
+
+_QUEUE: Any = None
+
+
+def job_config(cfg: BaseConfig, jobs: int) -> BaseConfig:
+    """``cfg`` as one of ``jobs`` parallel jobs runs it: its own ``threads``, else the cores
+    divided among the jobs."""
+    if cfg.threads is not None:
+        return cfg
+    return cfg.model_copy(update={"threads": max(1, (os.cpu_count() or 1) // jobs)})
+
+
+class JobError(FedbugError):
+    """A job's run failed with a fedbug error: its message and exit code, from the worker."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _init(q: Any) -> None:
+    global _QUEUE
+    _QUEUE = q
+
+
+def _work(run_one: RunOne, index: int, cfg: BaseConfig, run_dir: Path) -> tuple[str, Any, int]:
+    """In a worker: one run; its result, or its error as plain, picklable values."""
+
+    def on_round(rec: dict[str, Any]) -> None:
+        keep = ("round", "test_acc", "test_loss")
+        _QUEUE.put((index, {k: rec[k] for k in keep if k in rec}))
+
+    try:
+        return "ok", run_one(cfg, run_dir, on_round), 0
+    except FedbugError as e:
+        return "fedbug", e.cli_message or str(e), e.exit_code
+    except Exception:
+        return "bug", traceback.format_exc(), 1
+
+
+def run_jobs(
+    run_one: RunOne,
+    jobs: list[tuple[BaseConfig, Path]],
+    workers: int,
+    on_round: OnJobRound | None = None,
+    on_done: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every ``(cfg, run_dir)`` through ``run_one`` (a module-level function, or a
+    ``functools.partial`` of one: it is sent to the workers) on ``workers`` processes; the
+    results in the order of ``jobs``. The first failed run stops the rest and raises."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set():
+            try:
+                index, rec = q.get(timeout=0.2)
+            except queue_mod.Empty:
+                continue
+            if on_round is not None:
+                on_round(index, rec)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    pool = ctx.Pool(workers, initializer=_init, initargs=(q,))
+    try:
+        pending = [
+            pool.apply_async(_work, (run_one, i, job_config(cfg, workers), run_dir))
+            for i, (cfg, run_dir) in enumerate(jobs)
+        ]
+        results = []
+        for i, p in enumerate(pending):
+            kind, value, code = p.get()
+            if kind == "fedbug":
+                raise JobError(f"{jobs[i][1]}: {value}", code)
+            if kind == "bug":
+                raise RuntimeError(f"run {jobs[i][1]} failed:\n{value}")
+            if on_done is not None:
+                on_done(i)
+            results.append(value)
+        pool.close()
+        return results
+    finally:
+        pool.terminate()  # Ctrl-C or a failed run: stop every worker (checkpoints stay)
+        pool.join()
+        stop.set()
+        reader.join(timeout=2)

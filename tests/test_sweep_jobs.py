@@ -1,0 +1,85 @@
+"""``fedbug sweep --jobs N``: the runs on N worker processes give the sequential sweep's numbers
+bit for bit (same threads); Ctrl-C stops every worker and ``--resume`` ends with the
+uninterrupted numbers; a failed run is one error line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from tiny import TINY_DOC, without_timing
+
+from fedbug.cli import main
+from fedbug.results import SLOW_WRITES_ENV
+
+GRID = {
+    "variant": [
+        {"label": "FedAvg", "policy": "none"},
+        {"label": "FedBug 50%", "policy": "bottom_up", "bottom_up.gu_ratio": 0.5},
+    ]
+}
+
+
+def _config(tmp_path: Path, **over) -> Path:
+    doc = {**TINY_DOC, "name": "jobs", "rounds": 3, "grid": GRID, "seeds": 2, **over}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _runs(out: Path) -> dict[str, tuple[list, str]]:
+    found = {}
+    for d in sorted((out / "jobs-sweep").iterdir()):
+        if d.is_dir():
+            s = json.loads((d / "summary.json").read_text())
+            recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+            found[d.name] = (without_timing(recs), s["weights_sha256"])
+    return found
+
+
+def test_jobs_give_the_sequential_numbers(tmp_path, capsys):
+    cfg = _config(tmp_path)
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "one"), "-q"]) == 0
+    one = capsys.readouterr().out
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "two"), "-q", "--jobs", "2"]) == 0
+    two = capsys.readouterr().out
+    assert _runs(tmp_path / "one") == _runs(tmp_path / "two")
+    assert len(_runs(tmp_path / "two")) == 4
+    table = [x.rsplit("|", 2)[0] for x in one.splitlines() if "FedBug 50%" in x]  # less time
+    assert table == [x.rsplit("|", 2)[0] for x in two.splitlines() if "FedBug 50%" in x]
+
+
+def test_ctrl_c_stops_every_job_and_resume_ends_as_uninterrupted(tmp_path):
+    cfg = _config(tmp_path, rounds=6, checkpoint_every=1)
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "whole"), "-q"]) == 0
+    out = tmp_path / "cut"
+    cmd = [sys.executable, "-m", "fedbug.cli", "sweep", str(cfg), "--out", str(out), "-q"]
+    env = dict(os.environ, **{SLOW_WRITES_ENV: "0.2"})
+    proc = subprocess.Popen([*cmd, "--jobs", "2"], env=env, start_new_session=True)
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not list(out.glob("jobs-sweep/*/checkpoint.pt")):
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group
+    assert proc.wait(timeout=60) == 130
+    time.sleep(0.5)
+    assert (
+        not [p for p in out.glob("jobs-sweep/*/summary.json")]
+        or len(list(out.glob("jobs-sweep/*/summary.json"))) < 4
+    )
+    assert main(["sweep", str(cfg), "--out", str(out), "-q", "--jobs", "2", "--resume"]) == 0
+    whole, cut = _runs(tmp_path / "whole"), _runs(out)
+    assert {k: v[1] for k, v in whole.items()} == {k: v[1] for k, v in cut.items()}
+    assert {k: v[0] for k, v in whole.items()} == {k: v[0] for k, v in cut.items()}
+
+
+def test_a_failed_run_is_one_error_line(tmp_path, capsys):
+    cfg = _config(tmp_path, lr=1e6, on_divergence="stop")
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "-q", "--jobs", "2"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "diverged" in err, err
