@@ -68,10 +68,7 @@ def test_ctrl_c_stops_every_job_and_resume_ends_as_uninterrupted(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group
     assert proc.wait(timeout=60) == 130
     time.sleep(0.5)
-    assert (
-        not [p for p in out.glob("jobs-sweep/*/summary.json")]
-        or len(list(out.glob("jobs-sweep/*/summary.json"))) < 4
-    )
+    assert len(list(out.glob("jobs-sweep/*/summary.json"))) < 4  # stopped mid-sweep
     assert main(["sweep", str(cfg), "--out", str(out), "-q", "--jobs", "2", "--resume"]) == 0
     whole, cut = _runs(tmp_path / "whole"), _runs(out)
     assert {k: v[1] for k, v in whole.items()} == {k: v[1] for k, v in cut.items()}
