@@ -37,11 +37,11 @@ def corrupt_round(monkeypatch: pytest.MonkeyPatch, round: int, change) -> None:
     """Make the executor hand back ``change(result)`` for the first client of ``round``."""
 
     class Corrupting(SequentialExecutor):
-        def run_round(self, weights, tasks, states):
-            results = super().run_round(weights, tasks, states)
-            if tasks and tasks[0].round == round:
-                change(results[0])
-            return results
+        def stream_round(self, weights, tasks, states):
+            for k, res in enumerate(super().stream_round(weights, tasks, states)):
+                if k == 0 and tasks and tasks[0].round == round:
+                    change(res)
+                yield res
 
     monkeypatch.setattr("fedbug.engine.executors.SequentialExecutor", Corrupting)
 
@@ -202,12 +202,12 @@ def test_too_few_valid_updates_leave_the_weights_unchanged(monkeypatch):
     seen: list[torch.Tensor] = []
 
     class Recording(SequentialExecutor):
-        def run_round(self, weights, tasks, states):
+        def stream_round(self, weights, tasks, states):
             seen.append(weights.clone())
-            results = super().run_round(weights, tasks, states)
-            if tasks[0].round == 1:
-                results[0].num_samples = 0
-            return results
+            for k, res in enumerate(super().stream_round(weights, tasks, states)):
+                if k == 0 and tasks[0].round == 1:
+                    res.num_samples = 0
+                yield res
 
     monkeypatch.setattr("fedbug.engine.executors.SequentialExecutor", Recording)
     res = run_experiment(cfg(min_results=3))
@@ -264,7 +264,7 @@ def test_lock_held_by_this_process_refuses_in_the_library(tmp_path):
     rd = RunDir(tmp_path / "run")
     rd.create()
     rd.acquire_lock()
-    assert (rd.path / ".lock").read_text().strip() == str(os.getpid())
+    assert (rd.path / ".lock").read_text().splitlines()[0] == str(os.getpid())
     with pytest.raises(RunFolderBusy, match=f"pid {os.getpid()}"):
         run_experiment(cfg(), rd.path)
     rd.release_lock()
@@ -297,7 +297,8 @@ def test_the_lock_is_held_while_the_run_writes(tmp_path):
     rd = tmp_path / "run"
     held: list[str] = []
     run_experiment(cfg(), rd, on_round=lambda rec: held.append((rd / ".lock").read_text()))
-    assert held == [f"{os.getpid()}\n"] * 2
+    pids = [text.splitlines()[0] for text in held]  # PID, then the run's token
+    assert pids == [str(os.getpid())] * 2 and held[0] == held[1]
     assert not (rd / ".lock").exists()
 
 

@@ -14,8 +14,9 @@ round with fewer than ``min_results`` valid updates is not aggregated. The run f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,32 +197,25 @@ def _run(
                 )
                 for i in clients
             ]
-            client_states = {i: states.get(i) for i in clients}
             t_train = time.perf_counter()
-            results = executor.run_round(weights, tasks, client_states)
+            stream = executor.stream_round(weights, tasks, LazyStates(states, clients))
+            results, dropped, agg = aggregate_stream(
+                exp,
+                r,
+                stream,
+                weights,
+                states,
+                local_mean,
+                executor.required(len(tasks), cfg.min_results),
+            )
             t_train = time.perf_counter() - t_train
-            lost = executor.lost()  # clients whose update never came
-            results, dropped = screen_updates(exp, r, results)
-            dropped = sorted(lost + dropped, key=lambda d: d["client"])
-            aggregated = len(results) >= executor.required(len(tasks), cfg.min_results)
-            agg = Aggregate(exp.space, cfg.weighting)
-            if aggregated:
-                for res in results:
-                    sent = res.uploaded if cfg.upload == "partial" else shared_mask
-                    agg.add(
-                        res.delta,
-                        sent if cfg.aggregation == "layerwise" else shared_mask,
-                        res.num_samples,
-                        res.entries,
-                        res.extras,
-                    )
-                    if exp.keeps_client_state:
-                        states.put(res.client, res.state)
-                    if local_mean is not None:
-                        local_mean.update(res.client, weights + res.delta)
+            dropped = sorted(executor.lost() + dropped, key=lambda d: d["client"])
+            aggregated = agg is not None
+            if agg is not None:
                 step = exp.algorithm.server_update(weights, agg, server_state, r, exp.num_clients)
                 check_weights(exp, r, step.weights)
             else:
+                agg = Aggregate(exp.space, cfg.weighting)
                 step = ServerStep(weights, weights, server_state)
             down_each = round_bytes(exp, shared, r, model_bytes)
             simulated = sim.finish(r, results, down_each, step.weights - weights) if results else {}
@@ -295,31 +289,92 @@ def _run(
     return RunResult(rd.path if rd else None, records, summary, weights)
 
 
-def screen_updates(
-    exp: Experiment, round: int, results: list[ClientResult]
-) -> tuple[list[ClientResult], list[dict[str, Any]]]:
-    """The updates that may be aggregated, and ``{"client", "reason"}`` for each one dropped.
+class LazyStates(Mapping[int, dict[str, Tensor]]):
+    """The selected clients' states, each read from the store when its client starts (not all
+    of a round's at once)."""
 
-    A malformed update is always dropped; a non-finite one (loss or delta) raises
-    :class:`DivergenceError` under ``on_divergence: stop`` and is dropped under ``skip_client``.
-    """
+    def __init__(self, states: ClientStates, clients: list[int]) -> None:
+        self.states, self.clients = states, clients
+
+    def __getitem__(self, client: int) -> dict[str, Tensor]:
+        if client not in self.clients:
+            raise KeyError(client)
+        return self.states.get(client)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.clients)
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+
+def aggregate_stream(
+    exp: Experiment,
+    round: int,
+    stream: Iterable[ClientResult],
+    weights: Tensor,
+    states: ClientStates,
+    local_mean: LocalModelMean | None,
+    required: int,
+) -> tuple[list[ClientResult], list[dict[str, Any]], Aggregate | None]:
+    """Screen and aggregate each update as it arrives, in client order, then let its delta and
+    state go (kept only where the selection reads the deltas): a round holds one update at a
+    time. Returns (the kept results, lightened; ``{"client", "reason"}`` of each one dropped;
+    the aggregate, or None when fewer than ``required`` valid updates came, in which case no
+    client state or local model was changed). Until ``required`` updates have come, their
+    states and local models wait: a round that is not aggregated writes none."""
+    cfg = exp.cfg
+    agg = Aggregate(exp.space, cfg.weighting)
+    shared_mask = exp.shared_mask
+    keep_deltas = exp.selection.needs_local_deltas
     kept: list[ClientResult] = []
     dropped: list[dict[str, Any]] = []
-    for res in results:
+    waiting: list[ClientResult] = []
+
+    def commit(res: ClientResult) -> None:
+        if exp.keeps_client_state:
+            states.put(res.client, res.state)
+        if local_mean is not None:
+            local_mean.update(res.client, weights + res.delta)
+
+    def take(res: ClientResult) -> None:
         reason = check_update(res, exp.space)
-        if reason is None:
-            kept.append(res)
-            continue
-        if is_divergence(reason) and exp.cfg.on_divergence == "stop":
-            raise DivergenceError(
-                f"training diverged in round {round}: client {res.client}'s update has {reason}; "
-                f"{divergence_hint(exp.cfg)}",
-                round,
-                res.client,
-                reason,
-            )
-        dropped.append({"client": res.client, "reason": reason})
-    return kept, dropped
+        if reason is not None:
+            if is_divergence(reason) and cfg.on_divergence == "stop":
+                raise DivergenceError(
+                    f"training diverged in round {round}: client {res.client}'s update has "
+                    f"{reason}; {divergence_hint(cfg)}",
+                    round,
+                    res.client,
+                    reason,
+                )
+            dropped.append({"client": res.client, "reason": reason})
+            return
+        sent = res.uploaded if cfg.upload == "partial" else shared_mask
+        agg.add(
+            res.delta,
+            sent if cfg.aggregation == "layerwise" else shared_mask,
+            res.num_samples,
+            res.entries,
+            res.extras,
+        )
+        waiting.append(res)  # whole until the round is known to aggregate
+        kept.append(res if keep_deltas else dataclasses.replace(res, delta=_EMPTY, state={}))
+        if len(kept) >= required:  # valid updates so far: the round will be aggregated
+            for w in waiting:
+                commit(w)
+            waiting.clear()
+
+    results = iter(stream)
+    while (res := next(results, None)) is not None:
+        take(res)
+        res = None  # noqa: F841  (not held while the next client trains)
+    if len(kept) < required:
+        return kept, dropped, None
+    return kept, dropped, agg
+
+
+_EMPTY = torch.empty(0)
 
 
 def check_weights(exp: Experiment, round: int, weights: Tensor) -> None:

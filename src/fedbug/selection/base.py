@@ -63,6 +63,9 @@ class Selection:
 
     name: ClassVar[str] = "base"
     params_cls: ClassVar[type[BaseModel] | None] = None
+    #: whether ``update`` reads ``feedback.local_deltas`` (the round then keeps every client's
+    #: update until it ends, instead of dropping each once aggregated)
+    needs_local_deltas: ClassVar[bool] = False
 
     @classmethod
     def check_config(cls, cfg: Any) -> str | None:

@@ -91,6 +91,7 @@ class Reputation(Selection):
 
     name: ClassVar[str] = "reputation"
     params_cls: ClassVar[type[ReputationParams]] = ReputationParams
+    needs_local_deltas: ClassVar[bool] = True  # Eq. 6's cosine with the global update
 
     def __init__(
         self,

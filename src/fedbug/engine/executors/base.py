@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch import Tensor
@@ -14,10 +15,19 @@ class Executor:
     whose every update arrives (in-process, worker processes)."""
 
     def run_round(
-        self, weights: Tensor, tasks: list[ClientTask], states: dict[int, dict[str, Tensor]]
+        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
     ) -> list[ClientResult]:
         """Train every task's client from ``weights``; results sorted by client id."""
         raise NotImplementedError
+
+    def stream_round(
+        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
+    ) -> Iterator[ClientResult]:
+        """:meth:`run_round`'s results one at a time, in client id order, so the server can
+        aggregate each and let it go before the next (a round's memory then holds one update,
+        not all). By default the whole round at once; an executor that trains clients one
+        after another yields each as it is done. ``states[i]`` is read when client i starts."""
+        yield from self.run_round(weights, tasks, states)
 
     def lost(self) -> list[dict[str, Any]]:
         """``{"client", "reason"}`` for each client of the last round whose update never came

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from torch import Tensor
 
@@ -16,10 +16,14 @@ class SequentialExecutor(Executor):
         self.client_data = client_data
 
     def run_round(
-        self, weights: Tensor, tasks: list[ClientTask], states: dict[int, dict[str, Tensor]]
+        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
     ) -> list[ClientResult]:
-        results = [
-            train_client(weights, t, self.client_data(t.client), states[t.client], self.runtime)
-            for t in sorted(tasks, key=lambda t: t.client)
-        ]
-        return results
+        return list(self.stream_round(weights, tasks, states))
+
+    def stream_round(
+        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
+    ) -> Iterator[ClientResult]:
+        for t in sorted(tasks, key=lambda t: t.client):
+            yield train_client(
+                weights, t, self.client_data(t.client), states[t.client], self.runtime
+            )
