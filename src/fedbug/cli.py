@@ -103,8 +103,13 @@ def format_pfl(pfl: dict[str, Any]) -> str:
 
 
 def data_dir_override(args: argparse.Namespace) -> list[str]:
-    """``--data-dir DIR`` as the override ``data_dir=DIR`` (an explicit ``-s`` still wins)."""
-    return [f"data_dir={json.dumps(args.data_dir)}"] if args.data_dir else []
+    """``--data-dir DIR`` as the override ``data_dir=DIR`` and ``--track A,B`` as
+    ``tracking=[A, B]`` (an explicit ``-s`` still wins)."""
+    out = [f"data_dir={json.dumps(args.data_dir)}"] if args.data_dir else []
+    if args.track:
+        names = [x.strip() for x in args.track.split(",") if x.strip()]
+        out.append(f"tracking={json.dumps(names)}")
+    return out
 
 
 def run_dir_for(cfg: Any, out: Path) -> Path:
@@ -361,6 +366,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data-dir", default=None, help="look for data files here first")
     r.add_argument("--resume", action="store_true", help="continue the run from its checkpoint")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.add_argument(
+        "--track",
+        default=None,
+        metavar="TRACKERS",
+        help="also write each round to tensorboard and/or mlflow (comma-separated; "
+        "pip install 'fedbug[track]')",
+    )
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("sweep", help="run a grid of experiments over seeds; table and plot")
@@ -368,6 +380,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
     s.add_argument("-g", "--grid", action="append", default=[], metavar="KEY=V1,V2")
     s.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: config)")
+    s.add_argument(
+        "--track",
+        default=None,
+        metavar="TRACKERS",
+        help="also write each round to tensorboard and/or mlflow (comma-separated; "
+        "pip install 'fedbug[track]')",
+    )
     s.add_argument("--out", default="runs")
     s.add_argument("--data-dir", default=None, help="look for data files here first")
     s.add_argument("--resume", action="store_true", help="continue unfinished runs")

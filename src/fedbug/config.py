@@ -39,6 +39,7 @@ from fedbug.policies import POLICIES
 from fedbug.selection import SELECTIONS
 from fedbug.system import SystemParams
 from fedbug.tasks import TASKS
+from fedbug.tracking import check_available
 
 
 class BaseConfig(BaseModel):
@@ -153,6 +154,14 @@ class BaseConfig(BaseModel):
     flower: FlowerParams = Field(
         default_factory=FlowerParams, description="the Flower executors' settings"
     )
+    tracking: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list,
+        description="also write each round to TensorBoard and/or MLflow (pip install "
+        "'fedbug[track]')",
+    )
+    tracking_uri: str | None = Field(
+        None, description="MLflow's tracking URI (default: a local store, mlruns/ beside the run)"
+    )
     # reliability
     on_divergence: Literal["stop", "skip_client"] = Field(
         "stop", description="a non-finite loss or update: stop the run, or drop that client"
@@ -188,6 +197,8 @@ class BaseConfig(BaseModel):
                 f"{self.num_clients}; lower it or add clients"
             )
         check_compatible(self)
+        if self.tracking:
+            check_available(self.tracking)
         return self
 
     def options(self, name: str) -> Any:
@@ -484,7 +495,18 @@ def resolve(cfg: BaseConfig) -> BaseConfig:
 
 
 _LATER_KEYS = ("on_divergence", "min_results", "memory_format", "dataset_options", "task")
-_NOT_HASHED = {"grid", "seeds", "name", "count_flops", "threads", "executor", "workers", "flower"}
+_NOT_HASHED = {
+    "grid",
+    "seeds",
+    "name",
+    "count_flops",
+    "threads",
+    "executor",
+    "workers",
+    "flower",
+    "tracking",
+    "tracking_uri",
+}
 
 
 def config_hash(cfg: BaseConfig) -> str:

@@ -49,6 +49,7 @@ from fedbug.engine.summary import make_summary, weights_sha256
 from fedbug.errors import ConfigError, DivergenceError
 from fedbug.results import RunDir
 from fedbug.tasks import CustomTask, LossFn, Task
+from fedbug.tracking import Trackers
 
 RoundCallback = Callable[[dict[str, Any]], None]
 ExecutorFactory = Callable[["Experiment"], Executor]
@@ -169,6 +170,12 @@ def _run(
         weights, server_state, start, records = open_run(
             rd, exp, resume, chash, weights, server_state, states, local_mean, sim
         )
+    trackers = None
+    if cfg.tracking:
+        if rd is None:
+            raise ConfigError("tracking writes beside a run folder: give run_dir (or --out)")
+        trackers = Trackers(list(cfg.tracking), rd.path, cfg, resume)
+        cleanup.callback(trackers.close)
     # workers start only once the run folder is settled (a refused resume starts none)
     if executor_factory is not None:
         executor = executor_factory(exp)
@@ -262,6 +269,8 @@ def _run(
                 rd.append_metrics(record)
                 if r % cfg.checkpoint_every == 0 or r == cfg.rounds:
                     save_checkpoint(rd, r, weights, server_state, states, local_mean, sim, chash)
+            if trackers is not None:
+                trackers.log(record)
             if on_round is not None:
                 on_round(record)
     except DivergenceError as e:
@@ -286,6 +295,8 @@ def _run(
         summary["pfl"] = personalize(exp, weights, states, rd)
     if rd is not None and (not records or completed):
         write_summary(rd, cfg, summary, records)
+        if trackers is not None:
+            trackers.finish(summary)
     return RunResult(rd.path if rd else None, records, summary, weights)
 
 
