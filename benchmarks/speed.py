@@ -56,7 +56,8 @@ import torch
 import torch.nn.functional as F
 from common import machine_info, rss_mb
 
-import fedbug.engine as engine
+import fedbug.engine.experiment as experiment
+import fedbug.engine.rounds as engine
 from fedbug.aggregate import Aggregate
 from fedbug.client import train_client
 from fedbug.config import load_config
@@ -146,7 +147,9 @@ class Timer:
 
 def instrument(timer: Timer) -> None:
     """Time aggregation inside the engine without changing it: the ``Aggregate`` methods, the
-    algorithm's ``server_update`` and ``check_weights`` (module globals the round loop looks up)."""
+    algorithm's ``server_update`` and ``check_weights`` (module globals the round loop looks up).
+    Rounds aggregate each update as it arrives, so ``Aggregate.add`` runs inside the round's
+    ``time_train`` too: its seconds are counted in both (small: one vector add a client)."""
 
     class TimedAggregate(Aggregate):
         pass
@@ -155,14 +158,14 @@ def instrument(timer: Timer) -> None:
         setattr(TimedAggregate, name, timer.wrap(getattr(Aggregate, name)))
     engine.Aggregate = TimedAggregate
     engine.check_weights = timer.wrap(engine.check_weights)
-    build = engine.build_algorithm
+    build = experiment.build_algorithm
 
     def build_timed(*args: Any, **kwargs: Any) -> Any:
         alg = build(*args, **kwargs)
         alg.server_update = timer.wrap(alg.server_update)
         return alg
 
-    engine.build_algorithm = build_timed
+    experiment.build_algorithm = build_timed
 
 
 class BareLoop:
