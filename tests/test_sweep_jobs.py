@@ -61,7 +61,14 @@ def test_ctrl_c_stops_every_job_and_resume_ends_as_uninterrupted(tmp_path):
     out = tmp_path / "cut"
     cmd = [sys.executable, "-m", "fedbug.cli", "sweep", str(cfg), "--out", str(out), "-q"]
     env = dict(os.environ, **{SLOW_WRITES_ENV: "0.2"})
-    proc = subprocess.Popen([*cmd, "--jobs", "2"], env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [*cmd, "--jobs", "2"],
+        env=env,
+        start_new_session=True,
+        # a shell's background job ignores SIGINT, and a child inherits that: restore it, as a
+        # terminal's foreground process has it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     end = time.monotonic() + 120
     while time.monotonic() < end and not list(out.glob("jobs-sweep/*/checkpoint.pt")):
         time.sleep(0.1)
