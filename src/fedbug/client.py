@@ -10,6 +10,7 @@ The model, optimiser buffers and FLOP counts it needs are built once per worker 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm, ClientSession, LocalCtx
+from fedbug.device import autocast, to_device
 from fedbug.flops import FlopCache, LossFn
 from fedbug.policies import FreezePolicy, StepCtx
 from fedbug.policies.base import EpochAction, EpochCtx, PolicySession
@@ -76,9 +78,14 @@ class ClientRuntime:
         prepare: Callable[[Tensor], Tensor],
         augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
         classifier: str | None = None,
+        *,
+        device: torch.device | None = None,
+        precision: str = "fp32",
     ) -> None:
-        self.flop_model = copy.deepcopy(model)  # before hooks and binding: a plain copy
-        self.model = model
+        self.flop_model = copy.deepcopy(model)  # before hooks and binding: a plain copy (CPU)
+        self.device = device if device is not None else torch.device("cpu")
+        self.precision = precision
+        self.model = model.to(self.device)
         self.space = space
         self.policy = policy
         self.algorithm = algorithm
@@ -89,7 +96,7 @@ class ClientRuntime:
         layout = algorithm.layout  # None: a runtime built by hand, every unit the model's own
         self.extra_units: tuple[int, ...] = layout.extra if layout is not None else ()
         self.policy_units = layout.policy_units if layout is not None else space.num_units
-        self.grad = torch.zeros(space.total)
+        self.grad = torch.zeros(space.total, device=self.device)
         self.unit_params: list[list[tuple[nn.Parameter, Tensor]]] = [[] for _ in space.units]
         for name, is_param, off, n, shape, u in zip(
             space.names, space.is_param, space.offsets, space.numels, space.shapes, space.unit_of
@@ -130,8 +137,9 @@ class ClientRuntime:
     def flops(
         self, units: tuple[int, ...] | range, x: Tensor, y: Tensor, loss: LossFn | None = None
     ) -> int:
-        """FLOPs of one forward+backward with ``units`` trainable, counted once and cached."""
-        return self.flop_count.units(self.space.units, units, x, y, loss)
+        """FLOPs of one forward+backward with ``units`` trainable, counted once and cached (on
+        the CPU copy of the model: the count does not depend on the device)."""
+        return self.flop_count.units(self.space.units, units, x.cpu(), y.cpu(), loss)
 
     def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
         s = self.settings
@@ -155,11 +163,21 @@ def train_client(
     result's typed fields come from this loop, then from the policy's and the algorithm's
     ``finish``."""
     rt, settings, space, alg = runtime, runtime.settings, runtime.space, runtime.algorithm
+    dev = rt.device
+    host = weights.device
+    # on the device: the received weights, the client's state and the round's payload; its
+    # data too, unless augmentation (drawn on the CPU) comes first (then batch by batch)
+    weights = weights.to(dev)
+    state = to_device(state, dev)
+    if task.payload is not None:
+        task = dataclasses.replace(task, payload=to_device(task.payload, dev))
+    xs, ys = (data.x, data.y) if rt.augment is not None else (data.x.to(dev), data.y.to(dev))
     rt.model.train()
     rt.flat.copy_(weights)
     load_local_parts(rt.flat, state, space)
     n = len(data)
     gen = torch_generator(task.seed, "client", task.round, task.client)
+    scaler = torch.amp.GradScaler(dev.type) if rt.precision == "fp16" else None
     session = alg.start_client(task, data.y, rt, gen)
     policy = rt.policy.start_client(task)
     local_steps, per_epoch = session.local_step_count(n, settings)
@@ -169,7 +187,7 @@ def train_client(
     current: tuple[int, ...] | None = None
     regions: list[slice] = []
     ctx: LocalCtx | None = None
-    loss_sum = torch.zeros(())
+    loss_sum = torch.zeros((), device=dev)
     idle = 0
     flops = 0
     probe_steps = 0
@@ -182,9 +200,10 @@ def train_client(
         if pos == 0:
             perm = torch.randperm(n, generator=gen)
         idx = perm[pos * settings.batch_size : (pos + 1) * settings.batch_size]
-        x, y = data.x[idx], data.y[idx]
+        x, y = xs[idx.to(xs.device)], ys[idx.to(ys.device)]
         if rt.augment is not None:
             x = rt.augment(x, gen)
+            x, y = x.to(dev), y.to(dev)
         x = rt.prepare(x)
         step = StepCtx(k, local_steps, rt.policy_units, task.round, task.client, task.rounds)
         units = step_units(policy, session, step, per_epoch, rt.extra_units)
@@ -213,10 +232,15 @@ def train_client(
         session.before_step(x, y)
         for r in regions:
             rt.grad[r].zero_()
-        loss = session.loss(rt.model(x), y)
-        loss_sum += loss.detach()
-        loss = alg.extra_loss(ctx, loss, rt._features)
-        loss.backward()
+        with autocast(dev, rt.precision):
+            loss = session.loss(rt.model(x), y)
+            loss_sum += loss.detach().float()
+            loss = alg.extra_loss(ctx, loss, rt._features)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)  # the algorithm's terms and clipping see true gradients
+        else:
+            loss.backward()
         alg.adjust_grads(ctx)
         if settings.clip_grad_norm:
             norm = torch.stack([rt.grad[r].norm() for r in regions]).norm()
@@ -224,7 +248,11 @@ def train_client(
             for r in regions:
                 rt.grad[r].mul_(scale)
         alg.adjust_grads_after_clipping(ctx)
-        opt.step()
+        if scaler is not None:
+            scaler.step(opt)  # skipped where fp16 overflowed
+            scaler.update()
+        else:
+            opt.step()
         session.after_step()
         if settings.count_flops:
             flops += rt.flops(units, x, y, session.loss)
@@ -286,6 +314,14 @@ def train_client(
     )
     policy.finish(result)
     session.finish(result)
+    if dev != host:  # what is aggregated or stored goes back to the host
+        result = dataclasses.replace(
+            result,
+            delta=result.delta.to(host),
+            state=to_device(result.state, host),
+            extras=to_device(result.extras, host),
+            entries=to_device(result.entries, host),
+        )
     return result
 
 

@@ -146,6 +146,17 @@ class BaseConfig(BaseModel):
         "convolutions and pooling in NHWC (on W: training 1.28x, evaluation 2.5x faster than "
         "contiguous; equal within float32 rounding)",
     )
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:[0-9]+)?|mps)$",
+        description="where models and batches live: auto (CUDA if torch sees it, else CPU), "
+        "cpu, cuda, cuda:N, mps; not in the config hash",
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32",
+        description="the forward pass and loss under autocast (master weights stay fp32); "
+        "fp16 on a GPU only",
+    )
     executor: Literal["sequential", "processes", "flower-simulation", "flower-deployment"] = Field(
         "sequential",
         description="where clients train: this process (sequential), worker processes, or "
@@ -494,7 +505,14 @@ def resolve(cfg: BaseConfig) -> BaseConfig:
     return cfg
 
 
-_LATER_KEYS = ("on_divergence", "min_results", "memory_format", "dataset_options", "task")
+_LATER_KEYS = (
+    "on_divergence",
+    "min_results",
+    "memory_format",
+    "dataset_options",
+    "task",
+    "precision",
+)
 _NOT_HASHED = {
     "grid",
     "seeds",
@@ -506,6 +524,7 @@ _NOT_HASHED = {
     "flower",
     "tracking",
     "tracking_uri",
+    "device",
 }
 
 

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from fedbug.client import with_memory_format
 from fedbug.data.base import FederatedDataset
+from fedbug.device import autocast
 from fedbug.tasks import Task, build_task
 from fedbug.units import ParamSpace
 
@@ -25,8 +26,13 @@ class Evaluator:
         batch_size: int,
         memory_format: str = "contiguous",
         task: Task | None = None,
+        *,
+        device: torch.device | None = None,
+        precision: str = "fp32",
     ) -> None:
-        self.model = copy.deepcopy(model)
+        self.device = device if device is not None else torch.device("cpu")
+        self.precision = precision
+        self.model = copy.deepcopy(model).to(self.device)
         self.flat = space.bind(self.model)
         self.dataset = dataset
         self.batch_size = batch_size
@@ -41,12 +47,15 @@ class Evaluator:
         ds = self.dataset
         sums: dict[str, Tensor] = {}
         n = len(ds.test_y)
+        dev = self.device
         for start in range(0, n, self.batch_size):
-            x = self.prepare(ds.test_x[start : start + self.batch_size])
-            y = ds.test_y[start : start + self.batch_size]
-            for key, value in self.task.batch_sums(self.model(x), y).items():
+            x = self.prepare(ds.test_x[start : start + self.batch_size].to(dev))
+            y = ds.test_y[start : start + self.batch_size].to(dev)
+            with autocast(dev, self.precision):
+                out = self.model(x)
+            for key, value in self.task.batch_sums(out.float(), y).items():
                 sums[key] = sums[key] + value if key in sums else value
-        return self.task.finish(sums, n)
+        return self.task.finish({k: v.cpu() for k, v in sums.items()}, n)
 
     def evaluate(self, weights: Tensor) -> tuple[float, float]:
         """(headline figure, loss): classification's accuracy and mean loss."""

@@ -137,7 +137,7 @@ class FederatedDataset:
         x = x.to(torch.float32)
         if self.scale != 1.0:
             x = x / self.scale
-        return (x - self._mean_t) / self._std_t
+        return (x - self._mean_t.to(x.device)) / self._std_t.to(x.device)
 
     @classmethod
     def from_clients(

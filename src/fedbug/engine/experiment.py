@@ -22,6 +22,7 @@ from fedbug.client import (
 from fedbug.config import BaseConfig, resolve
 from fedbug.data import FederatedDataset, load_dataset, partition
 from fedbug.data.augment import AUGMENTATIONS
+from fedbug.device import check_precision, resolve_device
 from fedbug.engine.dataprep import natural_clients, personal_test_sets, subsample
 from fedbug.errors import ConfigError
 from fedbug.evaluate import Evaluator
@@ -62,6 +63,13 @@ class ClientSide:
                 "fedbug.run(cfg, loss=..., metrics=...)"
             )
         self.task = build_task(task if task is not None else cfg.task)
+        self.device = resolve_device(cfg.device)
+        check_precision(self.device, cfg.precision)
+        if cfg.executor == "processes" and self.device.type != "cpu":
+            raise ConfigError(
+                f"executor: processes runs its workers on the CPU; with device: {cfg.device} "
+                "use executor: sequential (one process drives the GPU)"
+            )
         if self.task.name != cfg.task:
             cfg = cfg.model_copy(update={"task": self.task.name})
         torch.set_num_threads(cfg.threads)
@@ -224,6 +232,8 @@ class ClientSide:
             with_memory_format(self.dataset.prepare, self.cfg.memory_format),
             self.augmentation(),
             self.classifier,
+            device=self.device,
+            precision=self.cfg.precision,
         )
 
     def initial_weights(self) -> Tensor:
@@ -272,7 +282,14 @@ class Experiment(ClientSide):
             cfg, self.num_clients, self.system
         )
         self.evaluator = Evaluator(
-            self.template, self.space, ds, cfg.eval_batch_size, cfg.memory_format, self.task
+            self.template,
+            self.space,
+            ds,
+            cfg.eval_batch_size,
+            cfg.memory_format,
+            self.task,
+            device=self.device,
+            precision=cfg.precision,
         )
         self.personal: PersonalizedEvaluator | None = None
         if self.test_parts is not None:

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from fedbug.config import BaseConfig
+from fedbug.device import describe
 from fedbug.results import environment
 
 if TYPE_CHECKING:
@@ -54,6 +55,6 @@ def make_summary(
         "total_flops": sum(r["flops"] for r in records),
         "total_bytes_up": sum(r["bytes_up"] for r in records),
         "seconds": seconds,
-        "environment": environment(),
+        "environment": {**environment(), "device": describe(exp.device)},
         "config": cfg.model_dump(mode="json"),
     }

@@ -1,0 +1,140 @@
+"""Where a run computes (``device: auto | cpu | cuda | cuda:N | mps``) and in what precision
+(``precision: fp32 | bf16 | fp16``).
+
+``auto`` is CUDA when torch sees a CUDA device, else the CPU. The device is left out of the
+config hash, so a run resumes on another device (its numbers then agree to rounding, not bit
+for bit). Master weights always stay float32 in the flat vector; ``bf16``/``fp16`` autocast the
+forward pass and the loss (``fp16`` with a gradient scaler, on a GPU only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import platform
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from fedbug.errors import ConfigError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device ``name`` means here; a ConfigError naming the fix when it is absent."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device: {name} asked for, but torch sees no CUDA device here (torch "
+                f"{torch.__version__}); use device: cpu, or auto to take a GPU where there is one"
+            )
+        index = int(name.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device: {name} asked for, but this machine has {torch.cuda.device_count()} "
+                "CUDA device(s); count from cuda:0"
+            )
+        return torch.device("cuda", index)
+    if name == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(
+                "device: mps asked for, but torch sees no Apple GPU here; use device: cpu"
+            )
+        return torch.device("mps")
+    raise ConfigError(f"device: {name!r} is not one of auto, cpu, cuda, cuda:N, mps")
+
+
+def check_precision(device: torch.device, precision: str) -> None:
+    """Refuse a precision the device cannot run."""
+    if precision == "fp16" and device.type == "cpu":
+        raise ConfigError(
+            "precision: fp16 needs a GPU (its gradient scaler is CUDA's); on a CPU use bf16"
+        )
+    if precision == "bf16" and device.type == "cpu":
+        problem = cpu_bf16_problem()
+        if problem is not None:
+            raise ConfigError(f"precision: bf16 cannot run on this CPU: {problem}")
+
+
+_BF16_PROBE = """
+import torch
+last = torch.channels_last
+for m, x in ((torch.nn.Linear(256, 256), torch.randn(64, 256)),
+             (torch.nn.Conv2d(3, 16, 3), torch.randn(8, 3, 32, 32).contiguous(memory_format=last)),
+             (torch.nn.Conv2d(1, 8, 3), torch.randn(16, 1, 8, 8).contiguous(memory_format=last))):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(x)
+    y.float().sum().backward()
+"""  # shapes big enough for oneDNN to pick its fastest (AMX) kernels, as training does
+
+
+@functools.cache
+def cpu_bf16_problem() -> str | None:
+    """Why bf16 autocast cannot run on this CPU, or None. Found once, in a child process: a CPU
+    that advertises AMX which the machine does not enable (seen in a VM here) kills a process
+    with an illegal instruction at the first bf16 kernel, and no flag says so beforehand."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _BF16_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=os.environ.copy(),
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"the bf16 probe could not run ({e}); use precision: fp32"
+    if done.returncode == 0:
+        return None
+    if done.returncode == -signal.SIGILL:
+        return (
+            "its bf16 kernels die with an illegal instruction (the CPU advertises AMX or "
+            "AVX512-BF16 that this machine does not run, as in some VMs); start Python with "
+            "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 set, or use precision: fp32"
+        )
+    last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+    return f"a bf16 probe failed ({last}); use precision: fp32"
+
+
+def describe(device: torch.device) -> str:
+    """The device as a person reads it (``cuda:0 (NVIDIA H100 80GB HBM3)``, ``cpu (x86_64)``)."""
+    if device.type == "cuda":
+        index = device.index or 0
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    if device.type == "cpu":
+        return f"cpu ({platform.machine() or 'unknown'})"
+    return str(device)
+
+
+@contextlib.contextmanager
+def autocast(device: torch.device, precision: str) -> Iterator[None]:
+    """The forward pass and loss in ``precision`` (a no-op for fp32)."""
+    if precision == "fp32":
+        yield
+        return
+    with torch.autocast(device_type=device.type, dtype=DTYPES[precision]):
+        yield
+
+
+def to_device(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor in it (dicts, lists, tuples) on ``device``; the same objects
+    where they are there already."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        moved = {k: to_device(v, device) for k, v in obj.items()}
+        return obj if all(moved[k] is v for k, v in obj.items()) else moved
+    if isinstance(obj, list | tuple):
+        items = [to_device(v, device) for v in obj]
+        return obj if all(a is b for a, b in zip(items, obj, strict=True)) else type(obj)(items)
+    return obj
