@@ -27,6 +27,7 @@ evaluation / bare round (training + mean).
     python benchmarks/speed.py --quick          # about a minute: 1 local epoch, 4 rounds
     python benchmarks/speed.py                  # full W: 5 epochs, 7 rounds (6 counted)
     python benchmarks/speed.py --profile        # + torch.profiler on one more fedbug round
+    python benchmarks/speed.py --device cuda    # W on a GPU, the bare loop on the same GPU
     python benchmarks/speed.py --json --out w.json
     python benchmarks/speed.py --quick --levers # each lever's gain, paired (see levers())
 
@@ -62,6 +63,7 @@ from fedbug.aggregate import Aggregate
 from fedbug.client import train_client
 from fedbug.config import load_config
 from fedbug.data import FederatedDataset
+from fedbug.device import resolve_device
 from fedbug.models import build_model
 
 SHAPES = {"cifar": (3, 32, 32), "fmnist": (1, 28, 28)}
@@ -93,6 +95,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="after the timed rounds, one more fedbug round under torch.profiler (untimed)",
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="fedbug's device key (cpu, cuda, cuda:N, auto); the bare loop runs on the same",
+    )
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--levers", action="store_true", help="paired gain of each lever instead")
     ap.add_argument("--reps", type=int, default=None, help="--levers repetitions (5; quick 3)")
     ap.add_argument(
@@ -171,14 +179,16 @@ def instrument(timer: Timer) -> None:
 class BareLoop:
     """The plain PyTorch round: state_dict load, 50 SGD steps a client, mean of state dicts."""
 
-    def __init__(self, ds: FederatedDataset, epochs: int, seed: int) -> None:
+    def __init__(self, ds: FederatedDataset, epochs: int, seed: int, device: str = "cpu") -> None:
         self.ds = ds
         self.epochs = epochs
-        self.model = build_model("standard_cnn", ds.input_shape, ds.num_classes, seed)
+        self.device = torch.device(device)
+        model = build_model("standard_cnn", ds.input_shape, ds.num_classes, seed)
+        self.model = model.to(self.device)
         self.global_sd = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.gen = torch.Generator().manual_seed(seed + 1)
-        self.mean = torch.tensor(ds.mean).view(1, -1, 1, 1)
-        self.std = torch.tensor(ds.std).view(1, -1, 1, 1)
+        self.mean = torch.tensor(ds.mean).view(1, -1, 1, 1).to(self.device)
+        self.std = torch.tensor(ds.std).view(1, -1, 1, 1).to(self.device)
 
     def round(self, clients: list[int]) -> tuple[float, float]:
         """Seconds of training and of the mean of the weights."""
@@ -189,10 +199,10 @@ class BareLoop:
             model.load_state_dict(self.global_sd)
             model.train()
             opt = torch.optim.SGD(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-            xs = ds.train_x[c * SAMPLES : (c + 1) * SAMPLES]
-            ys = ds.train_y[c * SAMPLES : (c + 1) * SAMPLES]
+            xs = ds.train_x[c * SAMPLES : (c + 1) * SAMPLES].to(self.device)  # once a client
+            ys = ds.train_y[c * SAMPLES : (c + 1) * SAMPLES].to(self.device)
             for _ in range(self.epochs):
-                perm = torch.randperm(SAMPLES, generator=self.gen)
+                perm = torch.randperm(SAMPLES, generator=self.gen).to(self.device)
                 for b in range(0, SAMPLES, BATCH):
                     idx = perm[b : b + BATCH]
                     x = (xs[idx].float() / 255.0 - self.mean) / self.std
@@ -201,6 +211,8 @@ class BareLoop:
                     loss.backward()
                     opt.step()
             states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the GPU's work done before the clock is read
         t1 = time.perf_counter()
         self.global_sd = {k: torch.stack([s[k] for s in states]).mean(0) for k in self.global_sd}
         return t1 - t0, time.perf_counter() - t1
@@ -237,6 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "policy": "none",
         "eval_every": 1,
         "threads": args.threads or torch.get_num_threads(),
+        "device": args.device,
+        "precision": args.precision,
     }
     if args.eval_batch:
         doc["eval_batch_size"] = args.eval_batch
@@ -245,7 +259,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = load_config(None, doc=doc)
     timer = Timer()
     instrument(timer)
-    bare = BareLoop(ds, epochs, args.seed)
+    bare = BareLoop(ds, epochs, args.seed, str(resolve_device(args.device)))
     samples = PER_ROUND * SAMPLES * epochs
     rows: list[dict[str, float]] = []
     prof_box: dict[str, Any] = {}
