@@ -75,6 +75,19 @@ print(json.dumps(out))
 """
 
 
+def test_personalized_evaluation_and_fine_tuning_follow_the_device():
+    from fedbug.pfl import FinetuneSettings, PersonalizedEvaluator
+
+    exp = Experiment(tiny_config(algorithm="fedper", evaluation="personalized"))
+    meta = torch.device("meta")
+    pe = PersonalizedEvaluator(
+        exp.template, exp.space, exp.algorithm, exp.dataset, exp.parts, exp.test_parts,
+        device=meta,
+    )  # fmt: skip
+    rt = pe.finetune_runtime(FinetuneSettings(epochs=1, batch_size=8, lr=0.1))
+    assert pe.flat.device == rt.flat.device == rt.grad.device == meta
+
+
 def test_bf16_on_the_cpu_trains_and_evaluates_near_fp32():
     """In a child process with oneDNN held below AMX (this VM advertises AMX it cannot run:
     see ``cpu_bf16_problem``), as a user of such a machine is told to start it."""

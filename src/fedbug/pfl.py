@@ -38,6 +38,7 @@ from fedbug.client import (
     with_memory_format,
 )
 from fedbug.data import FederatedDataset
+from fedbug.device import autocast
 from fedbug.policies import build_policy
 from fedbug.units import ParamSpace
 
@@ -111,8 +112,13 @@ class PersonalizedEvaluator:
         batch_size: int = 500,
         augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
         memory_format: str = "contiguous",
+        *,
+        device: torch.device | None = None,
+        precision: str = "fp32",
     ) -> None:
-        self.model = copy.deepcopy(model)
+        self.device = device if device is not None else torch.device("cpu")
+        self.precision = precision
+        self.model = copy.deepcopy(model).to(self.device)
         self.prepare = with_memory_format(dataset.prepare, memory_format)
         self.space = space
         self.flat = space.bind(self.model)
@@ -134,12 +140,14 @@ class PersonalizedEvaluator:
         ds, idx = self.dataset, self.test_parts[client]
         self.model.eval()
         correct = 0
+        dev = self.device
         for start in range(0, len(idx), self.batch_size):
             b = idx[start : start + self.batch_size]
-            out = self.model(self.prepare(ds.test_x[b]))
+            with autocast(dev, self.precision):
+                out = self.model(self.prepare(ds.test_x[b].to(dev)))
             if not generic:
                 out = self.algorithm.logits(out)
-            correct += int((out.argmax(1) == ds.test_y[b]).sum())
+            correct += int((out.argmax(1) == ds.test_y[b].to(dev)).sum())
         return correct
 
     def evaluate(
@@ -180,6 +188,8 @@ class PersonalizedEvaluator:
             train,
             self.prepare,
             self.augment,
+            device=self.device,
+            precision=self.precision,
         )
 
     def finetune(

@@ -303,6 +303,8 @@ class Experiment(ClientSide):
                 cfg.eval_batch_size,
                 self.augmentation(),
                 cfg.memory_format,
+                device=self.device,
+                precision=cfg.precision,
             )
 
     def lr_at(self, round: int) -> float:
