@@ -114,6 +114,25 @@ def test_an_error_reply_is_dropped_with_its_reason():
     assert "no SuperNode" in rec["dropped"][0]["reason"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_node_uses_the_device_of_its_node_config():
+    """A node's ``device`` (its own node config) replaces the run's: asked for a GPU this
+    machine lacks, that node's client is dropped with the reason, the others train."""
+    cfg = tiny_config(rounds=1, threads=1, num_clients=4, clients_per_round=4)
+    cfg2 = cfg.model_copy(update={"executor": "flower-simulation"})
+    run_config = {"config": json.dumps(cfg2.model_dump(mode="json"))}
+    grid = LoopbackGrid(client_app, 4, run_config)
+    grid.contexts[102].node_config["device"] = "cuda"  # node 102 holds partition 2
+    with task_identity():
+        res = run_experiment(
+            cfg2, executor_factory=lambda e: FlowerExecutor(grid, e, map_once=True)
+        )
+    (rec,) = res.records
+    assert [d["client"] for d in rec["dropped"]] == [2]
+    assert "CUDA" in rec["dropped"][0]["reason"]
+    assert rec["num_clients"] == 3
+
+
 def test_min_results_fraction_marks_the_round_not_aggregated():
     cfg = tiny_config(
         rounds=1,

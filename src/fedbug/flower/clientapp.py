@@ -28,14 +28,15 @@ app = ClientApp()
 STATE = "fedbug-state"
 STATE_INFO = "fedbug-state-info"
 
-_CACHE: dict[tuple[str, str], Any] = {}
+_CACHE: dict[tuple[str, str, str], Any] = {}
 
 
 def experiment_for(run_config: dict[str, Any], node_config: dict[str, Any]) -> Any:
     """(experiment, runtime) for this run's config, built once per process."""
     text = str(run_config["config"])
     data_dir = str(node_config.get("data-dir", "") or run_config.get("data-dir", ""))
-    key = (text, data_dir)
+    device = str(node_config.get("device", "") or "")  # this node's own (a GPU host's cuda:1)
+    key = (text, data_dir, device)
     if key not in _CACHE:
         from fedbug.config import load_config
         from fedbug.engine.experiment import ClientSide
@@ -43,6 +44,8 @@ def experiment_for(run_config: dict[str, Any], node_config: dict[str, Any]) -> A
         doc = json.loads(text)
         if data_dir:
             doc["data_dir"] = data_dir
+        if device:
+            doc["device"] = device
         exp = ClientSide(load_config(None, doc=doc))
         _CACHE.clear()  # one run's experiment a process
         _CACHE[key] = (exp, exp.make_runtime())
