@@ -3,6 +3,7 @@
     python benchmarks/flower_overhead.py            # 10 clients a round, MLP, ~1,000 samples each
     python benchmarks/flower_overhead.py --quick    # 3 rounds
     python benchmarks/flower_overhead.py --json
+    python benchmarks/flower_overhead.py --workload w --rounds 4   # W (speed.py) on Fashion-MNIST
 
 Reports per executor the median seconds a round (round 1 left out: warm-up), the start-up
 (wall time not spent in rounds: data, model, and for Flower the SuperLink, Ray and the
@@ -45,6 +46,30 @@ def config(rounds: int) -> dict:
     }
 
 
+def config_w(rounds: int) -> dict:
+    """Workload W (``benchmarks/speed.py``) on data Flower's nodes can load by name: the
+    standard CNN on Fashion-MNIST (1x28x28, W's ``--shape fmnist``), 100 clients x 500 samples
+    (IID), 10 a round, 5 local epochs of batch 50, SGD lr 0.1, weight decay 1e-3, evaluation of
+    the global model on the 10,000 test images every round."""
+    return {
+        "name": "flower-w",
+        "dataset": "fashion_mnist",
+        "subsample": 50_000 / 60_000,
+        "partition": "iid",
+        "num_clients": 100,
+        "clients_per_round": 10,
+        "model": "standard_cnn",
+        "rounds": rounds,
+        "local_epochs": 5,
+        "batch_size": 50,
+        "lr": 0.1,
+        "weight_decay": 0.001,
+        "eval_every": 1,
+        "count_flops": False,
+        "checkpoint_every": 1000,
+    }
+
+
 def run(doc: dict, executor: str, out: Path) -> dict:
     import yaml
 
@@ -76,9 +101,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="3 rounds")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--workload", choices=["mlp", "w"], default="mlp", help="w: workload W")
     args = p.parse_args()
     rounds = 3 if args.quick else args.rounds
-    doc = config(rounds)
+    doc = config_w(rounds) if args.workload == "w" else config(rounds)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for executor in ("sequential", "flower-simulation"):
