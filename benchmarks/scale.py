@@ -14,6 +14,7 @@ round, peak RSS of the process (``ru_maxrss``) and the RSS at the end.
     python benchmarks/scale.py --quick           # 3 rounds each (about 5 minutes on 2 cores)
     python benchmarks/scale.py --rounds 6 --out scale.json
     python benchmarks/scale.py --one 10000 --rounds 3   # one point, JSON on stdout
+    python benchmarks/scale.py --one 10000 --rounds 2 --per-round 1000   # 1,000 a round
 """
 
 from __future__ import annotations
@@ -51,7 +52,13 @@ SYNTHETIC = {
 }  # fmt: skip
 
 
-def one(num_clients: int, rounds: int, threads: int | None, synthetic: bool) -> dict[str, Any]:
+def one(
+    num_clients: int,
+    rounds: int,
+    threads: int | None,
+    synthetic: bool,
+    per_round: int | None = None,
+) -> dict[str, Any]:
     """One point, in this process."""
     import torch
 
@@ -59,6 +66,8 @@ def one(num_clients: int, rounds: int, threads: int | None, synthetic: bool) -> 
     from fedbug.engine import Experiment, run_experiment
 
     overrides = [f"num_clients={num_clients}", f"rounds={rounds}", f"eval_every={rounds}"]
+    if per_round:
+        overrides.append(f"clients_per_round={per_round}")
     if threads:
         overrides.append(f"threads={threads}")
     if synthetic:
@@ -109,10 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--one-synthetic", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--per-round", type=int, default=None, help="clients a round (config: 100)")
     args = ap.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 6)
     if args.one is not None:
-        print(json.dumps(one(args.one, rounds, args.threads, args.one_synthetic)))
+        print(json.dumps(one(args.one, rounds, args.threads, args.one_synthetic, args.per_round)))
         return
     points = [(n, False) for n in args.sizes]
     if args.synthetic:
