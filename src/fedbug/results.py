@@ -350,7 +350,7 @@ class RunDir:
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Append one round's record as one line with its checksum, fsynced."""
         self.check_held()
-        line = json.dumps(with_crc(record), separators=(",", ":")) + "\n"
+        line = metrics_line(record)
         try:
             with open(self.metrics_path, "a", encoding="utf-8") as f:
                 if os.environ.get(SLOW_WRITES_ENV):  # test-only: a window for a torn line
@@ -375,27 +375,33 @@ class RunDir:
         """Keep only the records of rounds <= ``up_to_round`` (a checkpoint's round); return
         them. Lines after it are dropped unread (their rounds are redone); a damaged line
         before it, or fewer rounds than that, raise :class:`ResultsError`."""
-        self.check_held()
         keep = self._read_metrics(up_to_round)[0] if up_to_round > 0 else []
         if len(keep) < up_to_round:
             raise ResultsError(
                 f"{str(self.metrics_path)!r} holds {len(keep)} whole rounds where the checkpoint "
                 f"is at round {up_to_round}; {_WAY_OUT}"
             )
-        text = "".join(json.dumps(with_crc(r), separators=(",", ":")) + "\n" for r in keep)
-        atomic_write_text(self.metrics_path, text)
+        self.write_metrics(keep)
         return keep
+
+    def write_metrics(self, records: list[dict[str, Any]]) -> None:
+        """Replace ``metrics.jsonl`` with these records' lines, atomically."""
+        self.check_held()
+        atomic_write_text(self.metrics_path, "".join(metrics_line(r) for r in records))
+
+    def _metrics_bytes(self) -> bytes:
+        """``metrics.jsonl`` as it is on disk (nothing when there is none)."""
+        try:
+            return self.metrics_path.read_bytes()
+        except FileNotFoundError:
+            return b""
+        except OSError as e:
+            raise _naming(e, self.metrics_path) from e
 
     def _read_metrics(self, up_to_round: int | None) -> tuple[list[dict[str, Any]], bool]:
         """(the records of whole lines up to ``up_to_round``, whether the lines carry
         checksums); see :meth:`read_metrics`."""
-        try:
-            raw = self.metrics_path.read_bytes()
-        except FileNotFoundError:
-            return [], False
-        except OSError as e:
-            raise _naming(e, self.metrics_path) from e
-        lines, checked = _check_lines(raw)
+        lines, checked = _check_lines(self._metrics_bytes())
         cut = len(lines) if up_to_round is None else min(up_to_round, len(lines))
         records = []
         for n, (record, problem) in enumerate(lines[:cut], start=1):
@@ -410,12 +416,7 @@ class RunDir:
         """Every whole line of ``metrics.jsonl`` as (record or None, what is wrong or None),
         and whether a torn last line follows them; for ``fedbug repair``, which must see all
         the damage, not stop at the first."""
-        try:
-            raw = self.metrics_path.read_bytes()
-        except FileNotFoundError:
-            return [], False
-        except OSError as e:
-            raise _naming(e, self.metrics_path) from e
+        raw = self._metrics_bytes()
         lines, _ = _check_lines(raw)
         torn = raw != b"" and not raw.endswith(b"\n")
         return [(None if bad else rec, bad) for rec, bad in lines], torn
@@ -481,6 +482,11 @@ def record_crc(obj: dict[str, Any]) -> str:
     body = {k: v for k, v in obj.items() if k != CRC_KEY}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return f"{zlib.crc32(canonical.encode('ascii')):08x}"
+
+
+def metrics_line(record: dict[str, Any]) -> str:
+    """One round's record as its ``metrics.jsonl`` line: compact JSON, checksum last."""
+    return json.dumps(with_crc(record), separators=(",", ":")) + "\n"
 
 
 def with_crc(obj: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,6 @@ checkpoint are dropped (``--resume`` does those rounds again).
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from fedbug.data import FederatedDataset
 from fedbug.engine.experiment import ModelSource
 from fedbug.engine.rounds import run_experiment
 from fedbug.errors import CheckpointError, ConfigError, ResultsError
-from fedbug.results import RunDir, atomic_write_text, with_crc
+from fedbug.results import RunDir
 from fedbug.tasks import Task
 
 #: the wall-clock keys of a round record: the only ones a rerun may change
@@ -227,8 +226,7 @@ def _repair(
         for (old, _), new in zip(lines[:target], again.records, strict=False)
     ]
     shutil.copy2(rd.metrics_path, kept / rd.metrics_path.name)
-    text = "".join(_line(r) for r in records)
-    atomic_write_text(rd.metrics_path, text)
+    rd.write_metrics(records)
     report.rebuilt.append("metrics.jsonl")
     if late or torn:
         report.dropped.append(f"metrics.jsonl's {late + int(torn)} line(s) after round {target}")
@@ -260,7 +258,3 @@ def _kept(report: RepairReport) -> Path:
         report.kept_in = report.run_dir / f"damaged-{stamp}"
         report.kept_in.mkdir(exist_ok=True)
     return report.kept_in
-
-
-def _line(record: dict[str, Any]) -> str:
-    return json.dumps(with_crc(record), separators=(",", ":")) + "\n"
