@@ -33,21 +33,16 @@ def run(
     if str(cfg.executor).startswith("flower"):
         from fedbug.flower.launch import run_flower_experiment
 
-        given = {
-            "dataset": dataset,
-            "model": model,
-            "loss": loss,
-            "metrics": metrics,
-            "stop_after": stop_after,
-        }
-        given["task"] = task if task is not None and not isinstance(task, str) else None
+        named = task if isinstance(task, str) else None  # a task object cannot travel
+        objects = {"dataset": dataset, "model": model, "loss": loss, "metrics": metrics}
+        objects.update(stop_after=stop_after, task=None if named else task)
         return run_flower_experiment(
             cfg,
             run_dir,
             resume=resume,
             on_round=on_round,
-            task=task if isinstance(task, str) else None,
-            unsupported=[k for k, v in given.items() if v is not None],
+            task=named,
+            unsupported=[k for k, v in objects.items() if v is not None],
         )
     return run_experiment(
         cfg,

@@ -29,14 +29,12 @@ from typing import Any
 
 from fedbug.errors import ConfigError
 
-TRACKERS = ("tensorboard", "mlflow")
-PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
 STATE_FILE = "tracking.json"
 
 
 def check_available(names: list[str]) -> None:
     """A ConfigError naming the install line for a tracker whose package is missing."""
-    missing = [n for n in names if importlib.util.find_spec(PACKAGES[n]) is None]
+    missing = [n for n in names if importlib.util.find_spec(n) is None]  # package = name
     if missing:
         raise ConfigError(
             f'tracking: {", ".join(missing)} needs its package: pip install "fedbug[track]"'
