@@ -99,17 +99,23 @@ def test_a_silent_node_is_dropped_and_recorded(monkeypatch):
         assert rec["num_clients"] == 3
 
 
-def test_an_error_reply_is_dropped_with_its_reason():
+def _one_round_with_node_config(node: int, key: str, value: object) -> dict:
+    """One round of 4 clients on 4 loopback nodes, one node's config changed; its record."""
     cfg = tiny_config(rounds=1, threads=1, num_clients=4, clients_per_round=4)
     cfg2 = cfg.model_copy(update={"executor": "flower-simulation"})
     run_config = {"config": json.dumps(cfg2.model_dump(mode="json"))}
     grid = LoopbackGrid(client_app, 4, run_config)
-    grid.contexts[102].node_config["partition-id"] = 1  # two nodes claim 1; none holds 2
+    grid.contexts[node].node_config[key] = value
     with task_identity():
         res = run_experiment(
             cfg2, executor_factory=lambda e: FlowerExecutor(grid, e, map_once=True)
         )
     (rec,) = res.records
+    return rec
+
+
+def test_an_error_reply_is_dropped_with_its_reason():
+    rec = _one_round_with_node_config(102, "partition-id", 1)  # two claim 1; none holds 2
     assert [d["client"] for d in rec["dropped"]] == [2]
     assert "no SuperNode" in rec["dropped"][0]["reason"]
 
@@ -118,16 +124,7 @@ def test_an_error_reply_is_dropped_with_its_reason():
 def test_a_node_uses_the_device_of_its_node_config():
     """A node's ``device`` (its own node config) replaces the run's: asked for a GPU this
     machine lacks, that node's client is dropped with the reason, the others train."""
-    cfg = tiny_config(rounds=1, threads=1, num_clients=4, clients_per_round=4)
-    cfg2 = cfg.model_copy(update={"executor": "flower-simulation"})
-    run_config = {"config": json.dumps(cfg2.model_dump(mode="json"))}
-    grid = LoopbackGrid(client_app, 4, run_config)
-    grid.contexts[102].node_config["device"] = "cuda"  # node 102 holds partition 2
-    with task_identity():
-        res = run_experiment(
-            cfg2, executor_factory=lambda e: FlowerExecutor(grid, e, map_once=True)
-        )
-    (rec,) = res.records
+    rec = _one_round_with_node_config(102, "device", "cuda")  # node 102 holds partition 2
     assert [d["client"] for d in rec["dropped"]] == [2]
     assert "CUDA" in rec["dropped"][0]["reason"]
     assert rec["num_clients"] == 3
