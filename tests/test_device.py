@@ -134,3 +134,43 @@ def test_fp16_on_the_cpu_and_an_unknown_device_are_refused():
         fedbug.run(tiny_config(precision="fp16", device="cpu"))
     with pytest.raises(ConfigError, match="device"):
         tiny_config(device="tpu")
+
+
+def _gpu_of(monkeypatch, capacity: int) -> torch.device:
+    """``meta`` standing in for a GPU of ``capacity`` bytes (this suite has no GPU)."""
+    import fedbug.engine.dataprep as dataprep
+
+    monkeypatch.setattr(dataprep, "memory_bytes", lambda d: capacity if d.type == "meta" else None)
+    return torch.device("meta")
+
+
+def test_a_data_set_that_fits_is_uploaded_once_and_clients_index_it_there(monkeypatch):
+    from fedbug.engine.dataprep import place_on_device
+
+    exp = Experiment(tiny_config())
+    ds = exp.dataset
+    size = sum(t.nbytes for t in (ds.train_x, ds.train_y, ds.test_x, ds.test_y))
+    gpu = _gpu_of(monkeypatch, capacity=4 * size)
+    placed, where = place_on_device(ds, gpu, share=0.5, augmented=False)
+    assert where == "device"
+    assert {t.device.type for t in (placed.train_x, placed.train_y, placed.test_x)} == {"meta"}
+    assert ds.train_x.device.type == "cpu"  # the host's data set is untouched
+    exp.device_dataset = placed
+    data = exp.client_data(0)  # a client's samples: an index into the uploaded tensors
+    assert data.x.device.type == data.y.device.type == "meta"
+    assert data.x.shape == (len(exp.parts[0]), *ds.train_x.shape[1:])
+    # more than the share of the device's memory: left on the host, moved per client
+    assert place_on_device(ds, gpu, share=0.2, augmented=False)[1] == "host"
+    assert place_on_device(ds, gpu, share=0.0, augmented=False)[1] == "host"
+    # augmentation draws training batches on the CPU: only the test set goes up
+    placed, where = place_on_device(ds, gpu, share=0.5, augmented=True)
+    assert where == "test on device"
+    assert placed.train_x.device.type == "cpu" and placed.test_x.device.type == "meta"
+    # the CPU reads the host's tensors, and no copy is made
+    assert place_on_device(ds, torch.device("cpu"), 0.5, False) == (ds, "host")
+
+
+def test_the_run_records_where_its_data_lived_and_the_share_is_not_hashed():
+    res = fedbug.run(tiny_config(device="cpu"))
+    assert res.summary["environment"]["data_on_device"] == "host"
+    assert config_hash(tiny_config()) == config_hash(tiny_config(device_data_share=0.0))

@@ -152,6 +152,14 @@ class BaseConfig(BaseModel):
         description="where models and batches live: auto (CUDA if torch sees it, else CPU), "
         "cpu, cuda, cuda:N, mps; not in the config hash",
     )
+    device_data_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="on a GPU, upload the whole data set once for the run when it takes at most "
+        "this share of the device's memory (0: never; each client's samples then move per "
+        "round); not in the config hash",
+    )
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32",
         description="the forward pass and loss under autocast (master weights stay fp32); "
@@ -525,6 +533,7 @@ _NOT_HASHED = {
     "tracking",
     "tracking_uri",
     "device",
+    "device_data_share",
 }
 
 

@@ -126,6 +126,16 @@ def autocast(device: torch.device, precision: str) -> Iterator[None]:
         yield
 
 
+def memory_bytes(device: torch.device) -> int | None:
+    """The memory of a GPU in bytes (an Apple GPU's recommended working set), None for the CPU
+    and devices without memory of their own (``meta``)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device.index or 0).total_memory)
+    if device.type == "mps":
+        return int(torch.mps.recommended_max_memory())
+    return None
+
+
 def to_device(obj: Any, device: torch.device) -> Any:
     """``obj`` with every tensor in it (dicts, lists, tuples) on ``device``; the same objects
     where they are there already."""

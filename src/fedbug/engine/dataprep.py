@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -12,6 +13,7 @@ from torch import Tensor
 from fedbug.config import BaseConfig
 from fedbug.data import FederatedDataset
 from fedbug.data.partition import client_test_split
+from fedbug.device import memory_bytes
 from fedbug.errors import ConfigError
 from fedbug.seeding import numpy_rng
 
@@ -129,3 +131,29 @@ def personal_test_sets(
     renumbered = [torch.arange(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
     out = dataclasses.replace(ds, test_x=ds.train_x[held], test_y=ds.train_y[held])
     return split.train_parts, renumbered, out
+
+
+#: where a run's data lives: all of it uploaded once, the test set only (augmentation draws
+#: training batches on the CPU), or on the host with each client's samples moved per round
+Placement = Literal["device", "test on device", "host"]
+
+
+def place_on_device(
+    ds: FederatedDataset, device: torch.device, share: float, augmented: bool
+) -> tuple[FederatedDataset, Placement]:
+    """The data set as clients and evaluation read it on ``device``: uploaded once for the run
+    when it takes at most ``share`` of the device's memory (``device_data_share``), else left
+    on the host (each client's samples then move to the device once per round). Under
+    augmentation, drawn on the CPU, the training samples stay on the host. The CPU (and any
+    device without memory of its own) reads the host's tensors. A copy: ``ds`` is untouched."""
+    capacity = memory_bytes(device)
+    if capacity is None:
+        return ds, "host"
+    names = ("test_x", "test_y") if augmented else ("train_x", "train_y", "test_x", "test_y")
+    size = sum(getattr(ds, n).nbytes for n in names)
+    if share <= 0 or size > share * capacity:
+        return ds, "host"
+    placed = copy.copy(ds)
+    for n in names:
+        setattr(placed, n, getattr(ds, n).to(device))
+    return placed, "test on device" if augmented else "device"

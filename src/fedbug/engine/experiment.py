@@ -23,7 +23,12 @@ from fedbug.config import BaseConfig, resolve
 from fedbug.data import FederatedDataset, load_dataset, partition
 from fedbug.data.augment import AUGMENTATIONS
 from fedbug.device import check_precision, resolve_device
-from fedbug.engine.dataprep import natural_clients, personal_test_sets, subsample
+from fedbug.engine.dataprep import (
+    natural_clients,
+    personal_test_sets,
+    place_on_device,
+    subsample,
+)
 from fedbug.errors import ConfigError
 from fedbug.evaluate import Evaluator
 from fedbug.layout import build_layout, extra_units
@@ -162,6 +167,10 @@ class ClientSide:
         sizes = [len(p) for p in self.parts]
         self.sizes = sizes
         self.mean_samples = sum(sizes) / len(sizes)
+        # what clients and evaluation read: on a GPU the data set uploaded once where it fits
+        self.device_dataset, self.data_placement = place_on_device(
+            self.dataset, self.device, cfg.device_data_share, self.augmentation() is not None
+        )
 
     def _head_units(self) -> int:
         """``head_units``, fewer where the model has too few units and nothing needs its head
@@ -216,7 +225,8 @@ class ClientSide:
 
     def client_data(self, client: int) -> ClientData:
         idx = self.parts[client]
-        return ClientData(self.dataset.train_x[idx], self.dataset.train_y[idx])
+        ds = self.device_dataset
+        return ClientData(ds.train_x[idx], ds.train_y[idx])
 
     def augmentation(self) -> Callable[[Tensor, torch.Generator], Tensor] | None:
         name = self.dataset.augmentation if self.cfg.augment == "auto" else self.cfg.augment
@@ -284,7 +294,7 @@ class Experiment(ClientSide):
         self.evaluator = Evaluator(
             self.template,
             self.space,
-            ds,
+            self.device_dataset,
             cfg.eval_batch_size,
             cfg.memory_format,
             self.task,
@@ -297,7 +307,7 @@ class Experiment(ClientSide):
                 self.template,
                 self.space,
                 self.algorithm,
-                ds,
+                self.device_dataset,
                 self.parts,
                 self.test_parts,
                 cfg.eval_batch_size,

@@ -55,6 +55,10 @@ def make_summary(
         "total_flops": sum(r["flops"] for r in records),
         "total_bytes_up": sum(r["bytes_up"] for r in records),
         "seconds": seconds,
-        "environment": {**environment(), "device": describe(exp.device)},
+        "environment": {
+            **environment(),
+            "device": describe(exp.device),
+            "data_on_device": exp.data_placement,
+        },
         "config": cfg.model_dump(mode="json"),
     }
