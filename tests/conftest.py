@@ -43,3 +43,18 @@ def _keep_torch_threads():
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _node_cache_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory):
+    """Flower nodes the suite runs (in this process or started by it) keep their built client
+    side in a folder of the session's, never in the user's ``~/.cache``."""
+    import os
+
+    before = os.environ.get("FEDBUG_NODE_CACHE")
+    os.environ["FEDBUG_NODE_CACHE"] = str(tmp_path_factory.mktemp("node-cache"))
+    yield
+    if before is None:
+        os.environ.pop("FEDBUG_NODE_CACHE", None)
+    else:
+        os.environ["FEDBUG_NODE_CACHE"] = before

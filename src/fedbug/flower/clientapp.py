@@ -21,6 +21,7 @@ from flwr.clientapp import ClientApp
 
 from fedbug.client import train_client
 from fedbug.flower.messages import decode_task, encode_reply, sent_units
+from fedbug.flower.node_cache import cache_dir, entry_path, load_or_build
 from fedbug.flower.node_state import NodeStates
 
 app = ClientApp()
@@ -32,21 +33,29 @@ _CACHE: dict[tuple[str, str, str], Any] = {}
 
 
 def experiment_for(run_config: dict[str, Any], node_config: dict[str, Any]) -> Any:
-    """(experiment, runtime) for this run's config, built once per process."""
+    """(experiment, runtime) for this run's config, built once per process, or loaded from the
+    node's cache (:mod:`fedbug.flower.node_cache`) where an earlier process built it."""
     text = str(run_config["config"])
     data_dir = str(node_config.get("data-dir", "") or run_config.get("data-dir", ""))
     device = str(node_config.get("device", "") or "")  # this node's own (a GPU host's cuda:1)
     key = (text, data_dir, device)
     if key not in _CACHE:
-        from fedbug.config import load_config
-        from fedbug.engine.experiment import ClientSide
 
-        doc = json.loads(text)
-        if data_dir:
-            doc["data_dir"] = data_dir
-        if device:
-            doc["device"] = device
-        exp = ClientSide(load_config(None, doc=doc))
+        def build() -> Any:
+            from fedbug.config import load_config
+            from fedbug.engine.experiment import ClientSide
+
+            doc = json.loads(text)
+            if data_dir:
+                doc["data_dir"] = data_dir
+            if device:
+                doc["device"] = device
+            return ClientSide(load_config(None, doc=doc))
+
+        # a deployed node starts a process a message: the built client side from its disk
+        folder = cache_dir(node_config)
+        exp = load_or_build(entry_path(folder, key) if folder else None, build)
+        torch.set_num_threads(exp.cfg.threads)  # as building it does
         _CACHE.clear()  # one run's experiment a process
         _CACHE[key] = (exp, exp.make_runtime())
     return _CACHE[key]

@@ -383,6 +383,8 @@ def _run_locked(
         env = flower_env(home, ray_tmp, [str(own)] if own is not None else None)
         try:
             if cfg.executor == "flower-simulation":
+                # the simulated nodes' built client side beside the run, not in the user's home
+                env.setdefault("FEDBUG_NODE_CACHE", str(home / "node-cache"))
                 port = free_port()
                 write_connection(home, f"127.0.0.1:{port}")
                 link = procs.start(
