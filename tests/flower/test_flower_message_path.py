@@ -166,3 +166,31 @@ def test_a_node_that_lost_its_state_is_recorded_and_starts_fresh():
     first, second = res.records
     assert "state_reset" not in first
     assert second["state_reset"] == [1]
+
+
+def test_a_pool_of_fewer_nodes_than_clients_trains_every_client_as_in_process(tmp_path):
+    """The simulation's nodes are a pool (``pooled-nodes``): 2 nodes serve 5 clients (client c
+    on the node of partition c mod 2), FedDyn's client states on their shared disk, with the
+    in-process numbers; without the pool the clients no node holds are dropped."""
+    base = tiny_config(algorithm="feddyn", rounds=3, threads=1, num_clients=5, clients_per_round=3)
+    here = run_experiment(base)
+    cfg = base.model_copy(update={"executor": "flower-simulation"})
+    text = json.dumps(cfg.model_dump(mode="json"))
+    # as the simulation fedbug starts: client states on the pool's shared disk
+    run_config = {"config": text, "pooled-nodes": True, "node-state-dir": str(tmp_path)}
+    grid = LoopbackGrid(client_app, 2, run_config)
+    with task_identity():
+        there = run_experiment(
+            cfg, executor_factory=lambda e: FlowerExecutor(grid, e, map_once=True, pooled=True)
+        )
+    assert without_timing(there.records) == without_timing(here.records)
+    assert torch.equal(there.weights, here.weights)
+    trained_on = {s.metadata.dst_node_id for s in grid.sent if s.metadata.message_type == "train"}
+    assert trained_on == {100, 101}
+    strict = LoopbackGrid(client_app, 2, {"config": text})
+    with task_identity():
+        alone = run_experiment(
+            cfg, executor_factory=lambda e: FlowerExecutor(strict, e, map_once=True)
+        )
+    dropped = {d["client"] for r in alone.records for d in r.get("dropped", [])}
+    assert dropped and dropped <= {2, 3, 4}

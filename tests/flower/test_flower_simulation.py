@@ -1,5 +1,5 @@
 """configs/flower-smoke.yaml gives identical records and final weights in-process and on
-Flower's simulation runtime (a SuperLink fedbug starts, one virtual SuperNode a client)."""
+Flower's simulation runtime (a SuperLink fedbug starts and its pool of virtual SuperNodes)."""
 
 from __future__ import annotations
 

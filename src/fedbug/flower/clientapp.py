@@ -115,7 +115,8 @@ def train(msg: Message, context: Context) -> Message:
     weights, task, tcfg = decode_task(msg.content, exp.space)
     torch.set_num_threads(int(tcfg["threads"]))
     pid, _ = _partition(context)
-    if pid is not None and pid != task.client:
+    pooled = bool(context.run_config.get("pooled-nodes", False))  # any node, any client
+    if pid is not None and pid != task.client and not pooled:
         raise ValueError(f"this SuperNode holds partition {pid}, not client {task.client}")
     # on disk, versions by round are right after a resume too (the server's has-state is not)
     wanted = tcfg["has-state"] or _on_disk(context, exp) is not None

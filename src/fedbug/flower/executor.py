@@ -2,7 +2,9 @@
 
 Clients map to nodes by the partition id each node reports to a QUERY message (simulation:
 every node is asked once; deployment: nodes not yet known are asked every round, since
-``get_node_ids()`` lists the nodes online now). Replies map to clients by
+``get_node_ids()`` lists the nodes online now). The simulation's virtual nodes are a pool
+(``pooled``): they share the machine's data and the run folder's client states, so client c
+goes to the node of partition c mod the number of nodes. Replies map to clients by
 ``reply_to_message_id`` and come back sorted by client id, whatever order they arrived in, so
 the server sums them in the in-process order. A client whose node is unknown, whose reply is an
 error or is malformed, or that misses ``flower.round_timeout``, is dropped and recorded with the
@@ -27,11 +29,12 @@ from fedbug.flower.messages import ReplyError, decode_reply, encode_task
 class FlowerExecutor(Executor):
     """Runs :func:`fedbug.client.train_client` on Flower nodes (see the module docstring)."""
 
-    def __init__(self, grid: Grid, exp: Any, *, map_once: bool) -> None:
+    def __init__(self, grid: Grid, exp: Any, *, map_once: bool, pooled: bool = False) -> None:
         self.grid = grid
         self.exp = exp
         self.params = exp.cfg.flower
         self.map_once = map_once
+        self.pooled = pooled
         self.node_of: dict[int, int] = {}
         self.asked: set[int] = set()
         self.has_state: set[int] = set()
@@ -88,6 +91,17 @@ class FlowerExecutor(Executor):
             if 0 <= pid < self.exp.num_clients:
                 self.node_of[pid] = node
 
+    def node_for(self, client: int) -> int | None:
+        """The node that trains ``client``: the one holding its partition; in a pool (the
+        simulation's nodes, which share the data and the disk) client c goes to the node of
+        partition c mod the pool's size. None: no node can."""
+        if client in self.node_of:
+            return self.node_of[client]
+        if self.pooled and self.node_of:
+            pids = sorted(self.node_of)
+            return self.node_of[pids[client % len(pids)]]
+        return None
+
     # -- one round -------------------------------------------------------------------------
     def run_round(
         self, weights: Tensor, tasks: list[ClientTask], states: dict[int, dict[str, Tensor]]
@@ -95,10 +109,11 @@ class FlowerExecutor(Executor):
         self.dropped = []
         self.map_nodes()
         exp = self.exp
-        sendable: list[ClientTask] = []
+        sendable: list[tuple[ClientTask, int]] = []
         for t in sorted(tasks, key=lambda t: t.client):
-            if t.client in self.node_of:
-                sendable.append(t)
+            node = self.node_for(t.client)
+            if node is not None:
+                sendable.append((t, node))
             else:
                 self.dropped.append(
                     {"client": t.client, "reason": "no SuperNode holds this partition"}
@@ -112,16 +127,16 @@ class FlowerExecutor(Executor):
                     has_state=t.client in self.has_state,
                     threads=exp.cfg.threads,
                 ),
-                self.node_of[t.client],
+                node,
                 MessageType.TRAIN,
                 group_id=str(t.round),
                 ttl=self.params.round_timeout,
             )
-            for t in sendable
+            for t, node in sendable
         ]
         replies = self._exchange(msgs, self.params.round_timeout) if msgs else []
         results: list[ClientResult] = []
-        for t, reply in zip(sendable, replies, strict=True):
+        for (t, _node), reply in zip(sendable, replies, strict=True):
             reason = self._read(reply, t.client, results)
             if reason is not None:
                 self.dropped.append({"client": t.client, "reason": reason})

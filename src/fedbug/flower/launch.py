@@ -70,7 +70,14 @@ resume = false
 data-dir = ""
 lock-token = ""
 node-state-dir = ""
+pooled-nodes = false
 """
+
+
+#: virtual SuperNodes a simulation starts unless ``flower.supernodes`` says: any of them trains
+#: any client, and Flower's simulation engine polls every node ten times a second, so a node a
+#: client (100 for 100 clients) would cost a share of a core for nothing
+POOL = 16
 
 
 class FlowerRunError(FedbugError):
@@ -372,6 +379,8 @@ def _run_locked(
         f"data-dir = {_toml_str(cfg.data_dir or '')}\n"
         f"lock-token = {_toml_str(rd.lock_token or '')}\n"
         f"node-state-dir = {_toml_str(node_states)}\n"
+        # simulated nodes share this machine's data and disk: any of them trains any client
+        f"pooled-nodes = {'true' if cfg.executor == 'flower-simulation' else 'false'}\n"
     )
     procs = Processes(home)
     log = home / "superlink.log"
@@ -402,7 +411,7 @@ def _run_locked(
                     log,
                 )
                 _wait_for_superlink(env, link, log)
-                nodes = cfg.flower.supernodes or cfg.num_clients
+                nodes = cfg.flower.supernodes or min(cfg.num_clients, POOL)
                 cpus = cfg.flower.num_cpus or cfg.threads
                 extra = [
                     "--federation-config",

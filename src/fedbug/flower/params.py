@@ -33,7 +33,10 @@ class FlowerParams(BaseModel):
         None, gt=0.0, le=1024, description="simulation: CPUs a client (default threads)"
     )
     supernodes: int | None = Field(
-        None, ge=1, description="simulation: virtual SuperNodes (default one a client)"
+        None,
+        ge=1,
+        description="simulation: virtual SuperNodes, each training any client (default "
+        "min(clients, 16))",
     )
     poll_interval: float = Field(
         1.0,

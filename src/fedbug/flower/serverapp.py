@@ -38,6 +38,9 @@ def main(grid: Grid, context: Context) -> None:
         resume=bool(rc.get("resume", False)),
         lock_token=str(rc.get("lock-token", "")) or None,
         executor_factory=lambda exp: FlowerExecutor(
-            grid, exp, map_once=cfg.executor == "flower-simulation"
+            grid,
+            exp,
+            map_once=cfg.executor == "flower-simulation",
+            pooled=bool(rc.get("pooled-nodes", False)),
         ),
     )
