@@ -52,19 +52,32 @@ def _init(q: Any) -> None:
     _QUEUE = q
 
 
-def _work(run_one: RunOne, index: int, cfg: BaseConfig, run_dir: Path) -> tuple[str, Any, int]:
-    """In a worker: one run; its result, or its error as plain, picklable values."""
+def run_job(run_one: RunOne, index: int, cfg: BaseConfig, run_dir: Path) -> tuple[str, Any, int]:
+    """In a worker (a pool's process or a Ray task): one run; its result, or its error as
+    plain, picklable values (:func:`job_result` reads them back). In a pool's process each
+    round goes to the parent through the pool's queue."""
 
     def on_round(rec: dict[str, Any]) -> None:
         keep = ("round", "test_acc", "test_loss")
         _QUEUE.put((index, {k: rec[k] for k in keep if k in rec}))
 
     try:
-        return "ok", run_one(cfg, run_dir, on_round), 0
+        return "ok", run_one(cfg, run_dir, on_round if _QUEUE is not None else None), 0
     except FedbugError as e:
         return "fedbug", e.cli_message or str(e), e.exit_code
     except Exception:
         return "bug", traceback.format_exc(), 1
+
+
+def job_result(outcome: tuple[str, Any, int], run_dir: Path) -> dict[str, Any]:
+    """A worker's outcome (:func:`run_job`) as the run, or its error raised: a fedbug error as
+    :class:`JobError` naming the run folder, anything else with the worker's traceback."""
+    kind, value, code = outcome
+    if kind == "fedbug":
+        raise JobError(f"{run_dir}: {value}", code)
+    if kind == "bug":
+        raise RuntimeError(f"run {run_dir} failed:\n{value}")
+    return value
 
 
 def run_jobs(
@@ -95,19 +108,14 @@ def run_jobs(
     pool = ctx.Pool(workers, initializer=_init, initargs=(q,))
     try:
         pending = [
-            pool.apply_async(_work, (run_one, i, job_config(cfg, workers), run_dir))
+            pool.apply_async(run_job, (run_one, i, job_config(cfg, workers), run_dir))
             for i, (cfg, run_dir) in enumerate(jobs)
         ]
         results = []
         for i, p in enumerate(pending):
-            kind, value, code = p.get()
-            if kind == "fedbug":
-                raise JobError(f"{jobs[i][1]}: {value}", code)
-            if kind == "bug":
-                raise RuntimeError(f"run {jobs[i][1]} failed:\n{value}")
+            results.append(job_result(p.get(), jobs[i][1]))
             if on_done is not None:
                 on_done(i)
-            results.append(value)
         pool.close()
         return results
     finally:
