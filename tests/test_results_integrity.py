@@ -154,6 +154,22 @@ def test_a_torn_last_line_is_dropped_but_a_finished_run_is_refused(finished, tmp
     )
 
 
+def test_last_record_glances_at_the_last_whole_line(finished, tmp_path):
+    """A run in progress, for a progress bar: the last whole line's record, a torn one after it
+    left out, nothing (no error) where there is no whole or sound line."""
+    run_dir, _, records, _ = finished
+    rd = copy_run(run_dir, tmp_path / "run")
+    raw = rd.metrics_path.read_bytes()
+    assert rd.last_record() == json.loads(json.dumps(records[-1]))
+    rd.metrics_path.write_bytes(raw[: len(raw) - 20])
+    assert rd.last_record() == json.loads(json.dumps(records[-2]))
+    for damaged in (raw[:20], b"", raw.replace(b'"round":4', b'"round":5')):
+        rd.metrics_path.write_bytes(damaged)
+        assert rd.last_record() is None
+    rd.metrics_path.unlink()
+    assert rd.last_record() is None
+
+
 @pytest.mark.parametrize(
     ("damage", "problem"),
     [

@@ -421,6 +421,19 @@ class RunDir:
         torn = raw != b"" and not raw.endswith(b"\n")
         return [(None if bad else rec, bad) for rec, bad in lines], torn
 
+    def last_record(self) -> dict[str, Any] | None:
+        """The last whole line of ``metrics.jsonl`` as its round's record, or None (no such
+        line, or a damaged one): a glance at a run another process writes, for its progress."""
+        try:
+            raw = self._metrics_bytes()
+        except OSError:
+            return None
+        end = raw.rfind(b"\n")  # a torn last line follows it
+        if end < 0:
+            return None
+        record, _, problem = _parse_line(raw[raw.rfind(b"\n", 0, end) + 1 : end])
+        return record if problem is None else None
+
     # -- summary ---------------------------------------------------------------------
     def read_summary(self) -> dict[str, Any]:
         """``summary.json``, checked; see :func:`read_summary`."""
