@@ -147,6 +147,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedbug.results import check_writable
     from fedbug.sweep import expand, format_table, parse_grid_arg, run_sweep
 
+    workers = 1 if args.jobs is None else args.jobs
+    if workers < 1:
+        raise FedbugError(f"--jobs must be at least 1; got {args.jobs}")
+    if args.ray is not None:
+        from fedbug.ray_jobs import require_ray
+
+        if args.jobs is not None:
+            raise FedbugError(
+                "--ray and --jobs do not go together: on Ray each run asks for its threads' "
+                "CPUs (the config's threads, else 1) and the cluster runs as many as fit"
+            )
+        require_ray()
     doc = read_config_doc(args.config)
     for text in [*data_dir_override(args), *args.set]:
         set_dotted(doc, *parse_set(text))
@@ -168,13 +180,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     for dataset, data_dir in sorted({(c.dataset, c.data_dir or "") for _, c in expand(doc, grid)}):
         check_present(dataset, data_dir or None)  # every cell's data before the first run
-    if args.jobs < 1:
-        raise FedbugError(f"--jobs must be at least 1; got {args.jobs}")
     run_all = None
-    if args.jobs > 1:
+    if args.ray is not None:
 
         def run_all(jobs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
-            return _run_parallel(jobs, args.jobs, args.resume, args.quiet)
+            return _run_on_ray(jobs, args.ray, args.resume, args.quiet)
+
+    elif workers > 1:
+
+        def run_all(jobs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
+            return _run_parallel(jobs, workers, args.resume, args.quiet)
 
     rows = run_sweep(doc, grid, seeds, out, run_one, ft=args.ft, run_all=run_all)
     print(format_table(rows, args.ft))
@@ -191,7 +206,8 @@ def _finished_cell(cfg: Any, run_dir: Path, resume: bool) -> dict[str, Any] | No
 def sweep_job(
     cfg: Any, run_dir: Path, on_round: Callable[[dict[str, Any]], None] | None, resume: bool
 ) -> dict[str, Any]:
-    """One sweep run in a ``--jobs`` worker (module level: sent to the worker by name)."""
+    """One sweep run in a ``--jobs`` worker or a ``--ray`` task (module level: sent to the
+    worker by name)."""
     from fedbug.api import run
 
     done = _finished_cell(cfg, run_dir, resume)
@@ -207,6 +223,39 @@ def _run_parallel(
     """The sweep's runs on ``workers`` processes, a progress bar per run as it goes."""
     from fedbug.jobs import run_jobs
 
+    runner = functools.partial(sweep_job, resume=resume)
+    return _with_bars(
+        jobs, quiet, lambda rounds, done: run_jobs(runner, jobs, workers, rounds, done)
+    )
+
+
+def _run_on_ray(
+    jobs: list[tuple[Any, Path]], address: str, resume: bool, quiet: bool
+) -> list[dict[str, Any]]:
+    """The sweep's runs as Ray tasks on the cluster at ``address``, a progress bar per run. A
+    task resumes whatever its folder holds (a retried task, the checkpoint its killed attempt
+    left), so without ``--resume`` a folder that holds a run is refused here, before any task."""
+    from fedbug.errors import RunFolderHoldsRun
+    from fedbug.ray_jobs import run_ray_jobs
+    from fedbug.results import RunDir
+
+    if not resume:
+        for _, run_dir in jobs:
+            if RunDir(run_dir).exists_with_results():
+                raise RunFolderHoldsRun(str(run_dir))
+    runner = functools.partial(sweep_job, resume=True)
+    return _with_bars(
+        jobs, quiet, lambda rounds, done: run_ray_jobs(runner, jobs, address, rounds, done)
+    )
+
+
+def _with_bars(
+    jobs: list[tuple[Any, Path]],
+    quiet: bool,
+    start: Callable[[Callable[[int, dict[str, Any]], None], Callable[[int], None]], Any],
+) -> Any:
+    """``start(on_round, on_done)``, which runs the sweep's jobs at once, with a progress bar
+    per run: its rounds as they come, full when it is done."""
     with _progress(None, "sweep", quiet) as progress:
         bars: dict[int, Any] = {}
 
@@ -224,8 +273,7 @@ def _run_parallel(
         def on_done(i: int) -> None:
             progress.update(bar(i), completed=jobs[i][0].rounds)
 
-        runner = functools.partial(sweep_job, resume=resume)
-        return run_jobs(runner, jobs, workers, on_round, on_done)
+        return start(on_round, on_done)
 
 
 def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
@@ -394,9 +442,19 @@ def build_parser() -> argparse.ArgumentParser:
         "-j",
         "--jobs",
         type=int,
-        default=1,
+        default=None,
         help="runs at once, each in its own process with cores/N threads unless the config "
         "sets threads (default 1)",
+    )
+    s.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="each run a task on the running Ray cluster at ADDRESS (auto, HOST:PORT or "
+        "ray://HOST:PORT; default auto), retried and resumed if its worker dies; --out must be "
+        "storage every node sees (pip install 'fedbug[ray]')",
     )
     s.add_argument("-q", "--quiet", action="store_true")
     s.add_argument(
