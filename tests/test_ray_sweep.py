@@ -1,8 +1,8 @@
 """``fedbug sweep --ray ADDRESS``: on a Ray head this test starts on loopback with 2 CPUs, the
 runs give the sequential sweep's numbers bit for bit (same threads); a task whose worker is
 killed mid-run is retried by Ray and resumes from its checkpoint, ending as the uninterrupted
-run; a failed run, a missing Ray, an unreachable cluster and ``--jobs`` beside ``--ray`` are
-one error line each.
+run; a failed run, a missing Ray, an unreachable cluster, a folder that holds a run (without
+``--resume``) and ``--jobs`` beside ``--ray`` are one error line each.
 
 The head runs ``ray start --head --block`` in its own process group (its temp dir, free ports,
 ``PYTHONPATH`` naming this fedbug so its workers import it); teardown stops that group alone,
@@ -71,12 +71,6 @@ def _runs(sweep: Path) -> dict[str, tuple[list, str]]:
     return found
 
 
-@pytest.fixture(autouse=True)
-def _no_ray_address(monkeypatch):
-    """Ray would take RAY_ADDRESS over the address named."""
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-
-
 @pytest.fixture(scope="module")
 def ray_head():
     """The address of a 2-CPU Ray head on loopback, started here and stopped at the end."""
@@ -87,7 +81,6 @@ def ray_head():
         **os.environ,
         "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
         SLOW_WRITES_ENV: "0.05",
-        "RAY_ADDRESS": "",
     }
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block"]
     cmd += ["--num-cpus", "2", "--node-ip-address", "127.0.0.1", "--port", str(port)]
@@ -181,13 +174,16 @@ def test_a_failed_run_is_one_error_line(tmp_path, capsys, ray_head):
 
 
 @needs_ray
-def test_an_unreachable_cluster_is_one_error_line(tmp_path, capsys):
+def test_an_unreachable_cluster_is_one_error_line(tmp_path, capsys, monkeypatch):
     address = f"127.0.0.1:{_free_port()}"  # nothing listens there
     assert main(["sweep", str(_config(tmp_path)), "--out", str(tmp_path), "--ray", address]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"no Ray cluster answers at {address}" in err, err
     assert main(["sweep", str(_config(tmp_path)), "--out", str(tmp_path), "--ray", "nohost"]) == 2
     assert "HOST:PORT" in capsys.readouterr().err
+    monkeypatch.setenv("RAY_ADDRESS", address)  # what Ray reads for auto
+    assert main(["sweep", str(_config(tmp_path)), "--out", str(tmp_path), "--ray"]) == 2
+    assert f"no Ray cluster answers at {address}" in capsys.readouterr().err
 
 
 @needs_ray

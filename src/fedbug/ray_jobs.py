@@ -21,6 +21,7 @@ fedbug error, a bug) is not retried: it stops the sweep as one error. Ctrl-C can
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import warnings
 from collections.abc import Callable
@@ -57,7 +58,8 @@ def task_config(cfg: BaseConfig) -> BaseConfig:
 
 def check_reachable(address: str) -> None:
     """Refuse, in one line, a named cluster (``HOST:PORT``, ``ray://HOST:PORT``) that does not
-    answer: Ray itself would wait minutes. ``auto`` is Ray's to find."""
+    answer: Ray itself would wait minutes. ``auto`` (without ``RAY_ADDRESS``, which Ray reads
+    for it) is Ray's to find."""
     if address == "auto":
         return
     where = address.removeprefix("ray://")
@@ -75,14 +77,15 @@ def check_reachable(address: str) -> None:
 
 def connect(ray: Any, address: str) -> None:
     """``ray.init`` on a running cluster, quietly; one :class:`FedbugError` if it fails."""
-    check_reachable(address)
+    named = os.environ.get("RAY_ADDRESS") if address == "auto" else address  # as Ray reads it
+    check_reachable(named or "auto")
     try:
         with warnings.catch_warnings():  # a tip about GPUs fedbug does not ask Ray for
             warnings.filterwarnings("ignore", message="Tip: In future versions of Ray")
             ray.init(address=address, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise FedbugError(f"cannot connect to the Ray cluster at {address}: {first}") from None
+        why = " ".join(str(e).split())[:300] or type(e).__name__  # Ray's, on one line
+        raise FedbugError(f"cannot connect to the Ray cluster at {address}: {why}") from None
 
 
 def _outcome(ray: Any, ref: Any, run_dir: Path) -> tuple[str, Any, int]:
