@@ -17,6 +17,7 @@ in-process round, and whether the final weights equal the in-process run's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import statistics
@@ -55,7 +56,9 @@ def wait_for_nodes(log: Path, n: int, timeout: float = 120.0) -> None:
 def run(flags: list[str], out: Path) -> dict:
     out.mkdir(parents=True)
     t0 = time.perf_counter()
-    if fedbug_main(["run", str(SMOKE), "-q", "--out", str(out), *flags]) != 0:
+    with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the report (--json)
+        rc = fedbug_main(["run", str(SMOKE), "-q", "--out", str(out), *flags])
+    if rc != 0:
         sys.exit(f"the run with {flags} failed")
     wall = time.perf_counter() - t0
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
