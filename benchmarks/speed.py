@@ -401,7 +401,7 @@ def levers(args: argparse.Namespace) -> dict[str, Any]:
 
         return go
 
-    procs = ProcessExecutor(WorkerSpec(cfg, ds), exp["contiguous"].sizes, workers=2, threads=1)
+    procs = ProcessExecutor(WorkerSpec(cfg, ds), workers=2, threads=1)
     pairs = {
         "channels_last_train (1 client, 10 steps)": (train("contiguous"), train("channels_last")),
         "channels_last_eval (2,000 images, batch 500)": (

@@ -9,7 +9,7 @@ from tiny import tiny_config, without_timing
 from fedbug.client import ClientTask
 from fedbug.config import resolve
 from fedbug.engine import Experiment, run_experiment
-from fedbug.engine.executors.processes import ProcessExecutor, WorkerError, WorkerSpec, deal
+from fedbug.engine.executors.processes import AHEAD, ProcessExecutor, WorkerError, WorkerSpec
 
 
 def _children() -> set[int]:
@@ -49,10 +49,7 @@ def test_results_sorted_by_client_and_worker_error_stops_all_workers():
     cfg = resolve(tiny_config(threads=1, clients_per_round=5))
     exp = Experiment(cfg)
     tasks = [ClientTask(1, i, cfg.seed, 0.1, exp.mean_samples) for i in (4, 0, 3, 1)]
-    shares = deal(tasks, exp.sizes, 3)
-    assert sorted(t.client for s in shares for t in s) == [0, 1, 3, 4]
-    assert all(shares)
-    ex = ProcessExecutor(WorkerSpec(cfg), exp.sizes, workers=2, threads=1)
+    ex = ProcessExecutor(WorkerSpec(cfg), workers=2, threads=1)
     pids = ex.pids
     try:
         res = ex.run_round(exp.initial_weights(), tasks, {t.client: {} for t in tasks})
@@ -63,3 +60,39 @@ def test_results_sorted_by_client_and_worker_error_stops_all_workers():
     finally:
         ex.close()
     assert not (set(pids) & _children())
+
+
+def test_a_round_streams_in_client_order_holding_a_bounded_number_of_updates():
+    """Updates come back one at a time in client id order; a client's state is read when it is
+    handed out, never more than AHEAD x workers past the update the server takes; stopping the
+    stream early leaves the workers ready for the next round."""
+    cfg = resolve(tiny_config(threads=1, num_clients=12, clients_per_round=12))
+    exp = Experiment(cfg)
+    tasks = [ClientTask(1, i, cfg.seed, 0.1, exp.mean_samples) for i in reversed(range(12))]
+    w = exp.initial_weights()
+
+    class Watched(dict):
+        def __init__(self):
+            super().__init__({i: {} for i in range(12)})
+            self.read: list[int] = []
+
+        def __getitem__(self, client):
+            self.read.append(client)
+            return super().__getitem__(client)
+
+    ex = ProcessExecutor(WorkerSpec(cfg), workers=2, threads=1)
+    try:
+        states = Watched()
+        taken = []
+        for res in ex.stream_round(w, tasks, states):
+            taken.append(res.client)
+            assert len(states.read) <= len(taken) + AHEAD * 2  # handed out, at most
+        assert taken == list(range(12)) and states.read == list(range(12))
+        stream = ex.stream_round(w, tasks, Watched())
+        first = next(stream)
+        stream.close()  # the server stops early: the in-flight updates are taken and dropped
+        again = ex.run_round(w, tasks[:3], {i: {} for i in range(12)})
+        assert [r.client for r in again] == [9, 10, 11]
+        assert torch.equal(first.delta, ex.run_round(w, tasks[-1:], {0: {}})[0].delta)
+    finally:
+        ex.close()

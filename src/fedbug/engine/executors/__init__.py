@@ -25,7 +25,7 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
 
         dataset, model, task = exp.sources
         spec = WorkerSpec(exp.cfg, dataset, model, task)
-        return ProcessExecutor(spec, exp.sizes, exp.cfg.workers, exp.cfg.threads)
+        return ProcessExecutor(spec, exp.cfg.workers, exp.cfg.threads)
     raise ConfigError(
         f"executor {name!r} starts Flower: run it with fedbug.run (or `fedbug run`), which "
         "launches it; run_experiment runs clients in this process only"

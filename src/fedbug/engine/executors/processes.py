@@ -4,11 +4,14 @@ Each worker is started once per run (``spawn``), builds its own
 :class:`~fedbug.engine.experiment.ClientSide` (never the round loop) from the run's config and
 data (the data set's tensors travel once, in shared memory), sets
 ``torch.set_num_threads(threads)`` and keeps one :class:`~fedbug.client.ClientRuntime` for the
-whole run. A round's tasks are dealt to the
-workers (largest clients first, each to the least loaded worker); each worker runs
-:func:`~fedbug.client.train_client` on its share exactly as the sequential executor does, so
-with randomness addressed by (seed, round, client) the results are bitwise those of
-:class:`~fedbug.engine.executors.sequential.SequentialExecutor` (at the same thread count).
+whole run. A round's tasks go to the
+workers one at a time, in client id order, each to the first worker free, and each update comes
+back as soon as it is trained: the server aggregates it (in client id order) and lets it go, so
+a round holds at most a few updates (:data:`AHEAD` a worker) whatever its number of clients.
+Each worker runs :func:`~fedbug.client.train_client` exactly as the sequential executor does,
+so with randomness addressed by (seed, round, client) the results are bitwise those of
+:class:`~fedbug.engine.executors.sequential.SequentialExecutor` (at the same thread count), and
+which worker trains a client changes no number.
 
 Messages are plain pickles over pipes (tensors copied into the message, not left in shared
 memory, so no file descriptor is held per result). A worker that raises or dies stops the run
@@ -23,8 +26,9 @@ import multiprocessing as mp
 import pickle
 import traceback
 import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import torch
@@ -37,6 +41,9 @@ from fedbug.engine.experiment import ClientSide
 #: Seconds a worker may take to start (import torch, build its experiment) or to stop.
 START_TIMEOUT = 600.0
 STOP_TIMEOUT = 10.0
+#: tasks a worker may be handed beyond the next update the server takes: enough to keep every
+#: worker busy, few enough that a round holds a bounded number of updates
+AHEAD = 2
 
 
 class WorkerError(RuntimeError):
@@ -74,6 +81,7 @@ def _worker_main(spec: WorkerSpec, threads: int, conn: Connection) -> None:
         _send(conn, ("error", traceback.format_exc()))
         conn.close()
         return
+    weights: Tensor | None = None
     while True:
         try:
             msg = _recv(conn)
@@ -81,29 +89,17 @@ def _worker_main(spec: WorkerSpec, threads: int, conn: Connection) -> None:
             break
         if msg is None:
             break
-        weights, tasks, states = msg
+        kind, *body = msg
+        if kind == "weights":  # the round's global weights, once a round
+            (weights,) = body
+            continue
+        task, state = body
         try:
-            results = [
-                train_client(weights, t, exp.client_data(t.client), states[t.client], runtime)
-                for t in tasks
-            ]
-            _send(conn, ("ok", results))
+            result = train_client(weights, task, exp.client_data(task.client), state, runtime)
+            _send(conn, ("ok", result))
         except BaseException:
             _send(conn, ("error", traceback.format_exc()))
     conn.close()
-
-
-def deal(tasks: list[ClientTask], sizes: list[int], workers: int) -> list[list[ClientTask]]:
-    """Tasks per worker: the largest clients first, each to the least loaded worker (by
-    samples); within a worker in client order. Which worker trains a client changes no
-    number."""
-    loads = [0] * workers
-    shares: list[list[ClientTask]] = [[] for _ in range(workers)]
-    for t in sorted(tasks, key=lambda t: (-sizes[t.client], t.client)):
-        k = min(range(workers), key=lambda j: (loads[j], j))
-        shares[k].append(t)
-        loads[k] += max(1, sizes[t.client])
-    return [sorted(s, key=lambda t: t.client) for s in shares]
 
 
 def _stop(procs: list[Any], conns: list[Connection]) -> None:
@@ -130,14 +126,12 @@ class ProcessExecutor(Executor):
     def __init__(
         self,
         spec: WorkerSpec,
-        sizes: list[int],
         workers: int = 2,
         threads: int = 1,
         start_method: str = "spawn",
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
-        self.sizes = list(sizes)
         self.workers = workers
         ctx = mp.get_context(start_method)
         self._procs: list[Any] = []
@@ -183,27 +177,57 @@ class ProcessExecutor(Executor):
         return value
 
     def run_round(
-        self, weights: Tensor, tasks: list[ClientTask], states: dict[int, dict[str, Tensor]]
+        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
     ) -> list[ClientResult]:
+        return list(self.stream_round(weights, tasks, states))
+
+    def stream_round(
+        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
+    ) -> Iterator[ClientResult]:
+        """Each update in client id order as soon as it and those before it are trained; a
+        client's state is read when it is handed out."""
         if not self._procs:
             raise WorkerError("the process executor is closed")
-        shares = deal(tasks, self.sizes, self.workers)
-        busy = []
+        order = sorted(tasks, key=lambda t: t.client)
+        done: dict[int, ClientResult] = {}
+        busy: dict[int, int] = {}  # worker -> client it trains
+        handed = taken = 0
         try:
-            for k, share in enumerate(shares):
-                if share:
-                    _send(
-                        self._conns[k],
-                        (weights, share, {t.client: states[t.client] for t in share}),
-                    )
-                    busy.append(k)
-            results: list[ClientResult] = []
-            for k in busy:
-                results.extend(self._receive(k))
+            for conn in self._conns[: len(order)]:
+                _send(conn, ("weights", weights))
+            while taken < len(order):
+                # hand out work while a worker is free and the round is not too far ahead
+                for k in range(min(self.workers, len(order))):
+                    if k in busy or handed >= min(len(order), taken + AHEAD * self.workers):
+                        continue
+                    t = order[handed]
+                    _send(self._conns[k], ("task", t, states[t.client]))
+                    busy[k] = t.client
+                    handed += 1
+                while order[taken].client not in done:
+                    k = self._next_reply(list(busy))
+                    done[busy.pop(k)] = self._receive(k)
+                    if handed < len(order):
+                        break  # hand the free worker its next task first
+                if order[taken].client in done:
+                    yield done.pop(order[taken].client)
+                    taken += 1
+        except GeneratorExit:  # the server stopped early: take what is in flight, then stop
+            with contextlib.suppress(WorkerError):
+                for k in list(busy):
+                    self._receive(k, STOP_TIMEOUT)
+            raise
         except BaseException:
             self.close()
             raise
-        return sorted(results, key=lambda r: r.client)
+
+    def _next_reply(self, workers: list[int]) -> int:
+        """The first of ``workers`` with a reply (or that died: :meth:`_receive` says so)."""
+        while True:
+            ready = wait([self._conns[k] for k in workers], timeout=1.0)
+            for k in workers:
+                if self._conns[k] in ready or not self._procs[k].is_alive():
+                    return k
 
     def close(self) -> None:
         """Stop and join every worker (idempotent)."""
