@@ -43,7 +43,7 @@ START_TIMEOUT = 600.0
 STOP_TIMEOUT = 10.0
 #: tasks a worker may be handed beyond the next update the server takes: enough to keep every
 #: worker busy, few enough that a round holds a bounded number of updates
-AHEAD = 2
+AHEAD = 4
 
 
 class WorkerError(RuntimeError):
