@@ -55,10 +55,9 @@ def cache_dir(node_config: dict[str, Any]) -> Path | None:
 def code_fingerprint() -> str:
     """fedbug's version, the size and modification time of each of its source files, and
     torch's and Python's versions: a change to any makes another key."""
-    import fedbug
     from fedbug.version import __version__
 
-    root = Path(fedbug.__file__).parent
+    root = Path(__file__).resolve().parents[1]  # the fedbug package's folder
     h = hashlib.sha256(f"{__version__} {torch.__version__} {platform.python_version()}".encode())
     for path in sorted(root.rglob("*.py")):
         st = path.stat()
