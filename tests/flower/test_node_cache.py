@@ -15,7 +15,13 @@ from tiny import tiny_config  # noqa: E402
 
 import fedbug.flower.clientapp as clientapp  # noqa: E402
 from fedbug.client import train_client  # noqa: E402
-from fedbug.flower.node_cache import SUFFIX, cache_dir, entry_path, load_or_build  # noqa: E402
+from fedbug.flower.node_cache import (  # noqa: E402
+    SUFFIX,
+    cache_dir,
+    entry_path,
+    load_or_build,
+    source_fingerprint,
+)
 from fedbug.protocol import ClientTask  # noqa: E402
 
 
@@ -56,6 +62,20 @@ def test_the_key_is_the_config_the_data_folder_and_the_device(tmp_path):
              ("{config}", "/data", "cuda:1")]}  # fmt: skip
     assert len(keys) == 4
     assert entry_path(tmp_path, base) == entry_path(tmp_path, base)
+
+
+def test_an_edited_source_file_or_another_version_is_another_fingerprint(tmp_path):
+    import os
+
+    (tmp_path / "sub").mkdir()
+    module = tmp_path / "sub" / "m.py"
+    module.write_text("x = 1\n")
+    first = source_fingerprint(tmp_path, "1.0 torch 2.13")
+    assert source_fingerprint(tmp_path, "1.0 torch 2.13") == first
+    assert source_fingerprint(tmp_path, "1.1 torch 2.13") != first
+    st = module.stat()
+    os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert source_fingerprint(tmp_path, "1.0 torch 2.13") != first
 
 
 def test_the_folder_from_the_node_config_the_environment_or_the_home(monkeypatch, tmp_path):

@@ -57,8 +57,16 @@ def code_fingerprint() -> str:
     torch's and Python's versions: a change to any makes another key."""
     from fedbug.version import __version__
 
-    root = Path(__file__).resolve().parents[1]  # the fedbug package's folder
-    h = hashlib.sha256(f"{__version__} {torch.__version__} {platform.python_version()}".encode())
+    package = Path(__file__).resolve().parents[1]  # the fedbug package's folder
+    return source_fingerprint(
+        package, f"{__version__} {torch.__version__} {platform.python_version()}"
+    )
+
+
+def source_fingerprint(root: Path, versions: str) -> str:
+    """A hash of ``versions`` and of the path, size and modification time of every ``.py``
+    file under ``root``."""
+    h = hashlib.sha256(versions.encode())
     for path in sorted(root.rglob("*.py")):
         st = path.stat()
         h.update(f"{path.relative_to(root)} {st.st_size} {st.st_mtime_ns}\n".encode())
