@@ -55,7 +55,6 @@ def experiment_for(run_config: dict[str, Any], node_config: dict[str, Any]) -> A
         # a deployed node starts a process a message: the built client side from its disk
         folder = cache_dir(node_config)
         exp = load_or_build(entry_path(folder, key) if folder else None, build)
-        torch.set_num_threads(exp.cfg.threads)  # as building it does
         _CACHE.clear()  # one run's experiment a process
         _CACHE[key] = (exp, exp.make_runtime())
     return _CACHE[key]
