@@ -75,8 +75,9 @@ pooled-nodes = false
 
 
 #: virtual SuperNodes a simulation starts unless ``flower.supernodes`` says: any of them trains
-#: any client, and Flower's simulation engine polls every node ten times a second, so a node a
-#: client (100 for 100 clients) would cost a share of a core for nothing
+#: any client, so there is no need for a node a client (10,000 for 10,000 clients), whose
+#: contexts Flower's engine keeps and polls ten times a second (on W, 100 nodes and 16 measured
+#: the same round time: benchmarks/RESULTS.md)
 POOL = 16
 
 
