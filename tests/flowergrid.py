@@ -14,6 +14,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedbug.flower.launch import processes_with_env  # noqa: F401  (for the tests)
+from fedbug.flower.loopback import Deployment  # noqa: F401  (for the tests)
 
 SERVER_NODE = 1
 
@@ -107,101 +108,6 @@ class LoopbackGrid(Grid):
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:  # pragma: no cover - the executor pushes and pulls itself
         return self.pull_messages(self.push_messages(messages))
-
-
-class Deployment:
-    """A SuperLink and SuperNodes on loopback, each with its own ``FLWR_HOME`` under ``root``;
-    :meth:`stop` ends every process they started (by group, then by ``FLWR_HOME``)."""
-
-    def __init__(self, root: Any) -> None:
-        from pathlib import Path
-
-        from fedbug.flower.launch import Processes, flower_env, free_port
-
-        self.root = Path(root)
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self._env, self._free_port = flower_env, free_port
-        self.parts: dict[str, Any] = {}  # name -> (Processes, home)
-        self.Processes = Processes
-
-    def _start(self, name: str, cmd: list[str]) -> Any:
-        home = self.root / name
-        home.mkdir(parents=True, exist_ok=True)
-        procs = self.Processes(home)
-        proc = procs.start(cmd, self._env(home), home / "log.txt")
-        self.parts[name] = (procs, home, proc)
-        return proc
-
-    def log(self, name: str) -> str:
-        return (self.parts[name][1] / "log.txt").read_text(errors="replace")
-
-    def start_superlink(self, *extra: str) -> Any:
-        proc = self._start(
-            "superlink",
-            [
-                "flower-superlink",
-                *(extra or ("--insecure",)),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--disable-runtime-dependency-installation",
-            ],
-        )
-        self.wait_for_superlink()
-        return proc
-
-    def wait_for_superlink(self, timeout: float = 60.0) -> None:
-        import socket
-        import time
-
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.3)
-        raise TimeoutError(f"the SuperLink did not listen on {self.address} within {timeout} s")
-
-    def start_supernode(self, i: int, n: int, *extra: str) -> Any:
-        return self._start(
-            f"node{i}",
-            [
-                "flower-supernode",
-                *(extra or ("--insecure",)),
-                "--superlink",
-                self.address,
-                "--node-config",
-                f"partition-id={i} num-partitions={n}",
-                "--port",
-                str(self._free_port()),
-            ],
-        )
-
-    def wait_for_nodes(self, n: int, timeout: float = 120.0) -> None:
-        import time
-
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.log("superlink").count("Activated node_id") >= n:
-                return
-            time.sleep(0.5)
-        raise TimeoutError(f"{n} SuperNodes did not connect within {timeout} s")
-
-    def kill(self, name: str, sig: int) -> None:
-        import os
-
-        os.killpg(self.parts[name][2].pid, sig)
-
-    def stop(self) -> list[int]:
-        """Stop everything; the pids still alive afterwards (should be none)."""
-        left: list[int] = []
-        for procs, _home, _proc in self.parts.values():
-            procs.stop(grace=5.0)
-        for _procs, home, _proc in self.parts.values():
-            left += processes_with_env("FLWR_HOME", str(home))
-        return left
 
 
 def run_records(run_dir: Any) -> list[dict]:

@@ -401,6 +401,25 @@ def cmd_flower_app(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_flower_worker(args: argparse.Namespace) -> int:
+    from fedbug.flower import require_flower
+
+    require_flower("fedbug flower worker")
+    from fedbug.flower.worker import serve
+
+    certificates = None
+    if args.root_certificates:
+        try:
+            certificates = Path(args.root_certificates).read_bytes()
+        except OSError as e:
+            raise FedbugError(
+                f"--root-certificates {args.root_certificates}: {e.strerror}; give the PEM file "
+                "of the CA that signed the SuperNode's Runtime API certificate"
+            ) from None
+    serve(args.runtime_api, certificates=certificates)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fedbug", description="Federated learning with layer freezing (FedBug, FreezeFL, ...)"
@@ -523,6 +542,17 @@ def build_parser() -> argparse.ArgumentParser:
     fa = fsub.add_parser("app", help="write the Flower app (for `flwr run DIR CONNECTION`)")
     fa.add_argument("dir")
     fa.set_defaults(func=cmd_flower_app)
+    fw = fsub.add_parser(
+        "worker",
+        help="serve a SuperNode started with --isolation process from one warm process",
+    )
+    fw.add_argument(
+        "--runtime-api", required=True, metavar="HOST:PORT", help="the SuperNode's --port"
+    )
+    tls = fw.add_mutually_exclusive_group(required=True)
+    tls.add_argument("--insecure", action="store_true", help="the Runtime API is plain HTTP")
+    tls.add_argument("--root-certificates", metavar="PEM", help="CA of a TLS Runtime API")
+    fw.set_defaults(func=cmd_flower_worker)
     return p
 
 

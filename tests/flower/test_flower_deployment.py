@@ -134,3 +134,32 @@ def test_a_killed_supernode_is_dropped_and_the_run_completes(tmp_path, deploymen
     assert 2 not in second["clients"] and second["clients"], second
     assert [d["client"] for d in second["dropped"]] == [2]
     assert second.get("aggregated", True)
+
+
+@pytest.mark.slow
+def test_warm_workers_serve_each_node_from_one_process(tmp_path, deployment):
+    """SuperNodes in ``--isolation process``, each served by one ``fedbug flower worker``: the
+    smoke config (FedDyn: each client's state lives in its node's context, which the worker
+    pushes back after every message) gives the in-process numbers over 3 rounds, and each
+    worker ran all its node's messages (the query, then a TRAIN a round) in its one process."""
+    deployment.start_superlink()
+    for i in range(2):
+        deployment.start_supernode(i, 2, warm=True)
+    deployment.wait_for_nodes(2)
+    flags = ["-s", "num_clients=2", "-s", "clients_per_round=2", "-s", "rounds=3"]
+    assert main(["run", str(SMOKE), *flags, "--out", str(tmp_path / "here"), "-q"]) == 0
+    remote = ["-s", "executor=flower-deployment", "-s", f"flower.superlink={deployment.address}"]
+    assert main(["run", str(SMOKE), *flags, *remote, "--out", str(tmp_path / "there"), "-q"]) == 0
+    here, there = only_run(tmp_path / "here"), only_run(tmp_path / "there")
+    records = run_records(there)
+    assert records == run_records(here)
+    assert not any(r.get("state_reset") for r in records)
+    a = json.loads((here / "summary.json").read_text())
+    b = json.loads((there / "summary.json").read_text())
+    assert a["weights_sha256"] == b["weights_sha256"]
+    for i in range(2):
+        _procs, _home, worker = deployment.parts[f"worker{i}"]
+        assert worker.poll() is None, deployment.log(f"worker{i}")  # the same process throughout
+        log = deployment.log(f"worker{i}")
+        assert log.count("fedbug worker: task") == 4, log
+        assert log.count("completed") == 4, log
