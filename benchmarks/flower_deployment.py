@@ -4,11 +4,14 @@
     python benchmarks/flower_deployment.py --rounds 6 --json
 
 Starts a SuperLink and 2 SuperNodes on loopback (insecure), runs the smoke config (2 clients,
-all in every round) in-process, then on the deployment twice: with the nodes' cache of the
-built client side (``fedbug.flower.node_cache``, a fresh folder: the first message of each node
-builds, the rest load) and with it off (``cache-dir='off'``: every ClientApp process loads the
-data set, partitions it and builds the model). Flower 1.41 starts a ClientApp process for every
-message, so a round's floor is the interpreter and torch start-up plus the training.
+all in every round) in-process, then on a fresh deployment for each variant:
+- ``cache``: Flower's default ``--isolation subprocess``, which starts a ClientApp process for
+  every message, with the nodes' cache of the built client side (``fedbug.flower.node_cache``,
+  a fresh folder: the first message of each node builds, the rest load);
+- ``no-cache``: the same with the cache off (``cache-dir='off'``: every ClientApp process loads
+  the data set, partitions it and builds the model);
+- ``warm``: SuperNodes in ``--isolation process``, each served by one ``fedbug flower worker``
+  process (``fedbug.flower.worker``) that keeps torch and the built client side in memory.
 
 Reports per variant the median seconds a round (round 1 left out), the overhead over the
 in-process round, and whether the final weights equal the in-process run's.
@@ -19,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -29,32 +31,17 @@ from pathlib import Path
 from common import machine_info
 
 from fedbug.cli import main as fedbug_main
-from fedbug.flower.launch import Processes, flower_env, free_port
+from fedbug.flower.loopback import Deployment
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "flower-smoke.yaml"
 
 
-def wait_for_port(port: int, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.3)
-    sys.exit(f"the SuperLink did not listen on port {port} within {timeout} s")
-
-
-def wait_for_nodes(log: Path, n: int, timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if log.exists() and log.read_text(errors="replace").count("Activated node_id") >= n:
-            return
-        time.sleep(0.5)
-    sys.exit(f"{n} SuperNodes did not connect within {timeout} s")
+EXTRA: list[str] = []  # -s KEY=VALUE flags of the command line, for every run
 
 
 def run(flags: list[str], out: Path) -> dict:
     out.mkdir(parents=True)
+    flags = [*flags, *(f for kv in EXTRA for f in ("-s", kv))]
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the report (--json)
         rc = fedbug_main(["run", str(SMOKE), "-q", "--out", str(out), *flags])
@@ -73,54 +60,60 @@ def run(flags: list[str], out: Path) -> dict:
     }
 
 
-def deployed(root: Path, rounds: int, cache: str) -> dict:
-    """One deployment (a SuperLink and 2 SuperNodes) and one run on it."""
-    port = free_port()
-    home = root / "link"
-    home.mkdir(parents=True)
-    procs = Processes(home)
+def deployed(root: Path, rounds: int, cache: str, warm: bool = False) -> dict:
+    """One deployment (a SuperLink and 2 SuperNodes) and one run on it; ``warm``: each
+    SuperNode in ``--isolation process``, served by a ``fedbug flower worker``."""
+    d = Deployment(root)
     try:
-        link_log = home / "log.txt"
-        procs.start(
-            ["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),
-             "--disable-runtime-dependency-installation"],
-            flower_env(home),
-            link_log,
-        )  # fmt: skip
-        wait_for_port(port)
+        d.start_superlink()
         for i in range(2):
-            node_home = root / f"node{i}"
-            node_home.mkdir()
-            procs.start(
-                ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
-                 "--node-config", f"partition-id={i} num-partitions=2 cache-dir='{cache}'",
-                 "--port", str(free_port())],
-                flower_env(node_home),
-                node_home / "log.txt",
-            )  # fmt: skip
-        wait_for_nodes(link_log, 2)
+            d.start_supernode(i, 2, node_config=f"cache-dir='{cache}'", warm=warm)
+        d.wait_for_nodes(2)
         flags = [
             *("-s", "num_clients=2", "-s", "clients_per_round=2", "-s", f"rounds={rounds}"),
-            *("-s", "executor=flower-deployment", "-s", f"flower.superlink=127.0.0.1:{port}"),
+            *("-s", "executor=flower-deployment", "-s", f"flower.superlink={d.address}"),
         ]
         return run(flags, root / "out")
     finally:
-        procs.stop()
+        d.stop()
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "-s",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides for every run, e.g. flower.poll_interval=0.1",
+    )
+    p.add_argument(
+        "--variants",
+        default="cache,no-cache,warm",
+        help="deployments to time beside in-process, of cache,no-cache,warm (default: all)",
+    )
     args = p.parse_args()
+    EXTRA.extend(args.set)
+    wanted = set(args.variants.split(","))
+    if not wanted <= {"cache", "no-cache", "warm"}:
+        sys.exit(f"--variants: unknown {sorted(wanted - {'cache', 'no-cache', 'warm'})}")
     info = machine_info()
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         flags = ["-s", "num_clients=2", "-s", "clients_per_round=2", "-s", f"rounds={args.rounds}"]
         rows["in-process"] = run(flags, root / "here")
-        rows["deployment, node cache"] = deployed(root / "cached", args.rounds, str(root / "cache"))
-        rows["deployment, no cache"] = deployed(root / "uncached", args.rounds, "off")
+        if "cache" in wanted:
+            rows["deployment, node cache"] = deployed(
+                root / "cached", args.rounds, str(root / "cache")
+            )
+        if "no-cache" in wanted:
+            rows["deployment, no cache"] = deployed(root / "uncached", args.rounds, "off")
+        if "warm" in wanted:
+            rows["deployment, warm worker"] = deployed(root / "warm", args.rounds, "off", warm=True)
     here = rows["in-process"]
     for r in rows.values():
         r["overhead_s"] = round(r["round_median_s"] - here["round_median_s"], 3)
@@ -130,6 +123,7 @@ def main() -> None:
         "command": " ".join(["python", *sys.argv]),
         "config": str(SMOKE),
         "rounds": args.rounds,
+        "overrides": args.set,
         "rows": rows,
     }
     if args.json:
