@@ -260,12 +260,46 @@ def _status(env: dict[str, str], run_id: int) -> str:
     return str(runs[0].get("status", "")) if runs else ""
 
 
+#: the longest wait between two run-status checks. Each is a `flwr ls` process, about a second
+#: of CPU: checked every second, it took a share of a core from training on 2 cores and slowed
+#: clients of 2 torch threads on the simulation about 2x (benchmarks/RESULTS.md, "Flower
+#: overhead"). The run's end is seen at once anyway: the ServerApp writes summary.json.
+STATUS_EVERY = 15.0
+
+
+def _wait_finished(
+    env: dict[str, str],
+    run_id: int,
+    summary: Path,
+    started: float,
+    on_round: Callable[[dict[str, Any]], None] | None,
+) -> str:
+    """Follow the run's metrics until Flower reports it finished; its final status. The status
+    is checked after 1 s, then at doubling waits up to :data:`STATUS_EVERY` (a run that fails
+    is seen within that), and every 0.5 s once the ServerApp has written the run's summary."""
+    metrics = summary.parent / "metrics.jsonl"
+    seen, wait = 0, 1.0
+    due = time.monotonic() + wait
+    while True:
+        seen = _follow(metrics, seen, on_round)
+        ended = summary.exists() and summary.stat().st_mtime >= started
+        if ended or time.monotonic() >= due:
+            status = _status(env, run_id)
+            if status.startswith("finished"):
+                _follow(metrics, seen, on_round)
+                return status
+            wait = 0.5 if ended else min(2 * wait, STATUS_EVERY)
+            due = time.monotonic() + wait
+        time.sleep(0.25)
+
+
 def _follow(metrics: Path, seen: int, on_round: Callable[[dict[str, Any]], None] | None) -> int:
     """Report the metrics lines written since ``seen``; the new count."""
     if on_round is None or not metrics.exists():
         return seen
-    lines = metrics.read_text().splitlines()
-    complete = lines if metrics.read_text().endswith("\n") else lines[:-1]
+    text = metrics.read_text()
+    lines = text.splitlines()
+    complete = lines if text.endswith("\n") else lines[:-1]
     for line in complete[seen:]:
         with contextlib.suppress(json.JSONDecodeError):
             on_round(json.loads(line))
@@ -426,18 +460,12 @@ def _run_locked(
                     )
                 write_connection(home, cfg.flower.superlink, cfg.flower.root_certificates)
                 extra = []
+            started = time.time()
             answer = _flwr(
                 ["run", str(app), CONNECTION, "--run-config", str(run_config), *extra], env
             )
             run_id = int(answer["run-id"])
-            seen = 0
-            while True:
-                seen = _follow(run_dir / "metrics.jsonl", seen, on_round)
-                status = _status(env, run_id)
-                if status.startswith("finished"):
-                    break
-                time.sleep(1.0)
-            seen = _follow(run_dir / "metrics.jsonl", seen, on_round)
+            status = _wait_finished(env, run_id, rd.summary_path, started, on_round)
         except KeyboardInterrupt:
             if run_id is not None and cfg.executor == "flower-deployment":
                 with contextlib.suppress(FedbugError, subprocess.TimeoutExpired):

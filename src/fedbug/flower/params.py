@@ -39,7 +39,7 @@ class FlowerParams(BaseModel):
         "min(clients, 16))",
     )
     poll_interval: float = Field(
-        1.0,
+        0.2,
         gt=0.0,
         le=60.0,
         description="the longest wait between pulls; waits start at 10 ms and grow by half "
