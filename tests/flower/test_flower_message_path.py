@@ -156,10 +156,10 @@ def test_a_node_that_lost_its_state_is_recorded_and_starts_fresh():
     grid = LoopbackGrid(client_app, 3, run_config)
 
     class Forgetful(FlowerExecutor):
-        def run_round(self, weights, tasks, states):
+        def stream_round(self, weights, tasks, states):
             if tasks[0].round == 2:  # node 101 restarted: its context.state is empty
                 grid.contexts[101].state = type(grid.contexts[101].state)()
-            return super().run_round(weights, tasks, states)
+            return super().stream_round(weights, tasks, states)
 
     with task_identity():
         res = run_experiment(cfg, executor_factory=lambda e: Forgetful(grid, e, map_once=True))
@@ -194,3 +194,55 @@ def test_a_pool_of_fewer_nodes_than_clients_trains_every_client_as_in_process(tm
         )
     dropped = {d["client"] for r in alone.records for d in r.get("dropped", [])}
     assert dropped and dropped <= {2, 3, 4}
+
+
+def exp_task(exp, client):
+    from fedbug.client import ClientTask
+
+    return ClientTask(1, client, exp.cfg.seed, exp.cfg.lr, exp.mean_samples, {}, 1, {})
+
+
+class Trickle(LoopbackGrid):
+    """Each pull hands back at most one reply, the lowest client's first, as nodes that finish
+    one after another; counts the pulls and keeps each TRAIN message's weights record."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.pulls = 0
+        self.weights_records = []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            if m.metadata.message_type == "train":
+                self.weights_records.append(m.content.array_records["weights"])
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        ids = sorted(message_ids, key=lambda m: int(m[1:]))
+        return super().pull_messages(ids[:1])
+
+
+def test_updates_stream_in_client_order_as_they_arrive():
+    """The executor yields client 0's update after the pull that brought it, before the later
+    clients' replies are pulled; the round's TRAIN messages share one weights record."""
+    from fedbug.engine.experiment import Experiment
+
+    cfg = tiny_config(rounds=1, threads=1, num_clients=3, clients_per_round=3)
+    cfg = cfg.model_copy(update={"executor": "flower-simulation"})
+    run_config = {"config": json.dumps(cfg.model_dump(mode="json"))}
+    grid = Trickle(client_app, 3, run_config)
+    exp = Experiment(cfg)
+    ex = FlowerExecutor(grid, exp, map_once=True)
+    with task_identity():
+        ex.map_nodes()
+        before = grid.pulls
+        tasks = [exp_task(exp, c) for c in (2, 0, 1)]
+        stream = ex.stream_round(exp.initial_weights(), tasks, {})
+        first = next(stream)
+        assert first.client == 0 and grid.pulls == before + 1
+        rest = list(stream)
+    assert [r.client for r in rest] == [1, 2] and grid.pulls == before + 3
+    assert len(grid.weights_records) == 3
+    assert all(w is grid.weights_records[0] for w in grid.weights_records)

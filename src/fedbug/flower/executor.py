@@ -6,7 +6,10 @@ every node is asked once; deployment: nodes not yet known are asked every round,
 (``pooled``): they share the machine's data and the run folder's client states, so client c
 goes to the node of partition c mod the number of nodes. Replies map to clients by
 ``reply_to_message_id`` and come back sorted by client id, whatever order they arrived in, so
-the server sums them in the in-process order. A client whose node is unknown, whose reply is an
+the server sums them in the in-process order; each is handed on as soon as it and those of
+lower client ids are in (``stream_round``), so the server aggregates while later clients still
+train, and only replies that came early are held. The round's TRAIN messages share one record
+of the global weights. A client whose node is unknown, whose reply is an
 error or is malformed, or that misses ``flower.round_timeout``, is dropped and recorded with the
 reason; the others are aggregated.
 """
@@ -14,7 +17,7 @@ reason; the others are aggregated.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -23,7 +26,7 @@ from torch import Tensor
 
 from fedbug.client import ClientResult, ClientTask
 from fedbug.engine.executors.base import Executor
-from fedbug.flower.messages import ReplyError, decode_reply, encode_task
+from fedbug.flower.messages import ReplyError, decode_reply, encode_task, encode_weights
 
 
 class FlowerExecutor(Executor):
@@ -41,31 +44,40 @@ class FlowerExecutor(Executor):
         self.dropped: list[dict[str, Any]] = []
 
     # -- which node holds which client ------------------------------------------------------
-    def _exchange(self, messages: list[Message], timeout: float) -> list[Message | str]:
-        """Push, then pull until every reply is in or ``timeout`` passes. One entry a message,
-        in order: its reply, or why there is none."""
+    def _in_order(self, messages: list[Message], timeout: float) -> Iterator[Message | str]:
+        """Push, then pull until every reply is in or ``timeout`` passes. Yields one entry a
+        message, in the messages' order, as soon as it and all before it are settled: its reply,
+        or why there is none. Replies that come early wait here until their turn."""
         pushed = list(self.grid.push_messages(messages))
         if len(pushed) != len(messages):  # e.g. [] when the SuperLink refused a too-large push
             pushed = [None] * len(messages)
+        del messages  # Flower holds what it still has to send
         waiting = {str(i) for i in pushed if i}
         replies: dict[str, Message] = {}
         end = time.monotonic() + timeout
-        wait = 0.01
-        while waiting:
+        wait, turn = 0.01, 0
+        while True:
+            while turn < len(pushed) and (not pushed[turn] or str(pushed[turn]) in replies):
+                mid = pushed[turn]
+                turn += 1
+                yield replies.pop(str(mid)) if mid else "the SuperLink did not accept the message"
+            if not waiting or time.monotonic() >= end:
+                break
+            time.sleep(min(wait, max(0.0, end - time.monotonic())))
+            wait = min(1.5 * wait, self.params.poll_interval)
             for reply in self.grid.pull_messages(sorted(waiting)):
                 mid = reply.metadata.reply_to_message_id
                 if mid in waiting:
                     replies[mid] = reply
                     waiting.discard(mid)
-            if not waiting or time.monotonic() >= end:
-                break
-            time.sleep(min(wait, max(0.0, end - time.monotonic())))
-            wait = min(1.5 * wait, self.params.poll_interval)
+                    wait = 0.01  # replies come in bursts: look again soon
         late = f"no reply within round_timeout ({self.params.round_timeout:g} s)"
-        return [
-            replies.get(str(i), late) if i else "the SuperLink did not accept the message"
-            for i in pushed
-        ]
+        for mid in pushed[turn:]:
+            yield replies.pop(str(mid), late) if mid else "the SuperLink did not accept the message"
+
+    def _exchange(self, messages: list[Message], timeout: float) -> list[Message | str]:
+        """:meth:`_in_order`, all at once."""
+        return list(self._in_order(messages, timeout))
 
     def map_nodes(self) -> None:
         """Ask nodes not asked before which partition they hold."""
@@ -104,8 +116,16 @@ class FlowerExecutor(Executor):
 
     # -- one round -------------------------------------------------------------------------
     def run_round(
-        self, weights: Tensor, tasks: list[ClientTask], states: dict[int, dict[str, Tensor]]
+        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
     ) -> list[ClientResult]:
+        return list(self.stream_round(weights, tasks, states))
+
+    def stream_round(
+        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
+    ) -> Iterator[ClientResult]:
+        """Every task's TRAIN message is pushed at once; the updates come back in client id
+        order, each as soon as it and those before it are in, so the server aggregates while
+        later clients still train. Client states stay on the nodes (``states`` is not read)."""
         self.dropped = []
         self.map_nodes()
         exp = self.exp
@@ -118,14 +138,13 @@ class FlowerExecutor(Executor):
                 self.dropped.append(
                     {"client": t.client, "reason": "no SuperNode holds this partition"}
                 )
+        if not sendable:
+            return
+        shared = encode_weights(weights, exp.space)  # one copy for all the round's messages
         msgs = [
             Message(
                 encode_task(
-                    weights,
-                    t,
-                    exp.space,
-                    has_state=t.client in self.has_state,
-                    threads=exp.cfg.threads,
+                    shared, t, has_state=t.client in self.has_state, threads=exp.cfg.threads
                 ),
                 node,
                 MessageType.TRAIN,
@@ -134,16 +153,19 @@ class FlowerExecutor(Executor):
             )
             for t, node in sendable
         ]
-        replies = self._exchange(msgs, self.params.round_timeout) if msgs else []
-        results: list[ClientResult] = []
+        del shared
+        replies = self._in_order(msgs, self.params.round_timeout)
+        del msgs
         for (t, _node), reply in zip(sendable, replies, strict=True):
-            reason = self._read(reply, t.client, results)
-            if reason is not None:
-                self.dropped.append({"client": t.client, "reason": reason})
-        results.sort(key=lambda r: r.client)
-        return results
+            result = self._read(reply, t.client)
+            del reply
+            if isinstance(result, str):
+                self.dropped.append({"client": t.client, "reason": result})
+            else:
+                yield result
 
-    def _read(self, reply: Message | str, client: int, out: list[ClientResult]) -> str | None:
+    def _read(self, reply: Message | str, client: int) -> ClientResult | str:
+        """The client's update, or why it has none."""
         if isinstance(reply, str):
             return reply
         if reply.has_error():
@@ -155,8 +177,7 @@ class FlowerExecutor(Executor):
             return f"malformed reply: {e}"
         if self.exp.keeps_client_state:
             self.has_state.add(client)
-        out.append(result)
-        return None
+        return result
 
     def lost(self) -> list[dict[str, Any]]:
         return list(self.dropped)

@@ -35,13 +35,19 @@ def _arrays(tensors: dict[str, Tensor]) -> ArrayRecord:
     return ArrayRecord({k: v.detach().contiguous() for k, v in tensors.items()})
 
 
+def encode_weights(weights: Tensor, space: ParamSpace) -> ArrayRecord:
+    """The global weights as a record, made once a round and shared by its TRAIN messages (Flower
+    sends an object that several messages hold once, and the server keeps one copy)."""
+    return _arrays(space.state_dict(weights))
+
+
 def encode_task(
-    weights: Tensor, task: ClientTask, space: ParamSpace, *, has_state: bool, threads: int
+    weights: ArrayRecord, task: ClientTask, *, has_state: bool, threads: int
 ) -> RecordDict:
-    """The content of one client's TRAIN message."""
+    """The content of one client's TRAIN message; ``weights`` from :func:`encode_weights`."""
     return RecordDict(
         {
-            "weights": _arrays(space.state_dict(weights)),
+            "weights": weights,
             "payload": _arrays(task.payload),
             "task": ConfigRecord(
                 {
