@@ -416,7 +416,11 @@ def cmd_flower_worker(args: argparse.Namespace) -> int:
                 f"--root-certificates {args.root_certificates}: {e.strerror}; give the PEM file "
                 "of the CA that signed the SuperNode's Runtime API certificate"
             ) from None
-    serve(args.runtime_api, certificates=certificates)
+    try:
+        serve(args.runtime_api, certificates=certificates)
+    except KeyboardInterrupt:
+        print("fedbug flower worker: stopped", file=sys.stderr)
+        return 130
     return 0
 
 

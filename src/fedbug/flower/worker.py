@@ -14,6 +14,8 @@ the ClientApp keeps its built client side in memory between messages.
 
 The Runtime API is Flower's own (its HTTP client, requests and helpers); nothing here speaks a
 protocol of its own. One task runs at a time, as a SuperNode hands out one message at a time.
+The worker waits for its SuperNode (Flower's client retries) and outlives a restart of it; a
+reply that cannot be returned is logged and the next task served.
 """
 
 from __future__ import annotations
@@ -126,6 +128,9 @@ class Worker:
                 if reply is not None and context is not None:
                     push_message(client, reply, context)
                 push_task_output(client, context, status, details)
+            except Exception as ex:  # noqa: BLE001 - the node went away: serve the next task
+                status = SubStatus.FAILED
+                log(ERROR, "fedbug worker: the task's reply could not be returned: %s", ex)
             finally:
                 if heartbeat.is_running:
                     heartbeat.stop()
