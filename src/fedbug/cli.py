@@ -38,9 +38,18 @@ def _progress(total: int | None, description: str, quiet: bool):  # type: ignore
     )
 
 
-def _run_one(cfg: Any, run_dir: Path, resume: bool, quiet: bool, label: str) -> dict[str, Any]:
-    from fedbug.api import run
+def _result(res: Any) -> dict[str, Any]:
+    return {"run_dir": res.run_dir, "records": res.records, "summary": res.summary}
 
+
+def _run_one(
+    cfg: Any,
+    quiet: bool,
+    label: str,
+    start: Callable[[Callable[[dict[str, Any]], None]], dict[str, Any]],
+) -> dict[str, Any]:
+    """``start(on_round)``, one run (``fedbug run``, or a run of a sequential sweep), with its
+    progress bar."""
     with _progress(cfg.rounds, label, quiet) as progress:
         task = progress.add_task(label, total=cfg.rounds, acc="  -  ")
 
@@ -54,8 +63,7 @@ def _run_one(cfg: Any, run_dir: Path, resume: bool, quiet: bool, label: str) -> 
             if rec.get("round_length") is not None and not quiet:
                 progress.console.print(simulated_line(rec))
 
-        result = run(cfg, run_dir, resume=resume, on_round=on_round)  # on Flower too
-    return {"run_dir": result.run_dir, "records": result.records, "summary": result.summary}
+        return start(on_round)
 
 
 def simulated_line(rec: dict[str, Any]) -> str:
@@ -126,7 +134,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_writable(out)
     run_dir = run_dir_for(cfg, out)
-    res = _run_one(cfg, run_dir, args.resume, args.quiet, f"{cfg.name} seed {cfg.seed}")
+    from fedbug.api import run
+
+    res = _run_one(
+        cfg,
+        args.quiet,
+        f"{cfg.name} seed {cfg.seed}",
+        lambda on_round: _result(run(cfg, run_dir, resume=args.resume, on_round=on_round)),
+    )
     s = res["summary"]
     if "pfl" in s:
         print(format_pfl(s["pfl"]))
@@ -172,11 +187,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out) / f"{base.name}-sweep"
 
     def run_one(cfg: Any, run_dir: Path) -> dict[str, Any]:
-        done = _finished_cell(cfg, run_dir, args.resume)
-        if done is not None:
-            return done
-        resume = args.resume and run_dir.exists()
-        return _run_one(cfg, run_dir, resume, args.quiet, run_dir.name)
+        start = functools.partial(sweep_job, cfg, run_dir, resume=args.resume)
+        return _run_one(cfg, args.quiet, run_dir.name, lambda on_round: start(on_round=on_round))
 
     for dataset, data_dir in sorted({(c.dataset, c.data_dir or "") for _, c in expand(doc, grid)}):
         check_present(dataset, data_dir or None)  # every cell's data before the first run
@@ -197,24 +209,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _finished_cell(cfg: Any, run_dir: Path, resume: bool) -> dict[str, Any] | None:
-    """Under --resume, a sweep cell's finished run read back (kept without its checkpoint, as
-    a committed benchmark run is) instead of run again."""
-    return finished_run(cfg, run_dir) if resume and run_dir.exists() else None
-
-
 def sweep_job(
     cfg: Any, run_dir: Path, on_round: Callable[[dict[str, Any]], None] | None, resume: bool
 ) -> dict[str, Any]:
-    """One sweep run in a ``--jobs`` worker or a ``--ray`` task (module level: sent to the
-    worker by name)."""
+    """One sweep run: in this process, in a ``--jobs`` worker or as a ``--ray`` task (module
+    level: sent to the worker by name). Under ``resume``, a finished run is read back and an
+    unfinished one continues from its checkpoint."""
     from fedbug.api import run
 
-    done = _finished_cell(cfg, run_dir, resume)
-    if done is not None:
+    done = finished_run(cfg, run_dir) if resume and run_dir.exists() else None
+    if done is not None:  # kept without its checkpoint, as a committed benchmark run is
         return done
-    res = run(cfg, run_dir, resume=resume and run_dir.exists(), on_round=on_round)
-    return {"run_dir": res.run_dir, "records": res.records, "summary": res.summary}
+    return _result(run(cfg, run_dir, resume=resume and run_dir.exists(), on_round=on_round))
 
 
 def _run_parallel(
