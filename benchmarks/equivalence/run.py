@@ -21,9 +21,7 @@ JSON under ``tests/fixtures/equivalence/`` for ``tests/test_equivalence_fixtures
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,9 +32,9 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import harness  # noqa: E402
 import reference_fedbug  # noqa: E402
 import torch  # noqa: E402
-from common import machine_info  # noqa: E402
 from fedbug_side import run_engine, run_rounds, space_of, unit_stats  # noqa: E402
 from scenario import Scenario, build_model, input_digest  # noqa: E402
 
@@ -258,47 +256,23 @@ def write_fixture(res: dict[str, Any], expect: str, commit: str) -> Path:
         "inputs": input_digest(s),
         "rounds": res["reference_stats"],
     }
-    FIXTURES.mkdir(parents=True, exist_ok=True)
-    path = FIXTURES / f"{s.name}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    return path
+    return harness.write_fixture(doc, FIXTURES / f"{s.name}.json", compact=False)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fedbug-ref", required=True, help="checkout of IandRover/FedBug")
-    ap.add_argument("--only", nargs="*", default=None, help="scenario names containing a word")
-    ap.add_argument("--tol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
-    ap.add_argument(
-        "--sensitivity",
-        action="store_true",
-        help="also run fedbug from a start moved by 1e-7 (always for the ReLU cases)",
-    )
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--no-engine", action="store_true", help="skip the fedbug.run cross-check")
-    ap.add_argument("--write-fixtures", action="store_true")
-    ap.add_argument("--json", type=Path, default=None, help="write every result here")
-    ap.add_argument("--list", action="store_true")
+    ap = harness.parser(__doc__, "--fedbug-ref", "checkout of IandRover/FedBug")
     ap.add_argument(
         "--resnet18-as-written",
         action="store_true",
         help="run the reference's ResNet-18 as it is written (BatchNorm) and show how it stops",
     )
     a = ap.parse_args(argv)
-    cases = [c for c in SCENARIOS if not a.only or any(w in c[0].name for w in a.only)]
+    cases = harness.chosen(SCENARIOS, a.only, lambda c: c[0].name)
     if a.list:
         for s, e, f in cases:
             print(f"{s.name:36} {'fixture ' if f else '        '}{e}")
         return 0
-    torch.set_num_threads(a.threads)
-    commit = reference_fedbug.commit_of(a.fedbug_ref)
-    info = machine_info()
-    import fedbug
-
-    print(f"reference {REPO} at {commit} ({a.fedbug_ref}); {info['cpu']}, torch "
-          f"{info['torch']}, {a.threads} thread(s)")  # fmt: skip
-    print(f"fedbug {fedbug.__version__} from {Path(fedbug.__file__).parent} "
-          f"(this repository at {reference_fedbug.commit_of(ROOT)})")  # fmt: skip
+    commit, info = harness.header(REPO, a.fedbug_ref, a.threads)
     if a.resnet18_as_written:
         s = Scenario(
             "resnet18-bn", "fedavg", 0.0, units="stage", **{**RES, "clip": 10.0, "rounds": 1}
@@ -310,20 +284,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the reference's ResNet-18 as written stops: {type(e).__name__}: "
                   f"{' '.join(str(e).split())[:240]}...")  # fmt: skip
         return 0
-    results, unexpected = [], 0
-    for s, expect, fixture in cases:
+
+    def one(case: tuple[Scenario, str, bool]) -> tuple[dict[str, Any], bool, Any]:
+        s, expect, fixture = case
         sens = a.sensitivity or expect == "chaotic"
         res = compare(s, a.fedbug_ref, engine=not a.no_engine, sensitivity=sens)
-        unexpected += not _print(res, expect, a.tol)
-        results.append(res)
-        if a.write_fixtures and fixture:
-            print(f"   fixture: {write_fixture(res, expect, commit).relative_to(ROOT)}")
-    if a.json:
-        a.json.write_text(json.dumps({"commit": commit, "machine": info, "results": results,
-                                      "fedbug": str(Path(fedbug.__file__).parent)},
-                                     indent=1))  # fmt: skip
-    print(f"\n{len(cases)} scenarios, {unexpected} not as expected")
-    return 1 if unexpected else 0
+        agrees = _print(res, expect, a.tol)
+        return res, agrees, (lambda: write_fixture(res, expect, commit)) if fixture else None
+
+    return harness.run_cases(a, cases, one, commit, info, noun="scenarios")
 
 
 if __name__ == "__main__":

@@ -22,10 +22,7 @@ also runs through ``fedbug.run``, whose final weights must equal the hand-built 
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -36,13 +33,12 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import harness  # noqa: E402
 import pfl_scenario  # noqa: E402
 import reference_flbench  # noqa: E402
 import scenario  # noqa: E402
 import torch  # noqa: E402
-from common import machine_info  # noqa: E402
 from flbench_cases import CASES, FlbCase, fedbug_engine, fedbug_run  # noqa: E402
-from reference_fedbug import commit_of  # noqa: E402
 from run_pfllib import _flat, _rows, _stats, _worst, figures  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -287,58 +283,27 @@ def write_fixture(res: dict[str, Any], commit: str) -> Path:
         "inputs": digest,
         **res["reference_stats"],
     }
-    FIXTURES.mkdir(parents=True, exist_ok=True)
-    path = FIXTURES / f"{case.name}.json"
-    text = json.dumps(doc, indent=1)
-    # lists of numbers, then each unit's statistics, on one line
-    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + " ".join(m[1].split()) + "]", text)
-    text = re.sub(r"\{\s+([^{}]*?)\s+\}", lambda m: "{" + " ".join(m[1].split()) + "}", text)
-    path.write_text(text + "\n")
-    return path
+    return harness.write_fixture(doc, FIXTURES / f"{case.name}.json")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--flbench", required=True, help="checkout of KarhouTam/FL-bench")
+    ap = harness.parser(__doc__, "--flbench", "checkout of KarhouTam/FL-bench")
     ap.add_argument("--deps", default=None, help="folder holding omegaconf and hydra-core")
-    ap.add_argument("--only", nargs="*", default=None, help="case names containing a word")
-    ap.add_argument("--tol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
-    ap.add_argument("--sensitivity", action="store_true",
-                    help="also run fedbug from a start moved by 1e-7 (always: ReLU)")  # fmt: skip
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--no-engine", action="store_true", help="skip the fedbug.run cross-check")
-    ap.add_argument("--write-fixtures", action="store_true")
-    ap.add_argument("--json", type=Path, default=None, help="write every result here")
-    ap.add_argument("--list", action="store_true")
     a = ap.parse_args(argv)
-    cases = [c for c in CASES if not a.only or any(w in c.name for w in a.only)]
+    cases = harness.chosen(CASES, a.only, lambda c: c.name)
     if a.list:
         for c in cases:
             print(f"{c.name:28} {c.kind:7}{'fixture ' if c.fixture else '        '}{c.expect}")
         return 0
-    torch.set_num_threads(a.threads)
-    commit = commit_of(a.flbench)
-    info = machine_info()
-    import fedbug
+    commit, info = harness.header(REPO, a.flbench, a.threads)
 
-    print(f"reference {REPO} at {commit} ({a.flbench}); {info['cpu']}, torch {info['torch']}, "
-          f"{a.threads} thread(s)")  # fmt: skip
-    print(f"fedbug {fedbug.__version__} from {Path(fedbug.__file__).parent} "
-          f"(this repository at {commit_of(ROOT)})")  # fmt: skip
-    results, unexpected = [], 0
-    for case in cases:
+    def one(case: FlbCase) -> tuple[dict[str, Any], bool, Any]:
         sens = a.sensitivity or case.expect == "chaotic"
         res = compare(case, a.flbench, a.deps, engine=not a.no_engine, sensitivity=sens)
-        unexpected += not _print(res, a.tol)
-        results.append(res)
-        if a.write_fixtures and case.fixture:
-            print(f"   fixture: {write_fixture(res, commit).relative_to(ROOT)}")
-    if a.json:
-        a.json.write_text(json.dumps({"commit": commit, "machine": info, "results": results,
-                                      "fedbug": str(Path(fedbug.__file__).parent)},
-                                     indent=1))  # fmt: skip
-    print(f"\n{len(cases)} cases, {unexpected} not as expected")
-    return 1 if unexpected else 0
+        agrees = _print(res, a.tol)
+        return res, agrees, (lambda: write_fixture(res, commit)) if case.fixture else None
+
+    return harness.run_cases(a, cases, one, commit, info)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,7 @@ and PFLlib's per-round weight statistics under ``tests/fixtures/equivalence/pfll
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -35,13 +32,12 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import harness  # noqa: E402
 import reference_pfllib  # noqa: E402
 import torch  # noqa: E402
-from common import machine_info  # noqa: E402
 from fedbug_pfl import PflRun, run_engine, run_rounds  # noqa: E402
 from fedbug_side import unit_stats  # noqa: E402
 from pfl_scenario import PflScenario, input_digest  # noqa: E402
-from reference_fedbug import commit_of  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "equivalence" / "pfllib"
 REPO = "TsingZ0/PFLlib"
@@ -291,57 +287,26 @@ def write_fixture(res: dict[str, Any], expect: str, commit: str) -> Path:
         "inputs": input_digest(s),
         **res["reference_stats"],
     }
-    FIXTURES.mkdir(parents=True, exist_ok=True)
-    path = FIXTURES / f"{s.name}.json"
-    text = json.dumps(doc, indent=1)
-    # lists of numbers, then each unit's statistics, on one line
-    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + " ".join(m[1].split()) + "]", text)
-    text = re.sub(r"\{\s+([^{}]*?)\s+\}", lambda m: "{" + " ".join(m[1].split()) + "}", text)
-    path.write_text(text + "\n")
-    return path
+    return harness.write_fixture(doc, FIXTURES / f"{s.name}.json")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pfllib", required=True, help="checkout of TsingZ0/PFLlib")
-    ap.add_argument("--only", nargs="*", default=None, help="case names containing a word")
-    ap.add_argument("--tol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
-    ap.add_argument("--sensitivity", action="store_true",
-                    help="also run fedbug from a start moved by 1e-7 (always: ReLU)")  # fmt: skip
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--no-engine", action="store_true", help="skip the fedbug.run cross-check")
-    ap.add_argument("--write-fixtures", action="store_true")
-    ap.add_argument("--json", type=Path, default=None, help="write every result here")
-    ap.add_argument("--list", action="store_true")
-    a = ap.parse_args(argv)
-    cases = [c for c in CASES if not a.only or any(w in c[0].name for w in a.only)]
+    a = harness.parser(__doc__, "--pfllib", "checkout of TsingZ0/PFLlib").parse_args(argv)
+    cases = harness.chosen(CASES, a.only, lambda c: c[0].name)
     if a.list:
         for s, e, f in cases:
             print(f"{s.name:24} {'fixture ' if f else '        '}{e}")
         return 0
-    torch.set_num_threads(a.threads)
-    commit = commit_of(a.pfllib)
-    info = machine_info()
-    import fedbug
+    commit, info = harness.header(REPO, a.pfllib, a.threads)
 
-    print(f"reference {REPO} at {commit} ({a.pfllib}); {info['cpu']}, torch {info['torch']}, "
-          f"{a.threads} thread(s)")  # fmt: skip
-    print(f"fedbug {fedbug.__version__} from {Path(fedbug.__file__).parent} "
-          f"(this repository at {commit_of(ROOT)})")  # fmt: skip
-    results, unexpected = [], 0
-    for s, expect, fixture in cases:
+    def one(case: tuple[PflScenario, str, bool]) -> tuple[dict[str, Any], bool, Any]:
+        s, expect, fixture = case
         sens = a.sensitivity or not s.smooth
         res = compare(s, a.pfllib, engine=not a.no_engine, sensitivity=sens)
-        unexpected += not _print(res, expect, a.tol)
-        results.append(res)
-        if a.write_fixtures and fixture:
-            print(f"   fixture: {write_fixture(res, expect, commit).relative_to(ROOT)}")
-    if a.json:
-        a.json.write_text(json.dumps({"commit": commit, "machine": info, "results": results,
-                                      "fedbug": str(Path(fedbug.__file__).parent)},
-                                     indent=1))  # fmt: skip
-    print(f"\n{len(cases)} cases, {unexpected} not as expected")
-    return 1 if unexpected else 0
+        agrees = _print(res, expect, a.tol)
+        return res, agrees, (lambda: write_fixture(res, expect, commit)) if fixture else None
+
+    return harness.run_cases(a, cases, one, commit, info)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""What the three differential runners (``run.py``, ``run_pfllib.py``, ``run_flbench.py``) share:
+their command line, the run over the chosen cases with its header and JSON, and how a fixture is
+written. Each runner brings its cases, its comparison and its report of one case."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from common import machine_info
+from reference_fedbug import commit_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parser(doc: str, reference: str, help: str) -> argparse.ArgumentParser:
+    """The runners' shared options, after ``reference`` (the flag naming the checkout)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument(reference, required=True, help=help)
+    ap.add_argument("--only", nargs="*", default=None, help="case names containing a word")
+    ap.add_argument("--tol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
+    ap.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also run fedbug from a start moved by 1e-7 (always for the chaotic cases)",
+    )
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-engine", action="store_true", help="skip the fedbug.run cross-check")
+    ap.add_argument("--write-fixtures", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="write every result here")
+    ap.add_argument("--list", action="store_true")
+    return ap
+
+
+def chosen(cases: Sequence[Any], only: list[str] | None, name: Callable[[Any], str]) -> list[Any]:
+    """The cases whose name contains a word of ``--only`` (all without it)."""
+    return [c for c in cases if not only or any(w in name(c) for w in only)]
+
+
+def header(repo: str, checkout: str, threads: int) -> tuple[str, dict[str, Any]]:
+    """Print what is compared with what, on which machine; (the reference's commit, machine)."""
+    import fedbug
+
+    torch.set_num_threads(threads)
+    commit, info = commit_of(checkout), machine_info()
+    print(f"reference {repo} at {commit} ({checkout}); {info['cpu']}, torch {info['torch']}, "
+          f"{threads} thread(s)")  # fmt: skip
+    print(f"fedbug {fedbug.__version__} from {Path(fedbug.__file__).parent} "
+          f"(this repository at {commit_of(ROOT)})")  # fmt: skip
+    return commit, info
+
+
+def run_cases(
+    a: argparse.Namespace,
+    cases: Sequence[Any],
+    one: Callable[[Any], tuple[dict[str, Any], bool, Callable[[], Path] | None]],
+    commit: str,
+    info: dict[str, Any],
+    noun: str = "cases",
+) -> int:
+    """``one(case)`` for each case: (its result, whether it came out as expected, a writer of its
+    fixture or None). Writes the fixtures under ``--write-fixtures`` and every result under
+    ``--json``; exit code 1 if any case was not as expected."""
+    import fedbug
+
+    results, unexpected = [], 0
+    for case in cases:
+        res, as_expected, fixture = one(case)
+        unexpected += not as_expected
+        results.append(res)
+        if a.write_fixtures and fixture is not None:
+            print(f"   fixture: {fixture().relative_to(ROOT)}")
+    if a.json:
+        doc = {"commit": commit, "machine": info, "results": results,
+               "fedbug": str(Path(fedbug.__file__).parent)}  # fmt: skip
+        a.json.write_text(json.dumps(doc, indent=1))
+    print(f"\n{len(cases)} {noun}, {unexpected} not as expected")
+    return 1 if unexpected else 0
+
+
+def write_fixture(doc: dict[str, Any], path: Path, compact: bool = True) -> Path:
+    """``doc`` as JSON at ``path``; ``compact``: lists of numbers and each unit's statistics on
+    one line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=1)
+    if not compact:
+        path.write_text(text + "\n")
+        return path
+    text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + " ".join(m[1].split()) + "]", text)
+    text = re.sub(r"\{\s+([^{}]*?)\s+\}", lambda m: "{" + " ".join(m[1].split()) + "}", text)
+    path.write_text(text + "\n")
+    return path
