@@ -20,7 +20,6 @@ own fixture that must match (``cnn-clip-feddyn-loss-gu40``: ``feddyn: {clip: los
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -32,15 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "equivalence"
 sys.path.insert(0, str(ROOT / "benchmarks" / "equivalence"))
 
+from equivalence_checks import check_inputs, check_units  # noqa: E402
+from equivalence_checks import load as _load  # noqa: E402
 from fedbug_side import run_rounds, unit_stats  # noqa: E402
 from scenario import Scenario, input_digest  # noqa: E402
 
-RTOL = 1e-4
 CASES = sorted(FIXTURES.glob("*.json"))
-
-
-def _load(path: Path) -> dict:
-    return json.loads(path.read_text())
 
 
 def _params():
@@ -62,21 +58,11 @@ def test_fixtures_are_there():
         assert ref["repo"] == "IandRover/FedBug" and len(ref["commit"]) == 40, path.name
 
 
-def _close(got: float, want: float, scale: float, what: str) -> None:
-    assert abs(got - want) <= RTOL * scale + 1e-9, f"{what}: fedbug {got!r}, reference {want!r}"
-
-
 @pytest.mark.parametrize("path", _params())
 def test_fedbug_matches_reference(path: Path):
     doc = _load(path)
     s = Scenario.from_json(doc["scenario"])
-    # the inputs are the ones the reference ran on
-    digest, want_inputs = input_digest(s), doc["inputs"]
-    assert digest["y"] == want_inputs["y"]
-    for key in ("x_sum", "init_first"):
-        assert digest[key] == pytest.approx(want_inputs[key], rel=1e-6, abs=1e-6), key
-    assert digest["init_l2"] == pytest.approx(want_inputs["init_l2"], rel=1e-6)
-
+    check_inputs(input_digest(s), doc["inputs"])  # the inputs the reference ran on
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -86,16 +72,7 @@ def test_fedbug_matches_reference(path: Path):
     assert len(run.rounds) == len(doc["rounds"])
     for r, (weights, want_round) in enumerate(zip(run.rounds, doc["rounds"]), start=1):
         got_round = unit_stats(run.space, weights, run.initial)
-        assert [u["unit"] for u in got_round] == [u["unit"] for u in want_round]
-        for got, want in zip(got_round, want_round):
-            at = f"round {r}, unit {want['unit']}"
-            scale = want["delta_l2"]
-            for key in ("delta_sum", "delta_probe", "delta_l2", "sum", "l2"):
-                _close(got[key], want[key], scale, f"{at}: {key}")
-            for i, (g, w) in enumerate(zip(got["delta_first"], want["delta_first"])):
-                _close(g, w, want["delta_max"], f"{at}: delta_first[{i}]")
-            for i, (g, w) in enumerate(zip(got["first"], want["first"])):
-                _close(g, w, want["delta_max"], f"{at}: first[{i}]")
+        check_units(got_round, want_round, f"round {r}", "reference")
 
 
 def _worst_rel(a: list[torch.Tensor], b: list[torch.Tensor], initial: torch.Tensor) -> float:

@@ -22,7 +22,6 @@ which its server averages: ``rounding`` in the fixture) must not move further in
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -35,10 +34,11 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "equivalence"))
 
 import pfl_scenario  # noqa: E402
 import scenario  # noqa: E402
+from equivalence_checks import check_inputs, check_units  # noqa: E402
+from equivalence_checks import load as _load  # noqa: E402
 from fedbug_side import unit_stats  # noqa: E402
 from flbench_cases import FlbCase, fedbug_run  # noqa: E402
 
-RTOL = 1e-4
 CASES = sorted(FIXTURES.glob("*.json"))
 METHODS = {"fedavg", "fedprox", "feddyn", "scaffold", "fedper", "fedrep", "fedbabu"}
 
@@ -48,10 +48,6 @@ def _one_thread():
     """One torch thread, as the harness ran (two threads on the shared 2-core machine are ~10x
     slower); conftest gives the count back afterwards."""
     torch.set_num_threads(1)
-
-
-def _load(path: Path) -> dict:
-    return json.loads(path.read_text())
 
 
 def test_fixtures_are_there():
@@ -66,33 +62,13 @@ def test_fixtures_are_there():
         assert doc["case"]["expect"] == "match", path.name
 
 
-def _close(got: float, want: float, scale: float, what: str) -> None:
-    assert abs(got - want) <= RTOL * scale + 1e-9, f"{what}: fedbug {got!r}, FL-bench {want!r}"
-
-
 def _check_units(got_rows: list[dict], want_rows: list[dict], at: str) -> None:
-    got_by = {u["unit"]: u for u in got_rows}
-    for want in want_rows:
-        got, where = got_by[want["unit"]], f"{at}, unit {want['unit']}"
-        if want["rounding"]:  # FL-bench moved it by a few float32 steps; fedbug may not more
-            assert got["delta_max"] <= want["delta_max"], where
-            continue
-        scale = want["delta_l2"]
-        for key in ("delta_sum", "delta_probe", "delta_l2", "sum", "l2"):
-            _close(got[key], want[key], scale, f"{where}: {key}")
-        for i, (g, w) in enumerate(zip(got["delta_first"], want["delta_first"])):
-            _close(g, w, want["delta_max"], f"{where}: delta_first[{i}]")
-        for i, (g, w) in enumerate(zip(got["first"], want["first"])):
-            _close(g, w, want["delta_max"], f"{where}: first[{i}]")
+    check_units(got_rows, want_rows, at, "FL-bench", exact=False)
 
 
 def _inputs_as_saved(case: FlbCase, saved: dict) -> None:
     mod = pfl_scenario if case.kind == "pfl" else scenario
-    digest = mod.input_digest(case.scenario)  # the inputs FL-bench ran on
-    assert digest["y"] == saved["y"]
-    for key in ("x_sum", "init_first"):
-        assert digest[key] == pytest.approx(saved[key], rel=1e-6, abs=1e-6), key
-    assert digest["init_l2"] == pytest.approx(saved["init_l2"], rel=1e-6)
+    check_inputs(mod.input_digest(case.scenario), saved)  # the inputs FL-bench ran on
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])

@@ -17,7 +17,6 @@ RTOL x max |d|), and a unit PFLlib never moved (FedBABU's head) must not move in
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -28,17 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "equivalence" / "pfllib"
 sys.path.insert(0, str(ROOT / "benchmarks" / "equivalence"))
 
+from equivalence_checks import check_inputs, check_units  # noqa: E402
+from equivalence_checks import load as _load  # noqa: E402
 from fedbug_pfl import run_rounds  # noqa: E402
 from fedbug_side import unit_stats  # noqa: E402
 from pfl_scenario import PflScenario, input_digest  # noqa: E402
 
-RTOL = 1e-4
 CASES = sorted(FIXTURES.glob("*.json"))
 METHODS = {"fedper", "lg_fedavg", "fedrep", "fedrod", "fedbabu"}
-
-
-def _load(path: Path) -> dict:
-    return json.loads(path.read_text())
 
 
 def test_fixtures_are_there():
@@ -51,32 +47,15 @@ def test_fixtures_are_there():
         assert doc["expected"] == "match", path.name
 
 
-def _close(got: float, want: float, scale: float, what: str) -> None:
-    assert abs(got - want) <= RTOL * scale + 1e-9, f"{what}: fedbug {got!r}, PFLlib {want!r}"
-
-
 def _check_units(got_rows: list[dict], want_rows: list[dict], at: str) -> None:
-    assert [u["unit"] for u in got_rows] == [u["unit"] for u in want_rows], at
-    for got, want in zip(got_rows, want_rows):
-        where = f"{at}, unit {want['unit']}"
-        scale = want["delta_l2"]
-        for key in ("delta_sum", "delta_probe", "delta_l2", "sum", "l2"):
-            _close(got[key], want[key], scale, f"{where}: {key}")
-        for i, (g, w) in enumerate(zip(got["delta_first"], want["delta_first"])):
-            _close(g, w, want["delta_max"], f"{where}: delta_first[{i}]")
-        for i, (g, w) in enumerate(zip(got["first"], want["first"])):
-            _close(g, w, want["delta_max"], f"{where}: first[{i}]")
+    check_units(got_rows, want_rows, at, "PFLlib")
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_fedbug_matches_pfllib(path: Path):
     doc = _load(path)
     s = PflScenario.from_json(doc["scenario"])
-    digest, want_inputs = input_digest(s), doc["inputs"]  # the inputs PFLlib ran on
-    assert digest["y"] == want_inputs["y"]
-    for key in ("x_sum", "init_first"):
-        assert digest[key] == pytest.approx(want_inputs[key], rel=1e-6, abs=1e-6), key
-    assert digest["init_l2"] == pytest.approx(want_inputs["init_l2"], rel=1e-6)
+    check_inputs(input_digest(s), doc["inputs"])  # the inputs PFLlib ran on
 
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
