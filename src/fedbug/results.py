@@ -41,7 +41,7 @@ LOCK_NAME = ".lock"
 LOCK_TRIES = 100
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether a process with this id exists (on this machine)."""
     try:
         os.kill(pid, 0)
@@ -243,7 +243,7 @@ class RunDir:
                 os.close(fd)  # its holder removed it as we opened it: lock the new one
                 continue
             holder = _read_pid(fd)
-            if holder is not None and holder != os.getpid() and _pid_alive(holder):
+            if holder is not None and holder != os.getpid() and pid_alive(holder):
                 os.close(fd)  # a live pid in a file no one locks: an older fedbug's pid-file lock
                 raise RunFolderBusy(
                     f"run folder {str(self.path)!r} is in use by another fedbug run (pid {holder}, "

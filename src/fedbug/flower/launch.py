@@ -36,7 +36,7 @@ from typing import Any
 from fedbug.errors import ConfigError, DivergenceError, FedbugError
 from fedbug.flower import require_flower
 from fedbug.models import import_root, is_import_path
-from fedbug.results import RunDir
+from fedbug.results import RunDir, pid_alive
 
 APP_NAME = "fedbug-app"
 CONNECTION = "fedbug"
@@ -306,13 +306,34 @@ def _follow(metrics: Path, seen: int, on_round: Callable[[dict[str, Any]], None]
     return max(seen, len(complete))
 
 
+#: Ray's session folders of fedbug's simulations, under /tmp (Ray's sockets need short paths)
+RAY_TMP_PREFIX = "fbray"
+#: the pid of the launcher that made a Ray session folder, written in it
+RAY_TMP_OWNER = "fedbug-owner.pid"
+
+
 @contextlib.contextmanager
-def _ray_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="fbray", dir="/tmp" if Path("/tmp").is_dir() else None))
+def _ray_tmp(root: Path | None = None) -> Iterator[Path]:
+    """A folder for Ray's session, removed on the way out. A launcher killed with SIGKILL cannot
+    remove its own; the next launcher removes every such folder whose owner is gone."""
+    root = root or (Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir()))
+    _remove_orphaned_ray_tmp(root)
+    path = Path(tempfile.mkdtemp(prefix=RAY_TMP_PREFIX, dir=root))
+    (path / RAY_TMP_OWNER).write_text(f"{os.getpid()}\n")
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_orphaned_ray_tmp(root: Path) -> None:
+    for folder in root.glob(f"{RAY_TMP_PREFIX}*"):
+        try:
+            owner = int((folder / RAY_TMP_OWNER).read_text())
+        except (OSError, ValueError):
+            continue  # not one this fedbug made, or still being made: left alone
+        if not pid_alive(owner):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_on_flower(
