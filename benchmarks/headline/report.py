@@ -107,10 +107,19 @@ def plot(runs: dict[tuple[str, str, str], list[dict[str, Any]]], path: Path) -> 
     for i, part in enumerate(parts):
         for j, alg in enumerate(algs):
             ax = axes[i][j]
+            ax.set_title(f"{ALGORITHMS[alg]}, {PARTITIONS[part]}")
+            cell = sorted(
+                ((k, v) for k, v in runs.items() if k[:2] == (part, alg)),
+                key=lambda kv: _order(kv[0]),
+            )
+            if not cell:
+                ax.text(0.5, 0.5, "no run finished yet", ha="center", va="center",
+                        transform=ax.transAxes, color="0.4")  # fmt: skip
+                ax.set_xticks([])
+                ax.set_yticks([])
+                continue
             low = 100.0
-            for (p, a, var), done in sorted(runs.items(), key=lambda kv: _order(kv[0])):
-                if (p, a) != (part, alg):
-                    continue
+            for (_p, _a, var), done in cell:
                 curves = []
                 for r in done:
                     pts = [(x["round"], x["test_acc"]) for x in r["records"]
@@ -120,11 +129,11 @@ def plot(runs: dict[tuple[str, str, str], list[dict[str, Any]]], path: Path) -> 
                 ys = [[100 * c[t] for c in curves] for t in rounds]
                 mean = [statistics.mean(y) for y in ys]
                 low = min(low, min(mean[len(mean) // 2 :]))
-                line = ax.plot(rounds, mean, label=f"{var} ({len(done)} seeds)")[0]
+                seeds = f"{len(done)} seed{'s' if len(done) != 1 else ''}"
+                line = ax.plot(rounds, mean, label=f"{var} ({seeds})")[0]
                 ax.fill_between(rounds, [min(y) for y in ys], [max(y) for y in ys],
                                 color=line.get_color(), alpha=0.2)  # fmt: skip
             ax.set_ylim(bottom=max(0.0, low - 8))  # the last rounds' differences visible
-            ax.set_title(f"{ALGORITHMS[alg]}, {PARTITIONS[part]}")
             ax.set_xlabel("round")
             ax.set_ylabel("accuracy, mean of local models (%)")
             ax.grid(alpha=0.3)
