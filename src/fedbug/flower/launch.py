@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -312,6 +313,21 @@ RAY_TMP_PREFIX = "fbray"
 RAY_TMP_OWNER = "fedbug-owner.pid"
 
 
+def client_cpus(cfg: Any) -> float:
+    """The CPUs Ray gives each simulated client: ``flower.num_cpus``, else ``threads``. Fewer
+    than ``threads`` is allowed, with a warning: Ray then runs more torch threads than cores,
+    which wait on each other at every step (W on 2 cores: 3.8x slower, benchmarks/RESULTS.md)."""
+    cpus = float(cfg.flower.num_cpus or cfg.threads)
+    if cpus < cfg.threads:
+        warnings.warn(
+            f"flower.num_cpus={cpus:g} is below threads={cfg.threads}: Ray will run more torch "
+            "threads than CPUs and every client slows down; set flower.num_cpus to threads "
+            "(or threads to 1 to train more clients at once)",
+            stacklevel=2,
+        )
+    return cpus
+
+
 @contextlib.contextmanager
 def _ray_tmp(root: Path | None = None) -> Iterator[Path]:
     """A folder for Ray's session, removed on the way out. A launcher killed with SIGKILL cannot
@@ -468,7 +484,7 @@ def _run_locked(
                 )
                 _wait_for_superlink(env, link, log)
                 nodes = cfg.flower.supernodes or min(cfg.num_clients, POOL)
-                cpus = cfg.flower.num_cpus or cfg.threads
+                cpus = client_cpus(cfg)
                 extra = [
                     "--federation-config",
                     f"num-supernodes={nodes} client-resources-num-cpus={cpus:g}",

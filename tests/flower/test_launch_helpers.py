@@ -1,5 +1,5 @@
-"""The Flower simulation's Ray session folder: removed on the way out, and one that a SIGKILLed
-launcher left behind is removed by the next launcher."""
+"""The simulation launcher's helpers: Ray's session folder (removed on the way out; one that a
+SIGKILLed launcher left behind is removed by the next launcher), and the CPUs a client gets."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from fedbug.flower.launch import RAY_TMP_OWNER, _ray_tmp  # noqa: E402
+from tiny import tiny_config  # noqa: E402
+
+from fedbug.flower.launch import RAY_TMP_OWNER, _ray_tmp, client_cpus  # noqa: E402
 
 
 def test_an_orphaned_ray_folder_is_removed_by_the_next_launcher(tmp_path):
@@ -30,3 +32,11 @@ def test_an_orphaned_ray_folder_is_removed_by_the_next_launcher(tmp_path):
         assert not orphan.exists()
         assert running.exists() and foreign.exists()
     assert not mine.exists()
+
+
+def test_fewer_cpus_than_threads_a_client_is_warned():
+    two = tiny_config(threads=2)
+    assert client_cpus(two) == 2.0
+    one_cpu = two.model_copy(update={"flower": two.flower.model_copy(update={"num_cpus": 1})})
+    with pytest.warns(UserWarning, match=r"flower.num_cpus=1 is below threads=2"):
+        assert client_cpus(one_cpu) == 1.0
