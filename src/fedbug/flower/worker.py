@@ -15,31 +15,38 @@ the ClientApp keeps its built client side in memory between messages.
 The Runtime API is Flower's own (its HTTP client, requests and helpers); nothing here speaks a
 protocol of its own. One task runs at a time, as a SuperNode hands out one message at a time.
 The worker waits for its SuperNode (Flower's client retries) and outlives a restart of it; a
-reply that cannot be returned is logged and the next task served.
+task the node gave up on, or a reply that cannot be returned, is logged and the next task
+served. ClientApps are loaded once per app (FAB hash) and their modules stay imported: restart
+the worker after installing a new version of a ClientApp of your own.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
+import httpx
 from flwr.app import Context, Message
 from flwr.app.error import Error
 from flwr.cli.install import install_from_fab
 from flwr.clientapp.client_app import ClientApp, LoadClientAppError
 from flwr.clientapp.utils import get_load_client_app_fn
-from flwr.common.constant import ErrorCode, SubStatus
-from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
+from flwr.common.constant import MAX_RETRY_DELAY, ErrorCode, SubStatus
+from flwr.proto.runtime_pb2 import (  # pylint: disable=E0611
+    AcquireTaskRequest,
+    SendTaskHeartbeatRequest,
+)
 from flwr.supercore import log
 from flwr.supercore.constant import TaskType
-from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+from flwr.supercore.heartbeat import HeartbeatSender
 from flwr.supercore.interceptors import (
     RuntimeTokenHttpInterceptor,
     RuntimeVersionHttpInterceptor,
 )
-from flwr.supercore.retry import make_simple_http_retry_invoker
+from flwr.supercore.retry import RetryInvoker, exponential
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.runtime.run_clientapp import (
     pull_task_input,
@@ -47,18 +54,67 @@ from flwr.supernode.runtime.run_clientapp import (
     push_task_output,
 )
 
+from fedbug.errors import FedbugError
+
 #: seconds between asks for a task while the node has none (SuperExec's default is 1 s)
 POLL = 0.05
 
 
-def _client(address: str, certificates: bytes | None, *interceptors: Any) -> RuntimeHttpClient:
+#: answers worth asking again: the SuperNode restarting or busy
+RETRY_STATUS = frozenset({502, 503, 504})
+
+
+def _retry() -> RetryInvoker:
+    """Flower's HTTP retries (lost connections and 502-504, backing off up to 20 s), without
+    what Flower's own retry does on a 401 (it signals its process to stop: right for a process
+    a task, not for a worker that outlives its tasks). Any other answer is raised."""
+
+    def give_up(exc: Exception) -> bool:
+        if isinstance(exc, httpx.HTTPStatusError):
+            return exc.response.status_code not in RETRY_STATUS
+        return any(t in str(exc).lower() for t in ("certificate", "ssl", "tls"))
+
+    return RetryInvoker(
+        lambda: exponential(max_delay=MAX_RETRY_DELAY),
+        (httpx.TransportError, httpx.HTTPStatusError),
+        max_tries=None,
+        max_time=None,
+        should_giveup=give_up,
+    )
+
+
+def _client(
+    address: str, certificates: bytes | None, retry: RetryInvoker, *interceptors: Any
+) -> RuntimeHttpClient:
     return RuntimeHttpClient.from_server_address(
         server_address=address,
         insecure=certificates is None,
         root_certificates=certificates,
         interceptors=list(interceptors),
-        retry_invoker=make_simple_http_retry_invoker(),
+        retry_invoker=retry,
     )
+
+
+def _heartbeat(client: RuntimeHttpClient, gone: threading.Event) -> Callable[[], bool]:
+    """A task's heartbeat. Flower's raises SIGINT once the node says the task is over; here
+    that only marks the task ``gone`` (its reply would be refused), and the worker lives on."""
+    request = SendTaskHeartbeatRequest()
+
+    def beat() -> bool:
+        if gone.is_set():
+            return True
+        try:
+            answer = client.SendTaskHeartbeat(request)
+        except httpx.TransportError:
+            return False  # retried by the sender
+        except httpx.HTTPStatusError:
+            gone.set()  # the token is gone (401): the node restarted or ended the task
+            return True
+        if not answer.success:
+            gone.set()
+        return True
+
+    return beat
 
 
 class Worker:
@@ -74,7 +130,10 @@ class Worker:
             default_app_ref="", app_path=None, multi_app=True
         )
         self._tasks = _client(
-            address, certificates, RuntimeVersionHttpInterceptor(component_name="SuperExec")
+            address,
+            certificates,
+            _retry(),
+            RuntimeVersionHttpInterceptor(component_name="SuperExec"),
         )
 
     def close(self) -> None:
@@ -82,9 +141,23 @@ class Worker:
 
     def acquire(self) -> str | None:
         """The token of a waiting ClientApp task, or None."""
-        res = self._tasks.AcquireTask(
-            AcquireTaskRequest(supported_task_types=[str(TaskType.CLIENT_APP)])
-        )
+        try:
+            res = self._tasks.AcquireTask(
+                AcquireTaskRequest(supported_task_types=[str(TaskType.CLIENT_APP)])
+            )
+        except httpx.HTTPStatusError as e:
+            code = e.response.status_code
+            hint = (
+                "; the SuperNode asks for SuperExec authentication "
+                "(--superexec-auth-secret-file), which fedbug flower worker does not do: start "
+                "the SuperNode without it"
+                if code in (401, 403)
+                else ""
+            )
+            raise FedbugError(
+                f"the SuperNode's Runtime API at {self.address} answered HTTP {code} when asked "
+                f"for a task{hint}"
+            ) from None
         return res.token if res.HasField("task") and res.token else None
 
     def app_for(self, run: Any, fab: Any) -> ClientApp:
@@ -96,14 +169,18 @@ class Worker:
     def run_task(self, token: str) -> bool:
         """Pull the task's message and context, run the ClientApp, push the reply and the
         context back. Returns whether the ClientApp completed (a failure is replied as an
-        ``Error`` message, as ``flwr-clientapp`` replies it)."""
+        ``Error`` message, as ``flwr-clientapp`` replies it). A task the node gave up on, or a
+        node that went away, is logged; the worker goes on to the next task."""
+        retry = _retry()
         client = _client(
             self.address,
             self.certificates,
+            retry,
             RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
             RuntimeTokenHttpInterceptor(token),
         )
-        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+        gone = threading.Event()
+        heartbeat = HeartbeatSender(_heartbeat(client, gone))
         message: Message | None = None
         reply: Message | None = None
         context: Context | None = None
@@ -124,17 +201,19 @@ class Worker:
             if message is not None:
                 reply = Message(Error(code=code, reason=reason), reply_to=message)
         finally:
-            try:
-                if reply is not None and context is not None:
+            if gone.is_set():
+                log(WARNING, "fedbug worker: the node ended this task; its reply is not sent")
+            elif reply is not None and context is not None:
+                try:
                     push_message(client, reply, context)
-                push_task_output(client, context, status, details)
-            except Exception as ex:  # noqa: BLE001 - the node went away: serve the next task
-                status = SubStatus.FAILED
-                log(ERROR, "fedbug worker: the task's reply could not be returned: %s", ex)
-            finally:
-                if heartbeat.is_running:
-                    heartbeat.stop()
-                client.close()
+                except Exception as ex:  # noqa: BLE001 - the node went away: serve the next
+                    status = SubStatus.FAILED
+                    log(ERROR, "fedbug worker: the task's reply could not be returned: %s", ex)
+            retry.max_tries = 1  # as flwr-clientapp on its way out: try once, do not wait
+            push_task_output(client, context, status, details)  # logs its own failure
+            if heartbeat.is_running:
+                heartbeat.stop()
+            client.close()
         self.done += 1
         log(INFO, "fedbug worker: task %d %s", self.done, status)
         return status == SubStatus.COMPLETED
