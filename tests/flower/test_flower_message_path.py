@@ -246,3 +246,44 @@ def test_updates_stream_in_client_order_as_they_arrive():
     assert [r.client for r in rest] == [1, 2] and grid.pulls == before + 3
     assert len(grid.weights_records) == 3
     assert all(w is grid.weights_records[0] for w in grid.weights_records)
+
+
+class Held(LoopbackGrid):
+    """Client 1's reply stays out of reach until ``release`` is set."""
+
+    release = False
+
+    def pull_messages(self, message_ids):
+        got = list(super().pull_messages(message_ids))
+        result = [m.content.config_records.get("result") for m in got]
+        keep = [m for m, r in zip(got, result) if self.release or not r or r["client"] != 1]
+        for m in got:
+            if m not in keep:  # not yet: back where it was
+                self.replies[m.metadata.reply_to_message_id] = m
+        return keep
+
+
+def test_a_reply_that_came_while_the_server_aggregated_past_the_deadline_is_taken():
+    """The server aggregates client 0's update until after the round's deadline; client 1's
+    reply came in meanwhile. One last pull takes it rather than dropping it as late."""
+    import time
+
+    from fedbug.engine.experiment import Experiment
+
+    cfg = tiny_config(
+        rounds=1,
+        threads=1,
+        num_clients=2,
+        clients_per_round=2,
+        flower={"round_timeout": 0.3, "poll_interval": 0.05},
+    ).model_copy(update={"executor": "flower-simulation"})
+    grid = Held(client_app, 2, {"config": json.dumps(cfg.model_dump(mode="json"))})
+    exp = Experiment(cfg)
+    ex = FlowerExecutor(grid, exp, map_once=True)
+    with task_identity():
+        stream = ex.stream_round(exp.initial_weights(), [exp_task(exp, c) for c in (0, 1)], {})
+        assert next(stream).client == 0
+        time.sleep(0.4)  # aggregating client 0 past the deadline
+        grid.release = True
+        assert [r.client for r in stream] == [1]
+    assert ex.lost() == []
