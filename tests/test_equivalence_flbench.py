@@ -63,7 +63,7 @@ def test_fixtures_are_there():
 
 
 def _check_units(got_rows: list[dict], want_rows: list[dict], at: str) -> None:
-    check_units(got_rows, want_rows, at, "FL-bench", exact=False)
+    check_units(got_rows, want_rows, at, "FL-bench", exact=False, rounding=True)
 
 
 def _inputs_as_saved(case: FlbCase, saved: dict) -> None:
