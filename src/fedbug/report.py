@@ -47,7 +47,8 @@ from typing import Any
 
 from fedbug.errors import ConfigError
 from fedbug.results import atomic_write_bytes, atomic_write_text
-from fedbug.sweep import Cell, RunList, collect_runs, group_runs, mean_std
+from fedbug.spread import mean_std, pm
+from fedbug.sweep import Cell, RunList, collect_runs, group_runs
 
 AUTO_SHARE = 0.95  # target auto = 0.95 x FedAvg's best accuracy
 PARTICIPATION_GROUPS = 40  # FreezeFL Fig. 4
@@ -304,7 +305,8 @@ def _cell(row: dict[str, Any], key: str, scale: float, fmt: str, counted: bool) 
         return f"not reached (0/{n})" if row["target"] is not None else "-"
     if row[key] is None:
         return "-"
-    text = f"{scale * row[key]:{fmt}} ± {scale * row[f'{key}_std']:{fmt}}"
+    values = row["reached"] if counted else sum(p[key] is not None for p in row["per_seed"])
+    text = pm(row[key], row[f"{key}_std"], values, fmt, scale)
     rel = row[f"{key}_vs_fedavg"]
     if rel is not None and not row["baseline"]:
         text += f" ({rel:+.1f}%)"

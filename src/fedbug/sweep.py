@@ -18,6 +18,7 @@ from fedbug.compat import blocks_used_elsewhere, owners, used_blocks
 from fedbug.config import BaseConfig, config_class, set_dotted, validate
 from fedbug.errors import ConfigError
 from fedbug.results import atomic_write_bytes, atomic_write_text
+from fedbug.spread import mean_std, pm
 from fedbug.table4 import format_pfl_table, write_figures
 
 
@@ -133,12 +134,6 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
     return cells
 
 
-def mean_std(xs: list[float]) -> tuple[float, float]:
-    if not xs:
-        return math.nan, math.nan
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
 def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
     """Per cell: mean +- std over seeds of final and best accuracy and of run time."""
     rows = []
@@ -189,11 +184,11 @@ def _per_cell_pfl(rows: list[dict[str, Any]]) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        n = len(r["seeds"])
         cols = [
-            f"{100 * r[f'{k}_mean']:.2f} ± {100 * r[f'{k}_std']:.2f} "
-            f"({100 * r[f'{k}_client_std']:.2f})"
+            f"{pm(r[f'{k}_mean'], r[f'{k}_std'], n, scale=100)} ({100 * r[f'{k}_client_std']:.2f})"
             if f"{k}_mean" in r
-            else f"global {100 * r['final_acc_mean']:.2f} ± {100 * r['final_acc_std']:.2f}"
+            else f"global {pm(r['final_acc_mean'], r['final_acc_std'], n, scale=100)}"
             for k in ("before_ft", "after_ft")
         ]
         lines.append(
@@ -209,11 +204,11 @@ def _per_cell(rows: list[dict[str, Any]]) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        fmt = _fmt(r.get("metric", "acc"))
-        lines.append(
-            f"| {r['label']} | {len(r['seeds'])} | {fmt(r['final_acc_mean'], r['final_acc_std'])}"
-            f" | {fmt(r['best_acc_mean'], r['best_acc_std'])} | {r['seconds_mean']:.1f} |"
-        )
+        n = len(r["seeds"])
+        fmt, scale = (".2f", 100) if r.get("metric", "acc") == "acc" else (".4g", 1)
+        final = pm(r["final_acc_mean"], r["final_acc_std"], n, fmt, scale)
+        best = pm(r["best_acc_mean"], r["best_acc_std"], n, fmt, scale)
+        lines.append(f"| {r['label']} | {n} | {final} | {best} | {r['seconds_mean']:.1f} |")
     return "\n".join(lines)
 
 
@@ -230,12 +225,6 @@ def headline_value(summary: dict[str, Any], which: str) -> float | None:
 def _unit(rows: list[dict[str, Any]]) -> str:
     metric = rows[0].get("metric", "acc") if rows else "acc"
     return "acc (%)" if metric == "acc" else metric
-
-
-def _fmt(metric: str) -> Callable[[float, float], str]:
-    if metric == "acc":
-        return lambda m, s: f"{100 * m:.2f} ± {100 * s:.2f}"
-    return lambda m, s: f"{m:.4g} ± {s:.2g}"
 
 
 def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, title: str) -> None:

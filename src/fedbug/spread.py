@@ -1,0 +1,24 @@
+"""Mean and spread over seeds, and how tables show them.
+
+One seed has no spread: tables show its figure alone, never "± 0.00", which would claim that
+repeated seeds agreed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    """The mean and sample standard deviation of ``xs`` (std 0.0 for one value, NaN for none)."""
+    if not xs:
+        return math.nan, math.nan
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def pm(mean: float, std: float, n: int, fmt: str = ".2f", scale: float = 1.0) -> str:
+    """``mean ± std`` over ``n`` values, formatted with ``fmt`` after multiplying by
+    ``scale``; the mean alone when ``n`` is 1, as one value has no spread."""
+    text = f"{scale * mean:{fmt}}"
+    return text if n < 2 else f"{text} ± {scale * std:{fmt}}"
