@@ -6,7 +6,8 @@
 Reads every finished run (``summary.json`` and ``metrics.jsonl``, checksums checked through
 fedbug's own reader), groups them by partition, algorithm and variant (vanilla or FedBug 40%),
 and writes ``headline.md`` (the table: seeds done, final and best accuracy of the mean of all
-local models, final accuracy of the server's model, mean ± standard deviation over seeds) and
+local models, final accuracy of the server's model, mean ± standard deviation over seeds; then
+FedBug 40% minus vanilla, paired by seed, beside the authors' CIFAR-100 gains) and
 ``headline.png`` (accuracy over rounds, mean and min-max band over seeds, one panel per
 partition and algorithm). Runs still in progress (no ``summary.json``) are listed as such.
 """
@@ -20,9 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.results import RunDir
+from fedbug.spread import mean_std, pm
 
 ALGORITHMS = {"fedavg": "FedAvg", "feddyn": "FedDyn", "fedexp": "FedExP"}
 PARTITIONS = {"iid": "IID", "dirichlet": "Dirichlet 0.3"}
+# the authors' result files (REFERENCE.md): CIFAR-100, 100 clients, p = 0.01, round 500, mean of
+# all local models; (vanilla, FedBug 40%) in %
+AUTHORS = {
+    ("iid", "fedavg"): (44.5, 49.5),
+    ("iid", "feddyn"): (46.6, 48.8),
+    ("iid", "fedexp"): (46.0, 50.0),
+    ("dirichlet", "fedavg"): (44.1, 47.8),
+    ("dirichlet", "feddyn"): (45.0, 47.3),
+    ("dirichlet", "fedexp"): (44.9, 47.9),
+}
 
 
 def variant(cfg: dict[str, Any]) -> str:
@@ -49,11 +61,10 @@ def load(sweep: Path) -> tuple[dict[tuple[str, str, str], list[dict[str, Any]]],
     return runs, running
 
 
-def _mean_sd(values: list[float]) -> str:
+def _mean_sd(values: list[float], fmt: str = ".2f") -> str:
     if not values:
         return "-"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.mean(values):.2f} ± {100 * sd:.2f}"
+    return pm(*mean_std(values), len(values), fmt, scale=100)
 
 
 def _last(records: list[dict[str, Any]], key: str) -> float:
@@ -78,10 +89,40 @@ def table(runs: dict[tuple[str, str, str], list[dict[str, Any]]], running: list[
             f"| {PARTITIONS.get(part, part)} | {ALGORITHMS.get(alg, alg)} | {var} | "
             f"{len(done)} ({seeds}) | {_mean_sd(final)} | {_mean_sd(best)} | {_mean_sd(server)} |"
         )
+    rows += ["", *paired(runs)]
     if running:
         rows.append("")
         rows.append("In progress (no summary.json yet): " + ", ".join(running))
     return "\n".join(rows) + "\n"
+
+
+def paired(runs: dict[tuple[str, str, str], list[dict[str, Any]]]) -> list[str]:
+    """FedBug 40% minus vanilla per (partition, algorithm), over the seeds both finished: the
+    mean ± std of the per-seed differences, in points, and in how many seeds FedBug was ahead."""
+    rows = [
+        "| partition | algorithm | seeds paired | FedBug 40% - vanilla, mean of local models "
+        "(points) | FedBug ahead | server model (points) | authors, CIFAR-100 (points) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for part, alg in sorted({k[:2] for k in runs}, key=lambda k: _order((*k, "vanilla"))):
+        base = {r["seed"]: r["records"] for r in runs.get((part, alg, "vanilla"), [])}
+        bug = {r["seed"]: r["records"] for r in runs.get((part, alg, "FedBug 40%"), [])}
+        seeds = sorted(base.keys() & bug.keys())
+        if not seeds:
+            continue
+        local, server = (
+            [_last(bug[s], key) - _last(base[s], key) for s in seeds]
+            for key in ("test_acc", "test_acc_server")
+        )
+        ahead = sum(d > 0 for d in local)
+        ref = AUTHORS.get((part, alg))
+        authors = f"{ref[1] - ref[0]:+.1f} ({ref[0]} -> {ref[1]})" if ref else "-"
+        rows.append(
+            f"| {PARTITIONS.get(part, part)} | {ALGORITHMS.get(alg, alg)} | "
+            f"{len(seeds)} ({', '.join(map(str, seeds))}) | {_mean_sd(local, '+.2f')} | "
+            f"{ahead} of {len(seeds)} | {_mean_sd(server, '+.2f')} | {authors} |"
+        )
+    return rows
 
 
 def _order(key: tuple[str, str, str]) -> tuple[int, int, bool, str]:
