@@ -235,7 +235,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "name": "workload-w",
         "seed": args.seed,
-        "dataset": "cifar10" if args.shape == "cifar" else "fmnist",  # name only: data passed
+        # the name only: the data is passed in
+        "dataset": "cifar10" if args.shape == "cifar" else "fashion_mnist",
         "model": "standard_cnn",
         "num_clients": NUM_CLIENTS,
         "partition": "iid",

@@ -1,4 +1,4 @@
-"""Freeze policies, one file each; importing this package registers them all: every module
+"""Freeze policies, a file per family; importing this package registers them all: every module
 in it is imported, so a new one is a new file."""
 
 from fedbug.policies.base import (
