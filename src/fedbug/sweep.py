@@ -18,7 +18,7 @@ from fedbug.compat import blocks_used_elsewhere, owners, used_blocks
 from fedbug.config import BaseConfig, config_class, set_dotted, validate
 from fedbug.errors import ConfigError
 from fedbug.results import atomic_write_bytes, atomic_write_text
-from fedbug.spread import mean_std, pm
+from fedbug.spread import mean_std, row_pm
 from fedbug.table4 import format_pfl_table, write_figures
 
 
@@ -151,8 +151,10 @@ def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[s
             "metric": metric,
             "final_acc_mean": fm,
             "final_acc_std": fs,
+            "final_acc_n": len(final),
             "best_acc_mean": bm,
             "best_acc_std": bs,
+            "best_acc_n": len(best),
             "seconds_mean": statistics.fmean(secs) if secs else math.nan,
             "runs": [str(r["run_dir"]) for r in runs],
         }
@@ -162,7 +164,7 @@ def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[s
             means = [p[key]["mean"] for p in pfl if p[key]["mean"] is not None]
             spreads = [p[key]["std"] for p in pfl if p[key]["std"] is not None]
             m, sd = mean_std(means)
-            row[f"{key}_mean"], row[f"{key}_std"] = m, sd
+            row[f"{key}_mean"], row[f"{key}_std"], row[f"{key}_n"] = m, sd, len(means)
             row[f"{key}_client_std"] = statistics.fmean(spreads) if spreads else math.nan
         rows.append(row)
     return rows
@@ -184,11 +186,10 @@ def _per_cell_pfl(rows: list[dict[str, Any]]) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        n = len(r["seeds"])
         cols = [
-            f"{pm(r[f'{k}_mean'], r[f'{k}_std'], n, scale=100)} ({100 * r[f'{k}_client_std']:.2f})"
+            f"{row_pm(r, k, scale=100)} ({100 * r[f'{k}_client_std']:.2f})"
             if f"{k}_mean" in r
-            else f"global {pm(r['final_acc_mean'], r['final_acc_std'], n, scale=100)}"
+            else f"global {row_pm(r, 'final_acc', scale=100)}"
             for k in ("before_ft", "after_ft")
         ]
         lines.append(
@@ -204,11 +205,12 @@ def _per_cell(rows: list[dict[str, Any]]) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        n = len(r["seeds"])
-        fmt, scale = (".2f", 100) if r.get("metric", "acc") == "acc" else (".4g", 1)
-        final = pm(r["final_acc_mean"], r["final_acc_std"], n, fmt, scale)
-        best = pm(r["best_acc_mean"], r["best_acc_std"], n, fmt, scale)
-        lines.append(f"| {r['label']} | {n} | {final} | {best} | {r['seconds_mean']:.1f} |")
+        acc = r.get("metric", "acc") == "acc"
+        how = (".2f", 100.0, "") if acc else (".4g", 1.0, ".2g")  # fmt, scale, std_fmt
+        final, best = (row_pm(r, key, *how) for key in ("final_acc", "best_acc"))
+        lines.append(
+            f"| {r['label']} | {len(r['seeds'])} | {final} | {best} | {r['seconds_mean']:.1f} |"
+        )
     return "\n".join(lines)
 
 

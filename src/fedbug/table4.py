@@ -26,7 +26,7 @@ from typing import Any
 
 from fedbug.errors import ConfigError
 from fedbug.results import atomic_write_bytes
-from fedbug.spread import pm
+from fedbug.spread import row_pm
 
 #: Methods whose Table 4 cell is after fine-tuning (FedSeq's Table 4; FedAvg gets both rows,
 #: FedAvg and FedAvg+FT); the rest are reported before, as the paper.
@@ -90,8 +90,7 @@ def views(method: str, ft: str = "paper") -> list[tuple[str, tuple[str, ...]]]:
 def _cell_text(row: dict[str, Any], key: str) -> str:
     if f"{key}_mean" not in row:
         return "-"
-    spread = pm(row[f"{key}_mean"], row[f"{key}_std"], len(row["seeds"]), scale=100)
-    return f"{spread} ({100 * row[f'{key}_client_std']:.2f})"
+    return f"{row_pm(row, key, scale=100)} ({100 * row[f'{key}_client_std']:.2f})"
 
 
 def format_pfl_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
