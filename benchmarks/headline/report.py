@@ -15,8 +15,10 @@ partition and algorithm). Runs still in progress (no ``summary.json``) are liste
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 from collections import defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -185,10 +187,32 @@ def plot(runs: dict[tuple[str, str, str], list[dict[str, Any]]], path: Path) -> 
     plt.close(fig)
 
 
+BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
+
+
+def into(path: Path, text: str, finished: int, total: int) -> None:
+    """Put the tables (``text`` without its in-progress line) between ``BEGIN`` and ``END`` in
+    ``path`` (benchmarks/RESULTS.md) and date its ``State on ...:`` line."""
+    doc = path.read_text()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{path}: no {BEGIN} ... {END} block to fill; add the two markers")
+    tables = "\n".join(ln for ln in text.splitlines() if not ln.startswith("In progress"))
+    doc = (
+        doc[: doc.index(BEGIN) + len(BEGIN)] + "\n" + tables.strip() + "\n" + doc[doc.index(END) :]
+    )
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    state = f"State on {when}: **{finished} of {total} runs finished**.\n"
+    doc = re.sub(r"State on [^\n]*:[^\n]*\n", lambda _: state, doc, count=1)
+    path.write_text(doc)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep", type=Path, help="the sweep folder (fedbug-headline-sweep)")
     ap.add_argument("--out", type=Path, help="write headline.md and headline.png here")
+    ap.add_argument("--into", type=Path, help="also fill the tables block of this file "
+                    "(benchmarks/RESULTS.md)")  # fmt: skip
+    ap.add_argument("--total", type=int, default=36, help="runs in the sweep (36)")
     args = ap.parse_args()
     runs, running = load(args.sweep)
     text = table(runs, running)
@@ -198,6 +222,9 @@ def main() -> None:
         (args.out / "headline.md").write_text(text)
         plot(runs, args.out / "headline.png")
         print(f"written: {args.out / 'headline.md'}, {args.out / 'headline.png'}")
+    if args.into:
+        into(args.into, text, sum(len(v) for v in runs.values()), args.total)
+        print(f"updated: {args.into}")
 
 
 if __name__ == "__main__":
