@@ -67,6 +67,9 @@ def test_a_missing_cell_is_a_dash_and_a_bad_choice_is_refused():
 def test_format_table_puts_table_4_above_the_per_cell_table():
     text = format_table(ROWS)
     assert text.index("| method |") < text.index("| cell |")
+    # the per-cell table's cells are Table 4's, before and after FT side by side
+    row_line = "| method=fedavg dataset=digits | 3 | 20.00 ± 1.00 (10.00) | 80.00 ± 2.00 (20.00) |"
+    assert row_line in text
 
 
 def test_data_sets_in_a_variant_group_become_columns():

@@ -19,7 +19,7 @@ from fedbug.config import BaseConfig, config_class, set_dotted, validate
 from fedbug.errors import ConfigError
 from fedbug.results import atomic_write_bytes, atomic_write_text
 from fedbug.spread import mean_std, row_pm
-from fedbug.table4 import format_pfl_table, write_figures
+from fedbug.table4 import cell_text, format_pfl_table, write_figures
 
 
 @dataclass
@@ -187,9 +187,7 @@ def _per_cell_pfl(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         cols = [
-            f"{row_pm(r, k, scale=100)} ({100 * r[f'{k}_client_std']:.2f})"
-            if f"{k}_mean" in r
-            else f"global {row_pm(r, 'final_acc', scale=100)}"
+            cell_text(r, k) if f"{k}_mean" in r else f"global {row_pm(r, 'final_acc', scale=100)}"
             for k in ("before_ft", "after_ft")
         ]
         lines.append(

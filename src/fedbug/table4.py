@@ -87,7 +87,9 @@ def views(method: str, ft: str = "paper") -> list[tuple[str, tuple[str, ...]]]:
     return [(method, ("after_ft",) if name in AFTER_FT else ("before_ft",))]
 
 
-def _cell_text(row: dict[str, Any], key: str) -> str:
+def cell_text(row: dict[str, Any], key: str) -> str:
+    """A personalized cell: the client-mean accuracy (``key``: before_ft or after_ft), mean ±
+    std over seeds, the std over clients in brackets; "-" where the row has none."""
     if f"{key}_mean" not in row:
         return "-"
     return f"{row_pm(row, key, scale=100)} ({100 * row[f'{key}_client_std']:.2f})"
@@ -119,7 +121,7 @@ def format_pfl_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
             cols = []
             for ds in datasets:
                 r = cells.get((method, ds))
-                cols.append(" / ".join(_cell_text(r, k) for k in keys) if r else "-")
+                cols.append(" / ".join(cell_text(r, k) for k in keys) if r else "-")
             tag = "" if ft == "both" else (" (after FT)" if keys == ("after_ft",) else "")
             lines.append(f"| {label}{tag} | " + " | ".join(cols) + " |")
     note = "cells: before FT / after FT" if ft == "both" else "as FedSeq Table 4"
