@@ -38,6 +38,9 @@ AUTHORS = {
     ("dirichlet", "fedexp"): (44.9, 47.9),
 }
 
+Records = list[dict[str, Any]]
+Runs = dict[tuple[str, str, str], list[dict[str, Any]]]  # by (partition, algorithm, variant)
+
 
 def variant(cfg: dict[str, Any]) -> str:
     if cfg["policy"] == "none":
@@ -49,7 +52,7 @@ def variant(cfg: dict[str, Any]) -> str:
 def load(sweep: Path) -> tuple[dict[tuple[str, str, str], list[dict[str, Any]]], list[str]]:
     """Finished runs by (partition, algorithm, variant), each ``{"seed", "summary",
     "records"}``; and the names of folders still running."""
-    runs: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    runs: Runs = defaultdict(list)
     running = []
     for folder in sorted(p for p in sweep.iterdir() if p.is_dir()):
         rd = RunDir(folder)
@@ -69,11 +72,11 @@ def _mean_sd(values: list[float], fmt: str = ".2f") -> str:
     return pm(*mean_std(values), len(values), fmt, scale=100)
 
 
-def _last(records: list[dict[str, Any]], key: str) -> float:
+def _last(records: Records, key: str) -> float:
     return next(r[key] for r in reversed(records) if r.get(key) is not None)
 
 
-def table(runs: dict[tuple[str, str, str], list[dict[str, Any]]], running: list[str]) -> str:
+def table(runs: Runs, running: list[str]) -> str:
     rows = [
         "| partition | algorithm | variant | seeds | mean of local models, final (%) "
         "| best (%) | server model, final (%) |",
@@ -91,14 +94,29 @@ def table(runs: dict[tuple[str, str, str], list[dict[str, Any]]], running: list[
             f"| {PARTITIONS.get(part, part)} | {ALGORITHMS.get(alg, alg)} | {var} | "
             f"{len(done)} ({seeds}) | {_mean_sd(final)} | {_mean_sd(best)} | {_mean_sd(server)} |"
         )
-    rows += ["", *paired(runs)]
+    rows += ["", *paired(runs), "", *over_rounds(runs)]
     if running:
         rows.append("")
         rows.append("In progress (no summary.json yet): " + ", ".join(running))
     return "\n".join(rows) + "\n"
 
 
-def paired(runs: dict[tuple[str, str, str], list[dict[str, Any]]]) -> list[str]:
+def pairs(
+    runs: Runs,
+) -> list[tuple[str, str, list[int], dict[int, Records], dict[int, Records]]]:
+    """Per (partition, algorithm) in table order: the seeds both vanilla and FedBug 40%
+    finished, and each variant's records by seed. Cells without such a seed are left out."""
+    out = []
+    for part, alg in sorted({k[:2] for k in runs}, key=lambda k: _order((*k, "vanilla"))):
+        base = {r["seed"]: r["records"] for r in runs.get((part, alg, "vanilla"), [])}
+        bug = {r["seed"]: r["records"] for r in runs.get((part, alg, "FedBug 40%"), [])}
+        seeds = sorted(base.keys() & bug.keys())
+        if seeds:
+            out.append((part, alg, seeds, base, bug))
+    return out
+
+
+def paired(runs: Runs) -> list[str]:
     """FedBug 40% minus vanilla per (partition, algorithm), over the seeds both finished: the
     mean ± std of the per-seed differences, in points, and in how many seeds FedBug was ahead."""
     rows = [
@@ -106,12 +124,7 @@ def paired(runs: dict[tuple[str, str, str], list[dict[str, Any]]]) -> list[str]:
         "(points) | FedBug ahead | server model (points) | authors, CIFAR-100 (points) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for part, alg in sorted({k[:2] for k in runs}, key=lambda k: _order((*k, "vanilla"))):
-        base = {r["seed"]: r["records"] for r in runs.get((part, alg, "vanilla"), [])}
-        bug = {r["seed"]: r["records"] for r in runs.get((part, alg, "FedBug 40%"), [])}
-        seeds = sorted(base.keys() & bug.keys())
-        if not seeds:
-            continue
+    for part, alg, seeds, base, bug in pairs(runs):
         local, server = (
             [_last(bug[s], key) - _last(base[s], key) for s in seeds]
             for key in ("test_acc", "test_acc_server")
@@ -127,6 +140,46 @@ def paired(runs: dict[tuple[str, str, str], list[dict[str, Any]]]) -> list[str]:
     return rows
 
 
+def _curve(records: Records, key: str = "test_acc") -> dict[int, float]:
+    return {r["round"]: r[key] for r in records if r.get(key) is not None}
+
+
+def differences(base: Records, bug: Records) -> dict[int, float]:
+    """FedBug minus vanilla on the mean of local models at every round both evaluated."""
+    b, f = _curve(base), _curve(bug)
+    return {t: f[t] - b[t] for t in sorted(b.keys() & f.keys())}
+
+
+def over_rounds(
+    runs: Runs,
+    at: tuple[int, ...] = (50, 100, 200, 300, 400, 500),
+) -> list[str]:
+    """The paired difference on the mean of local models at rounds ``at`` (mean ± std over
+    the seeds, in points), and at how many of the evaluated rounds FedBug was ahead on the
+    mean over seeds: does FedBug lead early and lose it later, or trail throughout?"""
+    rows = [
+        "| partition | algorithm | seeds paired | "
+        + " | ".join(f"round {t}" for t in at)
+        + " | FedBug ahead (evaluated rounds) |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in at) + " | --- |",
+    ]
+    for part, alg, seeds, base, bug in pairs(runs):
+        diffs = [differences(base[s], bug[s]) for s in seeds]
+        common = sorted(set.intersection(*(set(d) for d in diffs)))
+        cells = [_mean_sd([d[t] for d in diffs], "+.2f") if t in common else "-" for t in at]
+        ahead = sum(statistics.mean(d[t] for d in diffs) > 0 for t in common)
+        rows.append(
+            f"| {PARTITIONS.get(part, part)} | {ALGORITHMS.get(alg, alg)} | "
+            f"{len(seeds)} ({', '.join(map(str, seeds))}) | {' | '.join(cells)} | "
+            f"{ahead} of {len(common)} |"
+        )
+    return rows
+
+
+def _n_seeds(n: int) -> str:
+    return f"{n} seed{'s' if n != 1 else ''}"
+
+
 def _order(key: tuple[str, str, str]) -> tuple[int, int, bool, str]:
     part, alg, var = key
     p = list(PARTITIONS).index(part) if part in PARTITIONS else 9
@@ -134,7 +187,7 @@ def _order(key: tuple[str, str, str]) -> tuple[int, int, bool, str]:
     return p, a, var != "vanilla", var
 
 
-def plot(runs: dict[tuple[str, str, str], list[dict[str, Any]]], path: Path) -> None:
+def plot(runs: Runs, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,17 +216,12 @@ def plot(runs: dict[tuple[str, str, str], list[dict[str, Any]]], path: Path) -> 
                 continue
             low = 100.0
             for (_p, _a, var), done in cell:
-                curves = []
-                for r in done:
-                    pts = [(x["round"], x["test_acc"]) for x in r["records"]
-                           if x.get("test_acc") is not None]  # fmt: skip
-                    curves.append(dict(pts))
+                curves = [_curve(r["records"]) for r in done]
                 rounds = sorted(set.intersection(*(set(c) for c in curves)))
                 ys = [[100 * c[t] for c in curves] for t in rounds]
                 mean = [statistics.mean(y) for y in ys]
                 low = min(low, min(mean[len(mean) // 2 :]))
-                seeds = f"{len(done)} seed{'s' if len(done) != 1 else ''}"
-                line = ax.plot(rounds, mean, label=f"{var} ({seeds})")[0]
+                line = ax.plot(rounds, mean, label=f"{var} ({_n_seeds(len(done))})")[0]
                 ax.fill_between(rounds, [min(y) for y in ys], [max(y) for y in ys],
                                 color=line.get_color(), alpha=0.2)  # fmt: skip
             ax.set_ylim(bottom=max(0.0, low - 8))  # the last rounds' differences visible
@@ -182,6 +230,49 @@ def plot(runs: dict[tuple[str, str, str], list[dict[str, Any]]], path: Path) -> 
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, loc="lower right")
     fig.suptitle("FedBug 40% vs vanilla, Fashion-MNIST, 100 clients, p = 0.01 (band: min-max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_differences(runs: Runs, path: Path) -> None:
+    """FedBug 40% minus vanilla over rounds, paired by seed: one panel per partition, a line
+    per algorithm (mean over seeds, min-max band), and the zero line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    found = pairs(runs)
+    parts = [p for p in PARTITIONS if any(f[0] == p for f in found)]
+    if not parts:
+        return
+    fig, axes = plt.subplots(1, len(parts), figsize=(5.5 * len(parts), 3.8), squeeze=False)
+    for ax, part in zip(axes[0], parts, strict=True):
+        ax.axhline(0.0, color="0.3", lw=0.8)
+        for _p, alg, seeds, base, bug in (f for f in found if f[0] == part):
+            diffs = [differences(base[s], bug[s]) for s in seeds]
+            rounds = sorted(set.intersection(*(set(d) for d in diffs)))
+            ys = [[100 * d[t] for d in diffs] for t in rounds]
+            label = f"{ALGORITHMS.get(alg, alg)} ({_n_seeds(len(seeds))})"
+            line = ax.plot(rounds, [statistics.mean(y) for y in ys], label=label)[0]
+            ax.fill_between(rounds, [min(y) for y in ys], [max(y) for y in ys],
+                            color=line.get_color(), alpha=0.15)  # fmt: skip
+        # linear within +-1 point, logarithmic beyond: the first rounds' gaps of several points
+        # stay in view without flattening the half-point differences of the later rounds
+        ax.set_yscale("symlog", linthresh=1.0)
+        low, high = ax.get_ylim()
+        ax.set_yticks([t for t in (-20, -10, -5, -2, -1, -0.5, 0, 0.5, 1, 2, 5, 10, 20)
+                       if low <= t <= high])  # fmt: skip
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:+g}" if v else "0"))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.set_title(PARTITIONS[part])
+        ax.set_xlabel("round")
+        ax.set_ylabel("FedBug 40% - vanilla (points)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle("FedBug 40% minus vanilla, mean of local models, paired by seed (band: min-max)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -221,7 +312,9 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "headline.md").write_text(text)
         plot(runs, args.out / "headline.png")
-        print(f"written: {args.out / 'headline.md'}, {args.out / 'headline.png'}")
+        plot_differences(runs, args.out / "headline-diff.png")
+        print(f"written: {args.out / 'headline.md'}, {args.out / 'headline.png'}, "
+              f"{args.out / 'headline-diff.png'}")  # fmt: skip
     if args.into:
         into(args.into, text, sum(len(v) for v in runs.values()), args.total)
         print(f"updated: {args.into}")
