@@ -1,10 +1,14 @@
 """benchmarks/headline/report.py: the headline sweep's paired tables, on hand-made runs.
 
-Two seeds of vanilla and FedBug 40% (and a third FedBug seed with no vanilla partner), evaluated
-at rounds 10 and 20. FedBug minus vanilla on the mean of local models, in points:
-round 10: seed 0 +1, seed 1 -2 (mean -0.50, std sqrt(4.5) = 2.12);
-round 20: seed 0 -1, seed 1 +3 (mean +1.00, std sqrt(8) = 2.83).
-Server model at round 20: seed 0 +1, seed 1 -2 (-0.50 ± 2.12).
+Three seeds of vanilla and FedBug 40% (and a FedBug seed 3 with no vanilla partner), evaluated
+at rounds 10, 20, 30 and 40, except FedBug seed 2, whose round-40 evaluation is missing. FedBug
+minus vanilla on the mean of local models, in points, seeds 0, 1, 2:
+round 10: +1, -2, -2 (mean -1.00, std sqrt(3) = 1.73; median -2);
+round 20: -1, +3, +1 (mean +1.00, std 2.00);
+round 30: +4, -1, -1 (mean +0.67, ahead; the median, -1, would not be);
+round 40: +1, +1, -  (not a round all three seeds evaluated);
+final, at each seed's last round both evaluated (40, 40, 30): +1, +1, -1 (+0.33 ± 1.15).
+Server model (the same every round): +1, -2, +2 (+0.33 ± sqrt(13/3) = 2.08).
 """
 
 from __future__ import annotations
@@ -23,63 +27,81 @@ report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(report)
 
 
-def _run(seed: int, local: tuple[float, float], server: tuple[float, float]) -> dict:
-    records = [
-        {"round": 5, "test_acc": None, "test_acc_server": None},  # a round without evaluation
-        {"round": 10, "test_acc": local[0], "test_acc_server": server[0]},
-        {"round": 20, "test_acc": local[1], "test_acc_server": server[1]},
-    ]
+def _run(seed: int, local: tuple[float | None, ...], server: float) -> dict:
+    records = [{"round": 5, "test_acc": None, "test_acc_server": None}]  # not evaluated
+    for i, acc in enumerate(local):
+        records.append({"round": 10 * (i + 1), "test_acc": acc, "test_acc_server": server})
     return {"seed": seed, "records": records}
 
 
 RUNS = {
     ("iid", "fedavg", "vanilla"): [
-        _run(0, (0.50, 0.80), (0.60, 0.70)),
-        _run(1, (0.52, 0.82), (0.61, 0.72)),
+        _run(0, (0.50, 0.60, 0.70, 0.80), 0.60),
+        _run(1, (0.52, 0.62, 0.72, 0.82), 0.61),
+        _run(2, (0.54, 0.64, 0.74, 0.84), 0.62),
     ],
     ("iid", "fedavg", "FedBug 40%"): [
-        _run(0, (0.51, 0.79), (0.58, 0.71)),
-        _run(1, (0.50, 0.85), (0.60, 0.70)),
-        _run(2, (0.90, 0.90), (0.90, 0.90)),  # no vanilla seed 2: left out of the pairs
+        _run(0, (0.51, 0.59, 0.74, 0.81), 0.61),
+        _run(1, (0.50, 0.65, 0.71, 0.83), 0.59),
+        _run(2, (0.52, 0.65, 0.73, None), 0.64),
+        _run(3, (0.90, 0.90, 0.90, 0.90), 0.90),  # no vanilla seed 3: left out of the pairs
     ],
     # a cell with vanilla only: no pair, no row
-    ("dirichlet", "feddyn", "vanilla"): [_run(0, (0.4, 0.6), (0.4, 0.6))],
+    ("dirichlet", "feddyn", "vanilla"): [_run(0, (0.4, 0.6), 0.5)],
 }
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip("|").split("|")]
 
 
 def test_pairs_keep_only_seeds_both_variants_finished() -> None:
     found = report.pairs(RUNS)
-    assert [(p, a, seeds) for p, a, seeds, _b, _f in found] == [("iid", "fedavg", [0, 1])]
+    assert [(p, a, seeds) for p, a, seeds, _b, _f in found] == [("iid", "fedavg", [0, 1, 2])]
 
 
 def test_differences_are_fedbug_minus_vanilla_at_rounds_both_evaluated() -> None:
     _p, _a, _s, base, bug = report.pairs(RUNS)[0]
-    d = report.differences(base[1], bug[1])
-    assert sorted(d) == [10, 20]
-    assert d[10] == pytest.approx(-0.02) and d[20] == pytest.approx(0.03)
+    d = report.differences(base[2], bug[2])
+    assert sorted(d) == [10, 20, 30]  # round 40: FedBug seed 2 was not evaluated
+    assert d[10] == pytest.approx(-0.02) and d[30] == pytest.approx(-0.01)
 
 
-def test_paired_table_final_round_by_seed() -> None:
+def test_paired_table_compares_each_seed_at_its_last_round_both_evaluated() -> None:
     rows = report.paired(RUNS)
     assert len(rows) == 3  # header, rule, one pair
-    cells = [c.strip() for c in rows[2].strip("|").split("|")]
-    assert cells == [
+    assert _cells(rows[2]) == [
         "IID",
         "FedAvg",
-        "2 (0, 1)",
-        "+1.00 ± 2.83",
-        "1 of 2",  # seed 1 ahead, seed 0 behind
-        "-0.50 ± 2.12",
+        "3 (0, 1, 2)",
+        "+0.33 ± 1.15",  # seed 2 at round 30, not FedBug's 30 against vanilla's 40
+        "2 of 3",
+        "+0.33 ± 2.08",
         "+5.0 (44.5 -> 49.5)",
     ]
 
 
 def test_over_rounds_table_and_rounds_ahead() -> None:
-    rows = report.over_rounds(RUNS, at=(10, 15, 20))
-    assert rows[0].count("round ") == 3
-    cells = [c.strip() for c in rows[2].strip("|").split("|")]
-    # round 15 was never evaluated: "-"; ahead on the mean over seeds at round 20 only
-    assert cells == ["IID", "FedAvg", "2 (0, 1)", "-0.50 ± 2.12", "-", "+1.00 ± 2.83", "1 of 2"]
+    rows = report.over_rounds(RUNS, at=(10, 15, 20, 40))
+    assert rows[0].count("round ") == 4
+    # 15 never evaluated, 40 not by every seed: "-". Ahead on the mean over seeds at 20 and 30
+    # (30 is not in `at` but counts), of the three rounds every seed evaluated
+    assert _cells(rows[2]) == [
+        "IID",
+        "FedAvg",
+        "3 (0, 1, 2)",
+        "-1.00 ± 1.73",
+        "-",
+        "+1.00 ± 2.00",
+        "-",
+        "2 of 3",
+    ]
+
+
+def test_plot_of_differences_writes_a_png(tmp_path: Path) -> None:
+    out = tmp_path / "headline-diff.png"
+    report.plot_differences(RUNS, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_into_fills_the_block_and_dates_the_state_line(tmp_path: Path) -> None:

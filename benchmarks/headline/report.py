@@ -5,11 +5,13 @@
 
 Reads every finished run (``summary.json`` and ``metrics.jsonl``, checksums checked through
 fedbug's own reader), groups them by partition, algorithm and variant (vanilla or FedBug 40%),
-and writes ``headline.md`` (the table: seeds done, final and best accuracy of the mean of all
-local models, final accuracy of the server's model, mean ± standard deviation over seeds; then
-FedBug 40% minus vanilla, paired by seed, beside the authors' CIFAR-100 gains) and
-``headline.png`` (accuracy over rounds, mean and min-max band over seeds, one panel per
-partition and algorithm). Runs still in progress (no ``summary.json``) are listed as such.
+and writes ``headline.md`` with three tables (seeds done, final and best accuracy of the mean
+of all local models, final accuracy of the server's model, mean ± standard deviation over seeds;
+FedBug 40% minus vanilla, paired by seed, beside the authors' CIFAR-100 gains; that paired
+difference at rounds 50 to 500, with the evaluated rounds at which FedBug was ahead), and two
+plots: ``headline.png`` (accuracy over rounds, mean and min-max band over seeds, one panel per
+partition and algorithm) and ``headline-diff.png`` (the paired difference over rounds, one
+panel per partition). Runs still in progress (no ``summary.json``) are listed as such.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def paired(runs: Runs) -> list[str]:
     ]
     for part, alg, seeds, base, bug in pairs(runs):
         local, server = (
-            [_last(bug[s], key) - _last(base[s], key) for s in seeds]
+            [_final_difference(base[s], bug[s], key) for s in seeds]
             for key in ("test_acc", "test_acc_server")
         )
         ahead = sum(d > 0 for d in local)
@@ -144,10 +146,17 @@ def _curve(records: Records, key: str = "test_acc") -> dict[int, float]:
     return {r["round"]: r[key] for r in records if r.get(key) is not None}
 
 
-def differences(base: Records, bug: Records) -> dict[int, float]:
-    """FedBug minus vanilla on the mean of local models at every round both evaluated."""
-    b, f = _curve(base), _curve(bug)
+def differences(base: Records, bug: Records, key: str = "test_acc") -> dict[int, float]:
+    """FedBug minus vanilla (``key``: the mean of local models) at every round both evaluated."""
+    b, f = _curve(base, key), _curve(bug, key)
     return {t: f[t] - b[t] for t in sorted(b.keys() & f.keys())}
+
+
+def _final_difference(base: Records, bug: Records, key: str) -> float:
+    """FedBug minus vanilla at the last round both evaluated (round 500 in a finished sweep),
+    so that a run whose last evaluation is missing is never set against a later round."""
+    d = differences(base, bug, key)
+    return d[max(d)]
 
 
 def over_rounds(
@@ -300,7 +309,9 @@ def into(path: Path, text: str, finished: int, total: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep", type=Path, help="the sweep folder (fedbug-headline-sweep)")
-    ap.add_argument("--out", type=Path, help="write headline.md and headline.png here")
+    ap.add_argument(
+        "--out", type=Path, help="write headline.md, headline.png, headline-diff.png here"
+    )
     ap.add_argument("--into", type=Path, help="also fill the tables block of this file "
                     "(benchmarks/RESULTS.md)")  # fmt: skip
     ap.add_argument("--total", type=int, default=36, help="runs in the sweep (36)")
