@@ -196,6 +196,27 @@ def _order(key: tuple[str, str, str]) -> tuple[int, int, bool, str]:
     return p, a, var != "vanilla", var
 
 
+def _band(ax: Any, curves: list[dict[int, float]], label: str, alpha: float) -> list[float]:
+    """Plot the mean over ``curves`` (fractions, shown in points or %) at the rounds all share,
+    with a min-max band; return the mean."""
+    rounds = sorted(set.intersection(*(set(c) for c in curves)))
+    ys = [[100 * c[t] for c in curves] for t in rounds]
+    mean = [statistics.mean(y) for y in ys]
+    line = ax.plot(rounds, mean, label=label)[0]
+    ax.fill_between(rounds, [min(y) for y in ys], [max(y) for y in ys],
+                    color=line.get_color(), alpha=alpha)  # fmt: skip
+    return mean
+
+
+def _save(fig: Any, title: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot(runs: Runs, path: Path) -> None:
     import matplotlib
 
@@ -226,22 +247,14 @@ def plot(runs: Runs, path: Path) -> None:
             low = 100.0
             for (_p, _a, var), done in cell:
                 curves = [_curve(r["records"]) for r in done]
-                rounds = sorted(set.intersection(*(set(c) for c in curves)))
-                ys = [[100 * c[t] for c in curves] for t in rounds]
-                mean = [statistics.mean(y) for y in ys]
+                mean = _band(ax, curves, f"{var} ({_n_seeds(len(done))})", alpha=0.2)
                 low = min(low, min(mean[len(mean) // 2 :]))
-                line = ax.plot(rounds, mean, label=f"{var} ({_n_seeds(len(done))})")[0]
-                ax.fill_between(rounds, [min(y) for y in ys], [max(y) for y in ys],
-                                color=line.get_color(), alpha=0.2)  # fmt: skip
             ax.set_ylim(bottom=max(0.0, low - 8))  # the last rounds' differences visible
             ax.set_xlabel("round")
             ax.set_ylabel("accuracy, mean of local models (%)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, loc="lower right")
-    fig.suptitle("FedBug 40% vs vanilla, Fashion-MNIST, 100 clients, p = 0.01 (band: min-max)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, "FedBug 40% vs vanilla, Fashion-MNIST, 100 clients, p = 0.01 (band: min-max)", path)
 
 
 def plot_differences(runs: Runs, path: Path) -> None:
@@ -262,12 +275,7 @@ def plot_differences(runs: Runs, path: Path) -> None:
         ax.axhline(0.0, color="0.3", lw=0.8)
         for _p, alg, seeds, base, bug in (f for f in found if f[0] == part):
             diffs = [differences(base[s], bug[s]) for s in seeds]
-            rounds = sorted(set.intersection(*(set(d) for d in diffs)))
-            ys = [[100 * d[t] for d in diffs] for t in rounds]
-            label = f"{ALGORITHMS.get(alg, alg)} ({_n_seeds(len(seeds))})"
-            line = ax.plot(rounds, [statistics.mean(y) for y in ys], label=label)[0]
-            ax.fill_between(rounds, [min(y) for y in ys], [max(y) for y in ys],
-                            color=line.get_color(), alpha=0.15)  # fmt: skip
+            _band(ax, diffs, f"{ALGORITHMS.get(alg, alg)} ({_n_seeds(len(seeds))})", alpha=0.15)
         # linear within +-1 point, logarithmic beyond: the first rounds' gaps of several points
         # stay in view without flattening the half-point differences of the later rounds
         ax.set_yscale("symlog", linthresh=1.0)
@@ -281,10 +289,9 @@ def plot_differences(runs: Runs, path: Path) -> None:
         ax.set_ylabel("FedBug 40% - vanilla (points)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    fig.suptitle("FedBug 40% minus vanilla, mean of local models, paired by seed (band: min-max)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(
+        fig, "FedBug 40% minus vanilla, mean of local models, paired by seed (band: min-max)", path
+    )
 
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
