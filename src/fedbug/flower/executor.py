@@ -118,11 +118,6 @@ class FlowerExecutor(Executor):
         return None
 
     # -- one round -------------------------------------------------------------------------
-    def run_round(
-        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
-    ) -> list[ClientResult]:
-        return list(self.stream_round(weights, tasks, states))
-
     def stream_round(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
     ) -> Iterator[ClientResult]:

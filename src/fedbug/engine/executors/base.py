@@ -11,14 +11,25 @@ from fedbug.protocol import ClientResult, ClientTask
 
 
 class Executor:
-    """Where clients train. ``run_round`` is required; the rest have defaults for an executor
-    whose every update arrives (in-process, worker processes)."""
+    """Where clients train. A subclass defines :meth:`stream_round` (updates one at a time, so
+    the server can aggregate each as it comes), :meth:`run_round` (the whole round at once), or
+    both; each has a default in terms of the other. The rest have defaults for an executor whose
+    every update arrives (in-process, worker processes)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.run_round is Executor.run_round and cls.stream_round is Executor.stream_round:
+            raise TypeError(
+                f"executor {cls.__name__} defines neither stream_round nor run_round: define "
+                "one of them (each defaults to the other)"
+            )
 
     def run_round(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
     ) -> list[ClientResult]:
-        """Train every task's client from ``weights``; results sorted by client id."""
-        raise NotImplementedError
+        """Train every task's client from ``weights``; results sorted by client id. By default
+        :meth:`stream_round`'s results, collected."""
+        return list(self.stream_round(weights, tasks, states))
 
     def stream_round(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]

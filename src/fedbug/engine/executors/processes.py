@@ -176,11 +176,6 @@ class ProcessExecutor(Executor):
             raise WorkerError(f"worker {k} failed:\n{value}")
         return value
 
-    def run_round(
-        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
-    ) -> list[ClientResult]:
-        return list(self.stream_round(weights, tasks, states))
-
     def stream_round(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
     ) -> Iterator[ClientResult]:

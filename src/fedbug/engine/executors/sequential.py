@@ -15,11 +15,6 @@ class SequentialExecutor(Executor):
         self.runtime = runtime
         self.client_data = client_data
 
-    def run_round(
-        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
-    ) -> list[ClientResult]:
-        return list(self.stream_round(weights, tasks, states))
-
     def stream_round(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
     ) -> Iterator[ClientResult]:
