@@ -78,6 +78,7 @@ def test_record_fields(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["environment"]["torch"] == torch.__version__
+    assert summary["environment"]["cpu"] and summary["environment"]["cpu_capability"]
     assert summary["config"]["seed"] == cfg.seed
     part = json.loads((tmp_path / "run" / "partition.json").read_text())
     all_idx = sorted(i for c in part["clients"] for i in c)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from tiny import without_timing
 from fedbug.config import load_config
 from fedbug.engine import run_experiment, weights_sha256
 from fedbug.models import DigitsCNN
+from fedbug.results import cpu_name
 
 GOLDEN = Path(__file__).with_name("golden.json")
 
@@ -156,17 +156,6 @@ def kernels() -> str:
         torch.set_num_threads(threads)
 
 
-def _cpu() -> str:
-    """The processor's name, for people reading golden.json (the probe is what counts)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def measure(name: str) -> dict[str, Any]:
     threads = torch.get_num_threads()
     try:
@@ -222,7 +211,7 @@ def test_the_probe_is_stable():
 def _exact_record(measured: dict[str, dict[str, Any]]) -> dict[str, Any]:
     shas = ("weights_sha256", "records_sha256")
     return {
-        "cpu": _cpu(),
+        "cpu": cpu_name(),
         "families": {n: {k: m[k] for k in shas} for n, m in sorted(measured.items())},
     }
 

@@ -177,6 +177,19 @@ def git_commit() -> str:
     return commit + ("-dirty" if dirty else "")
 
 
+def cpu_name() -> str:
+    """The processor's name (``model name`` in /proc/cpuinfo; elsewhere what ``platform`` says).
+    Bit-equal numbers are promised on one kind of processor: torch's kernels round differently
+    on others (an Intel Xeon and an AMD EPYC, both AVX512, do)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment() -> dict[str, Any]:
     import numpy
 
@@ -189,6 +202,8 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "numpy": numpy.__version__,
         "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
         "threads": torch.get_num_threads(),
     }
 
