@@ -13,8 +13,10 @@ from fedbug.protocol import ClientResult, ClientTask
 class Executor:
     """Where clients train. A subclass defines :meth:`stream_round` (updates one at a time, so
     the server can aggregate each as it comes), :meth:`run_round` (the whole round at once), or
-    both; each has a default in terms of the other. The rest have defaults for an executor whose
-    every update arrives (in-process, worker processes)."""
+    both; each has a default in terms of the other (so an override of one must not call the
+    base's version of itself unless the other is overridden: they would call each other). The
+    rest have defaults for an executor whose every update arrives (in-process, worker
+    processes)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
