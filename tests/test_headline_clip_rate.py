@@ -4,21 +4,13 @@ FedDyn's second count (the authors' order) follows the same rule."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from bench_scripts import ROOT, load_script
 from tiny import tiny_config
 
 from fedbug.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "headline_clip_rate", ROOT / "benchmarks" / "headline" / "clip_rate.py"
-)
-assert _spec is not None and _spec.loader is not None
-clip_rate = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(clip_rate)
+clip_rate = load_script("benchmarks/headline/clip_rate.py")
 
 RUN = ROOT / "benchmarks/results/fedbug-headline-sweep"
 

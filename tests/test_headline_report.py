@@ -13,18 +13,12 @@ Server model (the same every round): +1, -2, +2 (+0.33 ± sqrt(13/3) = 2.08).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "headline_report", ROOT / "benchmarks" / "headline" / "report.py"
-)
-assert _spec is not None and _spec.loader is not None
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
+report = load_script("benchmarks/headline/report.py")
 
 
 def _run(seed: int, local: tuple[float | None, ...], server: float) -> dict:
