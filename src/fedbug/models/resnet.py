@@ -2,8 +2,9 @@
 
 He et al. (2016)'s BasicBlock ResNets with every BatchNorm replaced by GroupNorm, as the FedBug
 paper (Sec. 5.1) and FedDyn (Acar et al., 2021) use them; the authors' code
-(IandRover/FedBug ``utils_models.py``) builds torchvision's ResNet and swaps each BatchNorm for
-``GroupNorm(2, C)``, so ``gn_groups`` defaults to 2.
+(IandRover/FedBug ``utils_models.py``) builds torchvision's ResNet-34 and swaps each BatchNorm
+for ``GroupNorm(2, C)`` (its ResNet-18 keeps torchvision's BatchNorm and does not run as
+written: benchmarks/equivalence/RESULTS.md), so ``gn_groups`` defaults to 2.
 
 Units (FedBug Sec. 5.2, Table 2; the authors' ``utils_gu.py``):
 
