@@ -43,6 +43,8 @@ from fedbug.models import DigitsCNN
 from fedbug.results import cpu_name
 
 GOLDEN = Path(__file__).with_name("golden.json")
+# what an exact record holds of a family; the fingerprint and pfl figures hold for every machine
+SHAS = ("weights_sha256", "records_sha256")
 
 BASE: dict[str, Any] = {
     "name": "golden",
@@ -255,10 +257,9 @@ def test_the_probe_is_the_same_in_another_process():
 
 
 def _exact_record(measured: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    shas = ("weights_sha256", "records_sha256")
     return {
         "cpu": cpu_name(),
-        "families": {n: {k: m[k] for k in shas} for n, m in sorted(measured.items())},
+        "families": {n: {k: m[k] for k in SHAS} for n, m in sorted(measured.items())},
     }
 
 
@@ -278,10 +279,7 @@ def _write() -> None:
     """A new record from this machine alone (the numbers moved on purpose): other machines'
     exact records are dropped (their numbers moved too), each to be added again there."""
     measured = _measure_all()
-    families = {
-        n: {k: v for k, v in m.items() if k not in ("weights_sha256", "records_sha256")}
-        for n, m in measured.items()
-    }
+    families = {n: {k: v for k, v in m.items() if k not in SHAS} for n, m in measured.items()}
     _save(
         {
             "torch": torch.__version__,
@@ -302,14 +300,15 @@ def _add_machine() -> None:
     ]
     if moved:
         sys.exit(f"fingerprints moved beyond float32 rounding: {', '.join(moved)}; not added")
-    record, old = _exact_record(measured), doc["exact"].get(kernels())
+    probe = kernels()
+    record, old = _exact_record(measured), doc["exact"].get(probe)
     if old is not None and old["families"] != record["families"]:
         sys.exit(
-            f"this machine's probe {kernels()} has a record and the numbers differ from it: "
+            f"this machine's probe {probe} has a record and the numbers differ from it: "
             "the code moved them (then --write, with the reason) or the probe misses an "
             "operation; not added"
         )
-    doc["exact"][kernels()] = record
+    doc["exact"][probe] = record
     _save(doc)
 
 

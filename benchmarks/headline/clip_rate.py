@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
+from fedbug.algorithms import ALGORITHMS
 from fedbug.algorithms.base import LocalCtx
-from fedbug.config import read_config_doc
+from fedbug.config import read_config_doc, resolve
 from fedbug.engine import run_experiment
-from fedbug.engine.experiment import Experiment
 from fedbug.sweep import expand
 
 HERE = Path(__file__).resolve().parent
@@ -55,12 +55,12 @@ def cell_config(
 
 
 def measure(cfg: Any, bucket: int = 50) -> dict[str, Any]:
-    alg_cls = type(Experiment(cfg).algorithm)
+    alg_cls = ALGORITHMS.get(resolve(cfg).algorithm)  # the class the run will build
     clip = float(cfg.clip_grad_norm)
     # with fedbug's default order, also the norm the authors' order would clip
     feddyn = cfg.algorithm == "feddyn" and cfg.feddyn.clip == "all"
     rows: dict[int, dict[str, float]] = {}
-    state = {"round": 0}
+    state = {"round": 1}
     original = alg_cls.adjust_grads
 
     def norm(alg: Any, ctx: LocalCtx, without_alpha_theta: bool) -> float:
@@ -87,7 +87,6 @@ def measure(cfg: Any, bucket: int = 50) -> dict[str, Any]:
         if rec["round"] % bucket == 0:
             print(f"round {rec['round']}: {rows}", file=sys.stderr, flush=True)
 
-    state["round"] = 1
     alg_cls.adjust_grads = watched
     start = time.perf_counter()
     try:
