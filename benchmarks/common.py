@@ -34,6 +34,7 @@ def machine_info() -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "platform": platform.platform(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "load_avg_start": [round(v, 2) for v in os.getloadavg()],
     }
 

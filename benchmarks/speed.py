@@ -28,6 +28,7 @@ evaluation / bare round (training + mean).
     python benchmarks/speed.py                  # full W: 5 epochs, 7 rounds (6 counted)
     python benchmarks/speed.py --profile        # + torch.profiler on one more fedbug round
     python benchmarks/speed.py --device cuda    # W on a GPU, the bare loop on the same GPU
+    python benchmarks/speed.py --device cuda --precision tf32 --nondeterministic  # fastest GPU
     python benchmarks/speed.py --json --out w.json
     python benchmarks/speed.py --quick --levers # each lever's gain, paired (see levers())
 
@@ -100,7 +101,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="cpu",
         help="fedbug's device key (cpu, cuda, cuda:N, auto); the bare loop runs on the same",
     )
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"])
+    ap.add_argument(
+        "--nondeterministic", action="store_true",
+        help="deterministic: false (on a GPU, cuDNN autotunes; the bare loop then too)",
+    )  # fmt: skip
     ap.add_argument("--levers", action="store_true", help="paired gain of each lever instead")
     ap.add_argument("--reps", type=int, default=None, help="--levers repetitions (5; quick 3)")
     ap.add_argument(
@@ -252,6 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "threads": args.threads or torch.get_num_threads(),
         "device": args.device,
         "precision": args.precision,
+        "deterministic": not args.nondeterministic,
     }
     if args.eval_batch:
         doc["eval_batch_size"] = args.eval_batch

@@ -25,7 +25,8 @@ ALGORITHMS = ["fedavg", "fedprox", "feddyn", "fedexp", "scaffold", "feddecorr", 
 
 
 @pytest.mark.parametrize("executor", ["sequential", "processes"])
-def test_device_cpu_given_explicitly_changes_no_number(executor):
+def test_device_cpu_given_explicitly_changes_no_number(executor, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # auto: the CPU, as in CI
     base = tiny_config(algorithm="feddyn", policy="bottom_up", executor=executor, workers=2)
     explicit = tiny_config(
         algorithm="feddyn", policy="bottom_up", executor=executor, workers=2, device="cpu"
@@ -67,7 +68,8 @@ import fedbug
 from fedbug.config import config_hash
 out = {{}}
 for precision in ("fp32", "bf16"):
-    cfg = tiny_config(rounds=6, local_steps=5, lr=0.1, count_flops=False, precision=precision)
+    cfg = tiny_config(rounds=6, local_steps=5, lr=0.1, count_flops=False, precision=precision,
+                      device="cpu")
     res = fedbug.run(cfg)
     out[precision] = {{"losses": [r["train_loss"] for r in res.records], "hash": config_hash(cfg),
                       "acc": res.summary["final_acc"], "sha": res.summary["weights_sha256"]}}
@@ -174,3 +176,74 @@ def test_the_run_records_where_its_data_lived_and_the_share_is_not_hashed():
     res = fedbug.run(tiny_config(device="cpu"))
     assert res.summary["environment"]["data_on_device"] == "host"
     assert config_hash(tiny_config()) == config_hash(tiny_config(device_data_share=0.0))
+
+
+@pytest.fixture
+def kernel_flags(monkeypatch):
+    """torch's process-wide kernel flags, put back after the test; CUBLAS_WORKSPACE_CONFIG unset."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    saved = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    yield
+    m, c, det, bench, algos, warn = saved
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = m, c
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = det, bench
+    torch.use_deterministic_algorithms(algos, warn_only=warn)
+
+
+def test_a_gpu_run_gets_ieee_fp32_and_deterministic_kernels(kernel_flags):
+    """The flags are torch's own and settable without a GPU: what a CUDA run is given."""
+    import os
+
+    from fedbug.device import CUBLAS_DETERMINISTIC, configure_kernels
+
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default for convolutions
+    got = configure_kernels(torch.device("cuda"), "fp32", deterministic=True)
+    assert {k: got[k] for k in ("deterministic", "tf32")} == {"deterministic": True, "tf32": False}
+    assert got["cuda"] == torch.version.cuda  # the toolkit and cuDNN it ran with
+    assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert torch.are_deterministic_algorithms_enabled()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_DETERMINISTIC
+
+    got = configure_kernels(torch.device("cuda", 0), "tf32", deterministic=False)
+    assert (got["deterministic"], got["tf32"]) == (False, True)
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_cpu_run_leaves_torchs_flags_alone(kernel_flags):
+    import os
+
+    from fedbug.device import configure_kernels
+
+    torch.backends.cudnn.benchmark = True
+    assert configure_kernels(torch.device("cpu"), "fp32", deterministic=True) == {}
+    assert torch.backends.cudnn.benchmark and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    res = fedbug.run(tiny_config(device="cpu"))
+    assert "gpu_kernels" not in res.summary["environment"]
+
+
+def test_tf32_needs_a_gpu_and_is_another_config_while_deterministic_is_not_hashed():
+    with pytest.raises(ConfigError, match="tf32 is NVIDIA GPUs' TensorFloat-32"):
+        fedbug.run(tiny_config(precision="tf32", device="cpu"))
+    assert config_hash(tiny_config(precision="tf32")) != config_hash(tiny_config())
+    assert config_hash(tiny_config(deterministic=False)) == config_hash(tiny_config())
+
+
+def test_worker_processes_take_the_cpu_where_the_device_is_auto(monkeypatch):
+    """On a GPU machine ``device: auto`` would mean CUDA, which worker processes cannot drive:
+    with ``executor: processes`` it means the CPU; ``cuda`` asked for by name is refused."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    side = Experiment(tiny_config(executor="processes", workers=2))
+    assert side.device == torch.device("cpu")
+    with pytest.raises(ConfigError, match="executor: processes runs its workers on the CPU"):
+        Experiment(tiny_config(executor="processes", workers=2, device="cuda"))

@@ -176,9 +176,9 @@ def kernels() -> str:
         torch.set_num_threads(threads)
 
 
-def measure(name: str) -> dict[str, Any]:
+def measure(name: str, device: str = "cpu") -> dict[str, Any]:
     threads = torch.get_num_threads()
-    cfg = family_config(name)
+    cfg = family_config(name).model_copy(update={"device": device})
     try:
         res = run_experiment(cfg)
         w0 = ClientSide(cfg).initial_weights()
@@ -224,6 +224,29 @@ def test_family_numbers_are_unchanged(name, exact):
         assert got["records_sha256"] == shas["records_sha256"], f"{name}: round records {why}"
     if "pfl" in want:
         assert got["pfl"] == pytest.approx(want["pfl"], abs=1e-6)
+
+
+#: Families that train on a GPU: all but the worker processes', which are CPU-only.
+CUDA_FAMILIES = sorted(n for n in FAMILIES if FAMILIES[n].get("executor") != "processes")
+#: On a GPU the families' accuracies may differ by a prediction or two from the CPU's.
+CUDA_PFL_TOLERANCE = 0.02
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", CUDA_FAMILIES)
+def test_family_on_a_gpu_moves_the_weights_as_on_the_cpu(name):
+    """``device: cuda`` (fp32: TensorFloat-32 off) moves the weights as the CPU record does, to
+    the fingerprint's tolerance between two kinds of CPU."""
+    want = _golden()["families"][name]
+    got = measure(name, "cuda")
+    worst = max(abs(a - b) for a, b in zip(got["fingerprint"], want["fingerprint"], strict=True))
+    print(f"{name}: largest fingerprint difference GPU - CPU record {worst:.2e}")
+    assert _close(name, got["fingerprint"], want["fingerprint"]), (
+        f"{name} on the GPU: the weights moved otherwise than on the CPU (fingerprint "
+        f"{got['fingerprint']}, recorded {want['fingerprint']}, largest difference {worst:.2e})"
+    )
+    if "pfl" in want:
+        assert got["pfl"] == pytest.approx(want["pfl"], abs=CUDA_PFL_TOLERANCE)
 
 
 def test_every_family_is_recorded():

@@ -160,10 +160,18 @@ class BaseConfig(BaseModel):
         "this share of the device's memory (0: never; each client's samples then move per "
         "round); not in the config hash",
     )
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
+    precision: Literal["fp32", "tf32", "bf16", "fp16"] = Field(
         "fp32",
-        description="the forward pass and loss under autocast (master weights stay fp32); "
-        "fp16 on a GPU only",
+        description="fp32: IEEE float32 throughout (TensorFloat-32 off on a GPU); tf32: "
+        "TensorFloat-32 products and convolutions (NVIDIA GPUs); bf16, fp16: the forward pass "
+        "and loss under autocast (master weights stay fp32; fp16 on a GPU only)",
+    )
+    deterministic: bool = Field(
+        True,
+        description="on a GPU: deterministic kernels (cuDNN without autotuning, PyTorch's "
+        "deterministic implementations, cuBLAS's reproducible workspace), so the same config "
+        "and seed give the same numbers; false lets cuDNN autotune (faster, numbers vary in "
+        "the last bits); not in the config hash",
     )
     executor: Literal["sequential", "processes", "flower-simulation", "flower-deployment"] = Field(
         "sequential",
@@ -534,6 +542,7 @@ _NOT_HASHED = {
     "tracking_uri",
     "device",
     "device_data_share",
+    "deterministic",
 }
 
 

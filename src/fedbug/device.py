@@ -1,10 +1,12 @@
-"""Where a run computes (``device: auto | cpu | cuda | cuda:N | mps``) and in what precision
-(``precision: fp32 | bf16 | fp16``).
+"""Where a run computes (``device: auto | cpu | cuda | cuda:N | mps``), in what precision
+(``precision: fp32 | tf32 | bf16 | fp16``) and whether its GPU kernels are deterministic.
 
 ``auto`` is CUDA when torch sees a CUDA device, else the CPU. The device is left out of the
 config hash, so a run resumes on another device (its numbers then agree to rounding, not bit
 for bit). Master weights always stay float32 in the flat vector; ``bf16``/``fp16`` autocast the
-forward pass and the loss (``fp16`` with a gradient scaler, on a GPU only).
+forward pass and the loss (``fp16`` with a gradient scaler, on a GPU only). ``fp32`` is IEEE
+float32 everywhere: on a GPU, TensorFloat-32 (which PyTorch's cuDNN convolutions use by default
+on Ampere and later) is turned off; ``tf32`` turns it on for matrix products and convolutions.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import torch
 from fedbug.errors import ConfigError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: cuBLAS's setting for reproducible matrix products (NVIDIA's cuBLAS docs, "Results
+#: reproducibility"); PyTorch refuses deterministic mode on CUDA >= 10.2 without it.
+CUBLAS_DETERMINISTIC = ":4096:8"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -56,6 +61,11 @@ def resolve_device(name: str) -> torch.device:
 
 def check_precision(device: torch.device, precision: str) -> None:
     """Refuse a precision the device cannot run."""
+    if precision == "tf32" and device.type != "cuda":
+        raise ConfigError(
+            f"precision: tf32 is NVIDIA GPUs' TensorFloat-32 (Ampere and later), not on "
+            f"{device.type}; use fp32 (the same storage, full float32 products) or bf16"
+        )
     if precision == "fp16" and device.type == "cpu":
         raise ConfigError(
             "precision: fp16 needs a GPU (its gradient scaler is CUDA's); on a CPU use bf16"
@@ -119,7 +129,7 @@ def describe(device: torch.device) -> str:
 @contextlib.contextmanager
 def autocast(device: torch.device, precision: str) -> Iterator[None]:
     """The forward pass and loss in ``precision`` (a no-op for fp32)."""
-    if precision == "fp32":
+    if precision not in DTYPES:  # fp32, tf32: float32 tensors
         yield
         return
     with torch.autocast(device_type=device.type, dtype=DTYPES[precision]):
@@ -148,3 +158,29 @@ def to_device(obj: Any, device: torch.device) -> Any:
         items = [to_device(v, device) for v in obj]
         return obj if all(a is b for a, b in zip(items, obj, strict=True)) else type(obj)(items)
     return obj
+
+
+def configure_kernels(device: torch.device, precision: str, deterministic: bool) -> dict[str, Any]:
+    """Set torch's process-wide kernel choices for a run on ``device`` (as fedbug sets torch's
+    thread count) and return them for the run's record. On a CUDA device: TensorFloat-32 for
+    matrix products and cuDNN only under ``precision: tf32``; with ``deterministic``, cuDNN's
+    deterministic algorithms without autotuning, PyTorch's deterministic implementations (a
+    warning names any operation that has none) and cuBLAS's reproducible workspace (unless
+    ``CUBLAS_WORKSPACE_CONFIG`` is set already); without, cuDNN autotunes (``benchmark``). Other
+    devices compute deterministically for a given thread count and are left as they are."""
+    if device.type != "cuda":
+        return {}
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = not deterministic
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    return {
+        "deterministic": deterministic,
+        "tf32": tf32,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+    }

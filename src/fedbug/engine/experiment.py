@@ -22,7 +22,7 @@ from fedbug.client import (
 from fedbug.config import BaseConfig, resolve
 from fedbug.data import FederatedDataset, load_dataset, partition
 from fedbug.data.augment import AUGMENTATIONS
-from fedbug.device import check_precision, resolve_device
+from fedbug.device import check_precision, configure_kernels, resolve_device
 from fedbug.engine.dataprep import (
     natural_clients,
     personal_test_sets,
@@ -68,7 +68,9 @@ class ClientSide:
                 "fedbug.run(cfg, loss=..., metrics=...)"
             )
         self.task = build_task(task if task is not None else cfg.task)
-        self.device = resolve_device(cfg.device)
+        # worker processes train on the CPU: there ``auto`` means the CPU
+        cpu_only = cfg.executor == "processes" and cfg.device == "auto"
+        self.device = resolve_device("cpu" if cpu_only else cfg.device)
         check_precision(self.device, cfg.precision)
         if cfg.executor == "processes" and self.device.type != "cpu":
             raise ConfigError(
@@ -78,6 +80,7 @@ class ClientSide:
         if self.task.name != cfg.task:
             cfg = cfg.model_copy(update={"task": self.task.name})
         torch.set_num_threads(cfg.threads)
+        self.kernels = configure_kernels(self.device, cfg.precision, cfg.deterministic)
         # what worker processes rebuild the experiment from
         self.sources = (dataset, model, task)
         data_dir = Path(cfg.data_dir).expanduser() if cfg.data_dir else None

@@ -59,6 +59,7 @@ def make_summary(
             **environment(),
             "device": describe(exp.device),
             "data_on_device": exp.data_placement,
+            **({"gpu_kernels": exp.kernels} if exp.kernels else {}),
         },
         "config": cfg.model_dump(mode="json"),
     }

@@ -1,0 +1,137 @@
+"""The CUDA path on a GPU: these run only where torch sees a CUDA device. CI has none and skips
+them; on a GPU machine run ``python -m pytest tests/test_cuda.py tests/test_golden.py`` (the
+golden test then also trains every family on the GPU against the CPU's record).
+
+What they hold: the same config and seed give the same numbers twice on a GPU
+(``deterministic: true``, the default); ``precision: fp32`` is IEEE float32 (TensorFloat-32 off)
+and follows the CPU to float32 rounding, ``tf32`` is used only when asked; the data set kept on
+the GPU gives the numbers of one moved per client; bf16 and fp16 train near fp32; a killed run
+resumes on the GPU to the uninterrupted numbers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from tiny import without_timing
+
+import fedbug
+from fedbug.config import config_hash, load_config
+from fedbug.data import FederatedDataset
+from fedbug.engine import run_experiment, weights_sha256
+from fedbug.engine.experiment import ClientSide
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def random_images(n_train: int = 2000, n_test: int = 500, seed: int = 0) -> FederatedDataset:
+    """CIFAR-shaped uint8 images with random labels: the paper's CNN's kernels, no download."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n_train, 3, 32, 32), dtype=torch.uint8, generator=g)
+    xt = torch.randint(0, 256, (n_test, 3, 32, 32), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 10, (n_train,), generator=g)
+    yt = torch.randint(0, 10, (n_test,), generator=g)
+    mean, std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
+    return FederatedDataset("random-cifar", x, y, xt, yt, 10, mean=mean, std=std)
+
+
+def cnn(**overrides: Any) -> Any:
+    """FedBug's CIFAR setting, small: the standard CNN, 10 clients, 3 a round, 2 rounds of 20
+    steps of 50, clipping at 10, bottom-up unfreezing over 40% of the steps."""
+    doc = {
+        "name": "cuda",
+        "model": "standard_cnn",
+        "num_clients": 10,
+        "clients_per_round": 3,
+        "rounds": 2,
+        "local_steps": 20,
+        "batch_size": 50,
+        "clip_grad_norm": 10.0,
+        "policy": "bottom_up",
+        "count_flops": False,
+        "device": "cuda",
+        **overrides,
+    }
+    return load_config(None, doc=doc)
+
+
+def moved_apart(a: torch.Tensor, b: torch.Tensor, w0: torch.Tensor) -> float:
+    """How far two runs' final weights are apart, relative to how far training moved them."""
+    return float((a.double() - b.double()).norm() / (a.double() - w0.double()).norm())
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "feddyn", "scaffold", "fedexp"])
+def test_the_same_config_and_seed_give_the_same_numbers_twice(algorithm):
+    ds = random_images()
+    first = fedbug.run(cnn(algorithm=algorithm), dataset=ds)
+    second = fedbug.run(cnn(algorithm=algorithm), dataset=ds)
+    assert first.summary["environment"]["device"].startswith("cuda:0")
+    kernels = first.summary["environment"]["gpu_kernels"]
+    assert (kernels["deterministic"], kernels["tf32"]) == (True, False)
+    assert weights_sha256(first.weights) == weights_sha256(second.weights)
+    assert without_timing(first.records) == without_timing(second.records)
+
+
+@pytest.mark.parametrize(
+    ("model", "options"),
+    [("standard_cnn", {}), ("resnet18", {"units": "block"})],
+)
+def test_fp32_on_the_gpu_follows_the_cpu_and_tf32_only_when_asked(model, options):
+    ds = random_images()
+    kw = {"model": model, "model_options": options, "local_steps": 10}
+    cpu = fedbug.run(cnn(device="cpu", **kw), dataset=ds)
+    gpu = fedbug.run(cnn(**kw), dataset=ds)
+    tf32 = fedbug.run(cnn(precision="tf32", **kw), dataset=ds)
+    w0 = ClientSide(cnn(device="cpu", **kw), dataset=ds).initial_weights()
+    fp32_gap = moved_apart(gpu.weights, cpu.weights, w0)
+    tf32_gap = moved_apart(tf32.weights, cpu.weights, w0)
+    print(f"{model}: GPU - CPU relative to the update, fp32 {fp32_gap:.1e}, tf32 {tf32_gap:.1e}")
+    assert fp32_gap < 1e-3
+    assert tf32_gap > 3 * fp32_gap  # TensorFloat-32 (10-bit mantissa) was off in fp32
+    assert tf32.summary["environment"]["gpu_kernels"]["tf32"] is True
+    assert config_hash(cnn(precision="tf32")) != config_hash(cnn())
+
+
+def test_the_data_set_kept_on_the_gpu_gives_the_numbers_of_one_moved_per_client():
+    ds = random_images()
+    kept = fedbug.run(cnn(), dataset=ds)
+    moved = fedbug.run(cnn(device_data_share=0.0), dataset=ds)
+    assert kept.summary["environment"]["data_on_device"] == "device"
+    assert moved.summary["environment"]["data_on_device"] == "host"
+    assert weights_sha256(kept.weights) == weights_sha256(moved.weights)
+    flipped = fedbug.run(cnn(augment="flip"), dataset=ds)  # batches drawn on the CPU
+    assert flipped.summary["environment"]["data_on_device"] == "test on device"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_trains_near_fp32(precision):
+    doc = {
+        "name": "cuda-digits",
+        "dataset": "digits",
+        "model": "digits_cnn",
+        "num_clients": 10,
+        "clients_per_round": 5,
+        "partition": "iid",
+        "rounds": 15,
+        "local_epochs": 5,
+        "lr": 0.05,
+        "momentum": 0.9,
+        "count_flops": False,
+        "device": "cuda",
+    }  # fp32 reaches 96.9% on the CPU
+    fp32 = fedbug.run(load_config(None, doc=doc))
+    half = fedbug.run(load_config(None, doc={**doc, "precision": precision}))
+    assert half.summary["final_acc"] > 0.9  # it learns
+    assert abs(half.summary["final_acc"] - fp32.summary["final_acc"]) <= 0.05
+    assert weights_sha256(half.weights) != weights_sha256(fp32.weights)
+
+
+def test_a_killed_gpu_run_resumes_to_the_uninterrupted_numbers(tmp_path):
+    ds = random_images()
+    cfg = cnn(algorithm="feddyn", rounds=4, checkpoint_every=1)
+    whole = fedbug.run(cfg, dataset=ds)
+    run_experiment(cfg, tmp_path / "run", dataset=ds, stop_after=2)
+    resumed = run_experiment(cfg, tmp_path / "run", dataset=ds, resume=True)
+    assert weights_sha256(resumed.weights) == weights_sha256(whole.weights)
+    assert without_timing(resumed.records) == without_timing(whole.records)
