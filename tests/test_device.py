@@ -5,6 +5,7 @@ bf16 autocast trains; an absent device or an impossible precision is one config 
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 
 import pytest
@@ -13,15 +14,22 @@ import yaml
 from tiny import TINY_DOC, tiny_config
 
 import fedbug
+from fedbug.algorithms import ALGORITHMS
 from fedbug.cli import main
 from fedbug.client import train_client
 from fedbug.config import config_hash
 from fedbug.engine import Experiment
+from fedbug.engine.simulation import Simulation
 from fedbug.errors import ConfigError
 from fedbug.evaluate import Evaluator
 from fedbug.protocol import ClientTask
 
-ALGORITHMS = ["fedavg", "fedprox", "feddyn", "fedexp", "scaffold", "feddecorr", "fedrod"]
+#: Each registered algorithm's smallest config: a system block for those that need one
+#: (Fjord), personalized evaluation for those without a global model or with their own (FedROD).
+NEEDS = {
+    "fjord": {"system": {"abilities": "uniform"}, "count_flops": True},
+    "fedrod": {"evaluation": "personalized"},
+}
 
 
 @pytest.mark.parametrize("executor", ["sequential", "processes"])
@@ -37,19 +45,26 @@ def test_device_cpu_given_explicitly_changes_no_number(executor, monkeypatch):
     assert config_hash(base) == config_hash(explicit)  # a run resumes on another device
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS.names())
 def test_local_training_never_leaves_the_configured_device(algorithm):
     """On ``meta`` every operation runs without data and a CPU tensor meeting a meta one
     raises; local training gets to the first number it must read back (the mean train loss)."""
-    kw = {"evaluation": "personalized"} if algorithm == "fedrod" else {}
-    exp = Experiment(tiny_config(algorithm=algorithm, count_flops=False, clip_grad_norm=1.0, **kw))
+    kw = NEEDS.get(algorithm, {})
+    if not ALGORITHMS.get(algorithm).has_global_model:
+        kw = {"evaluation": "personalized", **kw}
+    kw = {"count_flops": False, "clip_grad_norm": 1.0, **kw}
+    exp = Experiment(tiny_config(algorithm=algorithm, **kw))
     exp.device = torch.device("meta")
     rt = exp.make_runtime()
+    # FLOPs are counted on the model's CPU copy, which cannot read a meta batch
+    rt.settings = dataclasses.replace(rt.settings, count_flops=False)
     assert {p.device.type for p in rt.model.parameters()} == {"meta"}
     assert rt.flat.device.type == rt.grad.device.type == "meta"
     w = exp.initial_weights()
     server = exp.algorithm.init_server_state(w, exp.num_clients)
-    task = ClientTask(1, 0, 0, 0.1, exp.mean_samples, exp.algorithm.payload(server), 2, None)
+    extra = Simulation(exp).client_extra(0)  # Fjord's width
+    payload = exp.algorithm.payload(server)
+    task = ClientTask(1, 0, 0, 0.1, exp.mean_samples, payload, 2, extra)
     state = exp.algorithm.init_client_state(exp.space)
     with pytest.raises(RuntimeError, match="meta") as info:
         train_client(w, task, exp.client_data(0), state, rt)

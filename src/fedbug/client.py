@@ -138,8 +138,9 @@ class ClientRuntime:
         self, units: tuple[int, ...] | range, x: Tensor, y: Tensor, loss: LossFn | None = None
     ) -> int:
         """FLOPs of one forward+backward with ``units`` trainable, counted once and cached (on
-        the CPU copy of the model: the count does not depend on the device)."""
-        return self.flop_count.units(self.space.units, units, x.cpu(), y.cpu(), loss)
+        the CPU copy of the model: the count does not depend on the device; the batch goes to
+        the CPU only when a count is new, so a GPU step is not held up by a copy back)."""
+        return self.flop_count.units(self.space.units, units, x, y, loss)
 
     def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
         s = self.settings
@@ -197,10 +198,10 @@ def train_client(
     while k < local_steps:
         k += 1
         pos = (k - 1) % per_epoch
-        if pos == 0:
-            perm = torch.randperm(n, generator=gen)
+        if pos == 0:  # drawn on the CPU, moved once an epoch (not a copy, and a wait, a step)
+            perm = torch.randperm(n, generator=gen).to(xs.device)
         idx = perm[pos * settings.batch_size : (pos + 1) * settings.batch_size]
-        x, y = xs[idx.to(xs.device)], ys[idx.to(ys.device)]
+        x, y = xs[idx], ys[idx.to(ys.device)]
         if rt.augment is not None:
             x = rt.augment(x, gen)
             x, y = x.to(dev), y.to(dev)

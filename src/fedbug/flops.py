@@ -30,11 +30,14 @@ def training_flops(
     loss_fn: LossFn = ce_loss,
 ) -> int:
     """FLOPs of one forward + backward of ``loss_fn(model(x), y)`` with only the parameters
-    named in ``trainable`` requiring gradients (what ``torch.utils.flop_counter`` counts)."""
+    named in ``trainable`` requiring gradients (what ``torch.utils.flop_counter`` counts). The
+    batch is moved to the model's device (a GPU run counts on its model's CPU copy)."""
     on = set(trainable)
     names = {n for n, _ in model.named_parameters()}
     if not on or not on <= names:
         raise ValueError(f"trainable parameters not in the model: {sorted(on - names)}")
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
     for name, p in model.named_parameters():
         p.requires_grad_(name in on)
     model.train()

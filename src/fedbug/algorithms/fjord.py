@@ -100,7 +100,7 @@ class Fjord(Algorithm):
         self.inner: nn.Module | None = None
         self._p_max: list[float] | None = None
         self._flat: dict[float, Tensor] = {}
-        self._outside: dict[float, Tensor] = {}
+        self._outside: dict[tuple[float, torch.device], Tensor] = {}
         self._flops: FlopCache | None = None
 
     @property
@@ -151,11 +151,13 @@ class Fjord(Algorithm):
             self._flat[p] = od.flat_mask(space, od.masks(self.inner, self.plan, p), "model.")
         return self._flat[p]
 
-    def outside(self, space: ParamSpace, p: float) -> Tensor:
-        """Indices of the flat entries outside the width-p sub-model (cached)."""
-        if p not in self._outside:
-            self._outside[p] = (~self.flat_mask(space, p)).nonzero().squeeze(1)
-        return self._outside[p]
+    def outside(self, space: ParamSpace, p: float, device: torch.device | None = None) -> Tensor:
+        """Indices of the flat entries outside the width-p sub-model, on ``device`` (where the
+        client's flat weights are; default the CPU), cached by both."""
+        key = (p, device or torch.device("cpu"))
+        if key not in self._outside:
+            self._outside[key] = (~self.flat_mask(space, p)).nonzero().squeeze(1).to(key[1])
+        return self._outside[key]
 
     def sub_model_bytes(self, space: ParamSpace, p: float) -> int:
         """4 bytes per entry of the width-p sub-model (what is sent down and up)."""
@@ -249,14 +251,15 @@ class FjordClient(ClientSession):
         rt.model.set_width(self.p)
         self.saved = None
         if self.p < 1.0:
-            self.saved = rt.flat.index_select(0, alg.outside(rt.space, self.p))
+            self.saved = rt.flat.index_select(0, alg.outside(rt.space, self.p, rt.flat.device))
         if rt.settings.count_flops:
             self.flops += alg.step_flops(rt.flop_model, self.p, x, y)
 
     def after_step(self) -> None:
         """Put back the entries outside this step's sub-model (weight decay, momentum)."""
         if self.saved is not None:
-            self.rt.flat.index_copy_(0, self.alg.outside(self.rt.space, self.p), self.saved)
+            flat = self.rt.flat
+            flat.index_copy_(0, self.alg.outside(self.rt.space, self.p, flat.device), self.saved)
             self.saved = None
 
     def finish(self, result: ClientResult) -> None:
