@@ -79,9 +79,12 @@ def test_the_same_config_and_seed_give_the_same_numbers_twice(algorithm):
 )
 def test_fp32_on_the_gpu_follows_the_cpu_and_tf32_only_when_asked(model, options):
     """One local step of one client, every unit training: the GPU's fp32 step equals the CPU's
-    to float32 rounding, TensorFloat-32's (a 10-bit mantissa) is further off. One step, since
-    training on random labels at lr 0.1 with clipping amplifies any rounding: after 2 rounds of
-    10 steps two CPU runs (NHWC against NCHW) are 7e-4 apart, and the GPU 0.15 (H200)."""
+    to float32 rounding, TensorFloat-32's (a 10-bit mantissa) is further off. The bound is that
+    of two CPU layouts of one step (NHWC against NCHW: 1.4e-6 of the step for the CNN, 2.2e-4
+    for ResNet-18, whose batch norms amplify rounding); an H200 gave fp32 1.4e-6 / 7.7e-5,
+    tf32 1.3e-2 / 4.6e-3. One step, since training on random labels at lr 0.1 with clipping
+    amplifies any rounding: after 2 rounds of 10 steps the two CPU layouts are 7e-4 apart and
+    the H200 0.15 from the CPU."""
     ds = random_images()
     kw = {"model": model, "model_options": options, "rounds": 1, "clients_per_round": 1}
     kw |= {"local_steps": 1, "policy": "none", "clip_grad_norm": None}
@@ -92,7 +95,7 @@ def test_fp32_on_the_gpu_follows_the_cpu_and_tf32_only_when_asked(model, options
     fp32_gap = moved_apart(gpu.weights, cpu.weights, w0)
     tf32_gap = moved_apart(tf32.weights, cpu.weights, w0)
     print(f"{model}: one step, GPU - CPU over the step, fp32 {fp32_gap:.1e}, tf32 {tf32_gap:.1e}")
-    assert fp32_gap < 1e-4
+    assert fp32_gap < 1e-3
     assert tf32_gap > 10 * fp32_gap  # TensorFloat-32 was off in fp32
     assert tf32.summary["environment"]["gpu_kernels"]["tf32"] is True
     assert config_hash(cnn(precision="tf32")) != config_hash(cnn())

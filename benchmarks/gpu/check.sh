@@ -21,11 +21,8 @@ py=${PYTHON:-python3}
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 
-# the GPU tests and the device tests, then the golden families on both devices
-timeout 300 "$py" -m pytest -q -rP -n 8 -p no:cacheprovider tests/test_cuda.py tests/test_device.py \
-  tests/test_golden.py 2>&1 | tee "$out/tests.log" | grep -E "passed|failed|error|GPU - CPU|difference" | tail -80
-
-# workload W: fp32 deterministic (the default), then each lever; the same --quick W on the CPU
+# first, on a quiet machine: workload W, fp32 deterministic (the default), then each lever;
+# the same --quick W on the CPU; each variant's ratios are paired round by round in one process
 speed() {
   timeout 120 "$py" benchmarks/speed.py --json "$@" > "$out/w.json" 2> "$out/w.err" \
     && "$py" -c "import json,sys; d=json.load(open(sys.argv[1])); d['args']=sys.argv[2:]; d.pop('rows',None); print(json.dumps(d))" "$out/w.json" "$@" >> "$out/speed.jsonl" \
@@ -50,3 +47,9 @@ for line in open(sys.argv[1]):
 timeout 120 "$py" -m fedbug.cli run configs/digits-demo.yaml -s device=cuda --out /tmp/gpu-demo -q \
   && cp /tmp/gpu-demo/*/summary.json "$out/demo-summary.json" \
   && "$py" -c "import json; d=json.load(open('$out/demo-summary.json')); print('demo', d['final_acc'], d['seconds'], d['environment']['device'], d['environment']['data_on_device'], d['environment'].get('gpu_kernels'))"
+
+# last (its 8 workers load the CPUs, which the timings above must not share): the GPU tests
+# and the device tests, then the golden families on both devices
+timeout 300 "$py" -m pytest -q -rP -n 8 -p no:cacheprovider tests/test_cuda.py tests/test_device.py \
+  tests/test_golden.py 2>&1 | tee "$out/tests.log" | grep -E "passed|failed|error|GPU - CPU|difference" | tail -80
+
