@@ -196,7 +196,8 @@ def test_the_run_records_where_its_data_lived_and_the_share_is_not_hashed():
 @pytest.fixture
 def kernel_flags(monkeypatch):
     """torch's process-wide kernel flags, put back after the test; CUBLAS_WORKSPACE_CONFIG unset."""
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "x")  # recorded, so put back (or unset) after
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     saved = (
         torch.backends.cuda.matmul.allow_tf32,
         torch.backends.cudnn.allow_tf32,
@@ -262,3 +263,47 @@ def test_worker_processes_take_the_cpu_where_the_device_is_auto(monkeypatch):
     assert side.device == torch.device("cpu")
     with pytest.raises(ConfigError, match="executor: processes runs its workers on the CPU"):
         Experiment(tiny_config(executor="processes", workers=2, device="cuda"))
+
+
+def test_a_run_puts_torchs_process_settings_back(kernel_flags, monkeypatch):
+    """``fedbug.run`` in a user's process: the thread count and the GPU kernel flags it set
+    (here those of a CUDA run, the flags being settable without a GPU) are as before after it."""
+    import os
+
+    import fedbug.engine.experiment as experiment
+    from fedbug.device import configure_kernels
+
+    def as_on_a_gpu(device, precision, deterministic):
+        return configure_kernels(torch.device("cuda"), "tf32", deterministic)
+
+    monkeypatch.setattr(experiment, "configure_kernels", as_on_a_gpu)
+    torch.set_num_threads(2)
+    seen = {}
+    fedbug.run(
+        tiny_config(threads=1),
+        on_round=lambda rec: seen.update(
+            threads=torch.get_num_threads(), algos=torch.are_deterministic_algorithms_enabled()
+        ),
+    )
+    assert seen == {"threads": 1, "algos": True}  # during the run: the run's
+    assert torch.get_num_threads() == 2
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert not torch.backends.cudnn.deterministic and not torch.backends.cuda.matmul.allow_tf32
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+def test_an_unpickled_client_side_sets_its_process_up_again(monkeypatch):
+    """A Flower node loads its cached client side in a fresh process: the thread count and the
+    GPU kernels are set there as building it sets them."""
+    import pickle
+
+    import fedbug.engine.experiment as experiment
+    from fedbug.engine.experiment import ClientSide
+
+    side = ClientSide(tiny_config(threads=1))
+    calls = []
+    monkeypatch.setattr(experiment, "configure_kernels", lambda *a: calls.append(a) or {"k": 1})
+    torch.set_num_threads(2)
+    back = pickle.loads(pickle.dumps(side))
+    assert torch.get_num_threads() == 1
+    assert calls == [(back.device, "fp32", True)] and back.kernels == {"k": 1}

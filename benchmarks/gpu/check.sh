@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA path on a GPU machine, in one go (a few minutes on one H100/H200): the GPU tests
 # (tests/test_cuda.py; the golden families trained on the GPU against the CPU's record) and
-# workload W on the GPU in each precision and kernel mode, beside the bare PyTorch loop.
+# workload W on the GPU in fp32 (deterministic and autotuned), tf32 and bf16, beside the bare
+# PyTorch loop.
 #
 #   bash benchmarks/gpu/check.sh OUT_DIR
 #

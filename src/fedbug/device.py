@@ -184,3 +184,37 @@ def configure_kernels(device: torch.device, precision: str, deterministic: bool)
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
     }
+
+
+def _tf32_flags() -> tuple[bool, bool] | None:
+    """torch's TF32 flags (matrix products, cuDNN), or None where they cannot be read (torch
+    refuses the old getters once a program has set conv and RNN apart with the new API)."""
+    try:
+        return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    except RuntimeError:
+        return None
+
+
+@contextlib.contextmanager
+def process_settings_kept() -> Iterator[None]:
+    """torch's process-wide settings that a run changes (its thread count; on a GPU the kernel
+    flags of :func:`configure_kernels` and ``CUBLAS_WORKSPACE_CONFIG``) put back as they were
+    when the run ends, so ``fedbug.run`` leaves a user's process as it found it."""
+    threads = torch.get_num_threads()
+    tf32 = _tf32_flags()
+    cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    algos = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if tf32 is not None and _tf32_flags() != tf32:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+        torch.use_deterministic_algorithms(algos, warn_only=warn_only)
+        if cublas is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas

@@ -79,8 +79,7 @@ class ClientSide:
             )
         if self.task.name != cfg.task:
             cfg = cfg.model_copy(update={"task": self.task.name})
-        torch.set_num_threads(cfg.threads)
-        self.kernels = configure_kernels(self.device, cfg.precision, cfg.deterministic)
+        self.kernels = claim_process(self.device, cfg)
         # what worker processes rebuild the experiment from
         self.sources = (dataset, model, task)
         data_dir = Path(cfg.data_dir).expanduser() if cfg.data_dir else None
@@ -207,6 +206,12 @@ class ClientSide:
             },
             "model_class": f"{cls.__module__}.{cls.__qualname__}",
         }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled (a Flower node's cached client side, in a new process): that process gets
+        the settings building it would have given (threads, GPU kernels)."""
+        self.__dict__.update(state)
+        self.kernels = claim_process(self.device, self.cfg)
 
     def _build_model(self, model: ModelSource) -> nn.Module:
         ds, cfg = self.dataset, self.cfg
@@ -365,3 +370,10 @@ def check_labels(task: Task, ds: FederatedDataset, cfg: BaseConfig) -> None:
         raise ConfigError(
             "evaluation: personalized scores each client's accuracy; it needs class labels"
         )
+
+
+def claim_process(device: torch.device, cfg: BaseConfig) -> dict[str, Any]:
+    """Set what clients compute under in this process: torch's thread count and, on a GPU, its
+    kernel flags (:func:`~fedbug.device.configure_kernels`, whose record is returned)."""
+    torch.set_num_threads(cfg.threads)
+    return configure_kernels(device, cfg.precision, cfg.deterministic)

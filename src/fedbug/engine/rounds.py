@@ -33,6 +33,7 @@ from fedbug.client import (
 )
 from fedbug.config import BaseConfig, config_hash
 from fedbug.data import FederatedDataset
+from fedbug.device import process_settings_kept
 from fedbug.engine.evaluation import (
     evaluate_round,
     personalize,
@@ -144,6 +145,7 @@ def _run(
     stop_after: int | None,
     executor_factory: ExecutorFactory | None = None,
 ) -> RunResult:
+    cleanup.enter_context(process_settings_kept())  # threads, GPU kernel flags: put back at the end
     exp = Experiment(cfg, *sources)
     cfg = exp.cfg
     weights = exp.initial_weights()
