@@ -1,10 +1,21 @@
 """Fixtures every test may ask for by name (pytest finds them here; plain helpers are in
 ``tiny.py``)."""
 
+import os
 from collections.abc import Callable
 
 import pytest
 import torch
+
+# The suite's numbers are the CPU's: on a machine with a GPU, ``device: auto`` (the default)
+# would train there and every bit-for-bit comparison with a worker process, a Flower node or a
+# recorded CPU figure would differ by rounding. So the GPU is hidden from this process and its
+# children (before anything initialises CUDA) unless FEDBUG_TEST_GPU=1 asks for the GPU tests:
+# ``FEDBUG_TEST_GPU=1 python -m pytest tests/test_cuda.py tests/test_golden.py`` (what
+# benchmarks/gpu/check.sh runs).
+GPU_TESTS = os.environ.get("FEDBUG_TEST_GPU") == "1"
+if not GPU_TESTS:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 # The module whose names the engine calls its per-run plots by (a run folder's accuracy.png and
 # partition.png): the one place to change when the engine moves them.
@@ -38,8 +49,9 @@ def no_plots(stub_plot: Callable[..., None]) -> None:
 
 @pytest.fixture(autouse=True)
 def _keep_torch_threads():
-    """A run sets torch's thread count for the whole process (``threads``): every test gives it
-    back, so the next one starts with the count it would have alone."""
+    """Building a client side sets torch's thread count for the whole process (``threads``; a
+    whole run puts it back itself): every test gives it back, so the next one starts with the
+    count it would have alone."""
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
@@ -49,8 +61,6 @@ def _keep_torch_threads():
 def _node_cache_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory):
     """Flower nodes the suite runs (in this process or started by it) keep their built client
     side in a folder of the session's, never in the user's ``~/.cache``."""
-    import os
-
     before = os.environ.get("FEDBUG_NODE_CACHE")
     os.environ["FEDBUG_NODE_CACHE"] = str(tmp_path_factory.mktemp("node-cache"))
     yield

@@ -1,6 +1,7 @@
-"""The CUDA path on a GPU: these run only where torch sees a CUDA device. CI has none and skips
-them; on a GPU machine run ``python -m pytest tests/test_cuda.py tests/test_golden.py`` (the
-golden test then also trains every family on the GPU against the CPU's record).
+"""The CUDA path on a GPU: these run only where torch sees a CUDA device, and the suite hides a
+GPU unless asked (``conftest.py``). CI has none and skips them; on a GPU machine run
+``FEDBUG_TEST_GPU=1 python -m pytest tests/test_cuda.py tests/test_golden.py`` (the golden test
+then also trains every family on the GPU against the CPU's record).
 
 What they hold: the same config and seed give the same numbers twice on a GPU
 (``deterministic: true``, the default); ``precision: fp32`` is IEEE float32 (TensorFloat-32 off)
@@ -22,7 +23,10 @@ from fedbug.data import FederatedDataset
 from fedbug.engine import run_experiment, weights_sha256
 from fedbug.engine.experiment import ClientSide
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA device, and FEDBUG_TEST_GPU=1 on a machine with one",
+)
 
 
 def random_images(n_train: int = 2000, n_test: int = 500, seed: int = 0) -> FederatedDataset:

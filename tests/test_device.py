@@ -307,3 +307,15 @@ def test_an_unpickled_client_side_sets_its_process_up_again(monkeypatch):
     back = pickle.loads(pickle.dumps(side))
     assert torch.get_num_threads() == 1
     assert calls == [(back.device, "fp32", True)] and back.kernels == {"k": 1}
+
+
+def test_the_suite_hides_a_gpu_unless_its_tests_are_asked_for():
+    """On a GPU machine the suite's CPU numbers stay the CPU's (``conftest.py``)."""
+    import os
+
+    import conftest
+
+    if conftest.GPU_TESTS:
+        pytest.skip("FEDBUG_TEST_GPU=1: the GPU is visible for its tests")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert not torch.cuda.is_available()

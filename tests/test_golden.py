@@ -232,7 +232,9 @@ CUDA_FAMILIES = sorted(n for n in FAMILIES if FAMILIES[n].get("executor") != "pr
 CUDA_PFL_TOLERANCE = 0.02
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device, and FEDBUG_TEST_GPU=1 there"
+)
 @pytest.mark.parametrize("name", CUDA_FAMILIES)
 def test_family_on_a_gpu_moves_the_weights_as_on_the_cpu(name):
     """``device: cuda`` (fp32: TensorFloat-32 off) moves the weights as the CPU record does, to

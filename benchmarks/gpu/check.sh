@@ -51,6 +51,6 @@ timeout 120 "$py" -m fedbug.cli run configs/digits-demo.yaml -s device=cuda --ou
 
 # last (its 8 workers load the CPUs, which the timings above must not share): the GPU tests
 # and the device tests, then the golden families on both devices
-timeout 300 "$py" -m pytest -q -rP -n 8 -p no:cacheprovider tests/test_cuda.py tests/test_device.py \
+FEDBUG_TEST_GPU=1 timeout 300 "$py" -m pytest -q -rP -n 8 -p no:cacheprovider tests/test_cuda.py tests/test_device.py \
   tests/test_golden.py 2>&1 | tee "$out/tests.log" | grep -E "passed|failed|error|GPU - CPU|difference" | tail -80
 
