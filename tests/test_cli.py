@@ -392,6 +392,32 @@ def test_sweep_grid_times_seeds_table_and_files(tmp_path, capsys, fast_plots):
         assert [c["seed"] for c in configs] == [0, 1]
 
 
+def test_sweep_g_over_algorithms_takes_the_block_set_with_s(tmp_path, capsys, fast_plots):
+    """What the refusal of an unused block tells the user to do: ``-g algorithm=...``."""
+    cfg = write_config(tmp_path)
+    out = tmp_path / "out"
+    rc, _, err = cli(
+        capsys, "sweep", str(cfg), "--out", str(out), "-q",
+        "-g", "algorithm=fedavg,fedprox", "-s", "fedprox.mu=0.1",
+    )  # fmt: skip
+    assert rc == 0, err
+    configs = [
+        yaml.safe_load((rd / "config.yaml").read_text()) for rd in run_dirs(out / "tiny-sweep")
+    ]
+    assert {(c["algorithm"], c["fedprox"]["mu"]) for c in configs} == {
+        ("fedavg", 0.1),
+        ("fedprox", 0.1),
+    }
+
+
+def test_run_of_a_sweep_config_refuses_a_block_its_grid_never_uses(tmp_path, capsys):
+    cfg = write_config(tmp_path, grid={"policy": ["none", "bottom_up"]})
+    out = tmp_path / "out"
+    rc, _, err = cli(capsys, "run", str(cfg), "--out", str(out), "-q", "-s", "fedprox.mu=0.01")
+    assert_one_line_error(rc, err, "fedprox: has no effect under algorithm: fedavg")
+    assert empty_or_absent(out)
+
+
 @pytest.mark.parametrize(
     "grid, words",
     [

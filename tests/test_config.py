@@ -165,7 +165,7 @@ def test_overrides_apply_typed_values():
             "algorithm=fedprox",
             "fedprox.mu=1e-3",
             "fedexp={variant: code, eps_decay: 0.996}",
-            "grid={bottom_up.gu_ratio: [0, 0.5]}",
+            "grid={bottom_up.gu_ratio: [0, 0.5], fedexp.eps: [0.001]}",  # a cell's fedexp
         ],
     )
     assert cfg.rounds == 7 and isinstance(cfg.rounds, int)
@@ -177,7 +177,7 @@ def test_overrides_apply_typed_values():
     assert cfg.fedprox.mu == 1e-3
     assert cfg.fedexp.variant == "code" and cfg.fedexp.eps_decay == 0.996
     assert cfg.fedexp.epsilon(1) == 1.0
-    assert cfg.grid == {"bottom_up.gu_ratio": [0, 0.5]}
+    assert cfg.grid == {"bottom_up.gu_ratio": [0, 0.5], "fedexp.eps": [0.001]}
 
 
 def test_later_overrides_win_and_dotted_keys_merge_into_blocks(tmp_path):
@@ -485,3 +485,18 @@ def test_any_overrides_give_a_valid_config_or_a_config_error(overrides):
     # what is accepted also survives the trip through config.yaml
     dumped = yaml.safe_dump(resolve(cfg).model_dump(mode="json"), allow_unicode=True)
     validate(yaml.safe_load(dumped))
+
+
+def test_a_grid_lets_its_base_hold_the_blocks_of_the_methods_it_names_only():
+    from fedbug.config import grid_blocks
+
+    assert grid_blocks({"algorithm": ["fedavg", "fedprox"]}) == {"fedprox"}
+    assert grid_blocks({"fedprox.mu": [0.1, 1.0]}) == {"fedprox"}
+    variant = [{"label": "FedBug", "policy": "bottom_up", "bottom_up.gu_ratio": 0.5}]
+    assert grid_blocks({"variant": variant}) == {"bottom_up"}
+    # a preset brings its methods' blocks: freezefl (policy and preset) and reputation
+    assert grid_blocks({"method": ["fedavg", "freezefl"]}) == {"freezefl", "reputation"}
+    base = {"algorithm": "fedavg", "fedprox": {"mu": 0.01}}
+    load_config(None, doc={**base, "grid": {"algorithm": ["fedavg", "fedprox"]}})
+    with pytest.raises(ConfigError, match="fedprox: has no effect under algorithm: fedavg"):
+        load_config(None, doc={**base, "grid": {"policy": ["none", "bottom_up"]}})

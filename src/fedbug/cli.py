@@ -177,11 +177,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     doc = read_config_doc(args.config)
     for text in [*data_dir_override(args), *args.set]:
         set_dotted(doc, *parse_set(text))
+    if args.grid:  # -g joins the config's grid before the base is checked against it
+        grid = dict(doc.get("grid") or {}) if isinstance(doc.get("grid"), dict) else {}
+        for text in args.grid:
+            key, values = parse_grid_arg(text)
+            grid[key] = values
+        doc["grid"] = grid
     base = load_config(None, doc=doc)  # validates the base before any run
     grid = dict(base.grid or {})
-    for text in args.grid:
-        key, values = parse_grid_arg(text)
-        grid[key] = values
     seeds = args.seeds if args.seeds is not None else base.seeds
     check_writable(Path(args.out))
     out = Path(args.out) / f"{base.name}-sweep"

@@ -452,13 +452,37 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def grid_blocks(grid: Any) -> frozenset[str]:
+    """The options blocks a grid's cells may use: those of the methods it names, as values
+    (``algorithm: [fedavg, fedprox]``, a ``method:`` preset's), as keys (``fedprox.mu``) or in
+    a cell's mapping (``{policy: bottom_up, bottom_up.gu_ratio: 0.5}``)."""
+    words: set[str] = set()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                words.add(str(k).split(".")[0])
+                walk(v)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v)
+        elif isinstance(x, str) and x not in words:
+            words.add(x)
+            if x in PRESETS:
+                walk(PRESETS[x])
+
+    walk(grid)
+    return frozenset(b for b in owners() if b in words)
+
+
 def validate(doc: Any) -> BaseConfig:
     if not isinstance(doc, dict):
         raise ConfigError(f"a config must be a mapping of keys to values, not {type(doc).__name__}")
     _check_size(doc)
     doc = apply_method(doc)
-    # a sweep's base may hold the options of every method its cells compare
-    relaxed = blocks_used_elsewhere(frozenset(owners())) if doc.get("grid") else nullcontext()
+    # a sweep's base may hold the options of the methods its cells compare (and only those)
+    grid = doc.get("grid")
+    relaxed = blocks_used_elsewhere(grid_blocks(grid)) if grid else nullcontext()
     try:
         with relaxed:
             return config_class().model_validate(doc)
