@@ -339,6 +339,19 @@ def test_console_script_missing_config(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_run_refused_as_it_starts_leaves_no_folder_behind(tmp_path, capsys):
+    """A refusal found while the run is built (tf32 on a CPU), after its folder was made: the
+    folders made for it, --out's too, go again."""
+    cfg = write_config(tmp_path, precision="tf32")
+    out = tmp_path / "a" / "b"
+    rc, _, err = cli(capsys, "run", str(cfg), "--out", str(out), "-q")
+    assert_one_line_error(rc, err, "tf32")
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "kept").mkdir()  # a folder that was there stays
+    rc, _, err = cli(capsys, "run", str(cfg), "--out", str(tmp_path / "kept"), "-q")
+    assert rc == 2 and (tmp_path / "kept").is_dir() and not any((tmp_path / "kept").iterdir())
+
+
 # -- sweep -----------------------------------------------------------------------------------
 
 

@@ -110,7 +110,11 @@ def run_experiment(
             args = (cfg, None, resume, sources, on_round, stop_after, executor_factory)
             return _run(cleanup, *args)
     rd = RunDir(Path(run_dir))
-    created = lock_token is None and not rd.path.exists()
+    # the folders this call makes (the run's and any missing above it, as --out): removed again
+    # while empty, so a run refused before it wrote anything leaves nothing on disk
+    made = (
+        [] if lock_token is not None else [d for d in (rd.path, *rd.path.parents) if not d.exists()]
+    )
     if lock_token is None:
         rd.create()  # a joining process finds the folder its holder made
     try:
@@ -119,9 +123,7 @@ def run_experiment(
         else:
             rd.join_lock(lock_token)
     except BaseException:
-        if created:
-            with contextlib.suppress(OSError):
-                rd.path.rmdir()
+        _remove_empty(made)
         raise
     try:
         rd.remove_stale_temps()  # a killed run's half-written files; the lock is ours now
@@ -130,9 +132,14 @@ def run_experiment(
             return _run(cleanup, *args)
     finally:
         rd.release_lock()
-        if created:
-            with contextlib.suppress(OSError):  # only an empty folder: the run wrote nothing
-                rd.path.rmdir()
+        _remove_empty(made)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is empty; the rest stay."""
+    for d in folders:
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def _run(
