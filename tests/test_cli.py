@@ -583,3 +583,24 @@ def test_a_reader_that_stops_early_gets_no_error_from_fedbug():
     p.stdout.close()  # as `fedbug ... | head -c 10` does
     assert p.wait(timeout=60) == 141
     assert p.stderr.read() == b""
+
+
+def test_data_build_dest_is_dest_slash_name_as_download(tmp_path, capsys, monkeypatch):
+    """``--dest X`` builds into X/shakespeare (X/<name>, as ``download`` writes), a folder the
+    loader searches under ``data_dir: X``."""
+    import fedbug.data.shakespeare_build as build
+
+    seen = []
+
+    def fake(out_dir, **_kw):
+        seen.append(out_dir)
+        return {"clients": 1, "train_samples": 1, "test_samples": 1, "plays": 1,
+                "out_dir": str(out_dir)}  # fmt: skip
+
+    monkeypatch.setattr(build, "build_shakespeare", fake)
+    rc, out, err = cli(capsys, "data", "build", "shakespeare", "--dest", str(tmp_path))
+    assert rc == 0, err
+    assert seen == [tmp_path / "shakespeare"]
+    from fedbug.data.locate import candidate_dirs
+
+    assert tmp_path / "shakespeare" in candidate_dirs(tmp_path, "shakespeare")

