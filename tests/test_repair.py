@@ -76,9 +76,14 @@ def test_a_damaged_summary_and_checkpoint_are_rebuilt(run, original, capsys):
     ck = bytearray((run / "checkpoint.pt").read_bytes())
     ck[-10] ^= 0xFF
     (run / "checkpoint.pt").write_bytes(bytes(ck))
+    metrics = (run / "metrics.jsonl").read_bytes()
     assert main(["repair", str(run), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "summary.json" in out and "checkpoint.pt" in out
+    # its whole metrics.jsonl is neither said to be rebuilt nor moved aside
+    assert "metrics.jsonl" not in out and (run / "metrics.jsonl").read_bytes() == metrics
+    (kept,) = run.glob("damaged-*")
+    assert not (kept / "metrics.jsonl").exists()
     a, b = RunDir(run).read_summary(), RunDir(original).read_summary()
     assert a["weights_sha256"] == b["weights_sha256"] and a["final_acc"] == b["final_acc"]
     assert a["repaired"]["rounds_rerun"] == ROUNDS

@@ -225,9 +225,10 @@ def _repair(
         old if old is not None else new
         for (old, _), new in zip(lines[:target], again.records, strict=False)
     ]
-    shutil.copy2(rd.metrics_path, kept / rd.metrics_path.name)
-    rd.write_metrics(records)
-    report.rebuilt.append("metrics.jsonl")
+    if early or late or torn:  # else its lines are whole and kept as they are
+        shutil.copy2(rd.metrics_path, kept / rd.metrics_path.name)
+        rd.write_metrics(records)
+        report.rebuilt.append("metrics.jsonl")
     if late or torn:
         report.dropped.append(f"metrics.jsonl's {late + int(torn)} line(s) after round {target}")
     if ck_bad or ck is None:
