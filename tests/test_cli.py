@@ -459,6 +459,14 @@ def test_sweep_bad_grid_in_file_exits_2_before_any_run(tmp_path, capsys):
     assert empty_or_absent(out)
 
 
+def test_sweep_g_does_not_hide_a_grid_in_the_file_that_is_no_mapping(tmp_path, capsys):
+    cfg = write_config(tmp_path, grid="gu_ratio")
+    out = tmp_path / "out"
+    rc, _, err = cli(capsys, "sweep", str(cfg), "--out", str(out), "-q", "-g", "lr=0.1,0.2")
+    assert_one_line_error(rc, err, "grid")
+    assert empty_or_absent(out)
+
+
 def test_sweep_unknown_model_in_grid_fails_before_any_run(tmp_path, capsys, fast_plots):
     cfg = write_config(tmp_path)
     out = tmp_path / "out"

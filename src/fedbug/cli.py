@@ -177,12 +177,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     doc = read_config_doc(args.config)
     for text in [*data_dir_override(args), *args.set]:
         set_dotted(doc, *parse_set(text))
-    if args.grid:  # -g joins the config's grid before the base is checked against it
-        grid = dict(doc.get("grid") or {}) if isinstance(doc.get("grid"), dict) else {}
-        for text in args.grid:
-            key, values = parse_grid_arg(text)
-            grid[key] = values
-        doc["grid"] = grid
+    given = doc.get("grid") or {}
+    if args.grid and isinstance(given, dict):  # -g joins the grid before the base is checked
+        doc["grid"] = {**given, **dict(parse_grid_arg(text) for text in args.grid)}
     base = load_config(None, doc=doc)  # validates the base before any run
     grid = dict(base.grid or {})
     seeds = args.seeds if args.seeds is not None else base.seeds
