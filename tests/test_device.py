@@ -196,21 +196,11 @@ def test_the_run_records_where_its_data_lived_and_the_share_is_not_hashed():
 @pytest.fixture
 def kernel_flags(monkeypatch):
     """torch's process-wide kernel flags, put back after the test; CUBLAS_WORKSPACE_CONFIG unset."""
-    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "x")  # recorded, so put back (or unset) after
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
-    saved = (
-        torch.backends.cuda.matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-        torch.backends.cudnn.deterministic,
-        torch.backends.cudnn.benchmark,
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-    )
-    yield
-    m, c, det, bench, algos, warn = saved
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = m, c
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = det, bench
-    torch.use_deterministic_algorithms(algos, warn_only=warn)
+    from fedbug.device import process_settings_kept
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    with process_settings_kept():
+        yield
 
 
 def test_a_gpu_run_gets_ieee_fp32_and_deterministic_kernels(kernel_flags):

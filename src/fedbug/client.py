@@ -201,7 +201,7 @@ def train_client(
         if pos == 0:  # drawn on the CPU, moved once an epoch (not a copy, and a wait, a step)
             perm = torch.randperm(n, generator=gen).to(xs.device)
         idx = perm[pos * settings.batch_size : (pos + 1) * settings.batch_size]
-        x, y = xs[idx], ys[idx.to(ys.device)]
+        x, y = xs[idx], ys[idx]  # a client's samples and labels live on one device
         if rt.augment is not None:
             x = rt.augment(x, gen)
             x, y = x.to(dev), y.to(dev)
