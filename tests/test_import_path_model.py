@@ -13,7 +13,7 @@ from tiny import tiny_config
 import fedbug
 from fedbug.cli import main
 from fedbug.errors import ConfigError
-from fedbug.models import import_root
+from fedbug.models import allow_import, import_root
 
 MODULE = """
 from torch import nn
@@ -58,12 +58,9 @@ def test_import_path_gives_the_numbers_of_the_same_class_passed_in(package):
     by_object = fedbug.run(tiny_config(), model=lambda: Net(width=12))
     assert by_path.summary["weights_sha256"] == by_object.summary["weights_sha256"]
     assert by_path.summary["model_class"] == "userpkg.nets.Net"
-    assert (
-        fedbug.run(tiny_config(model="userpkg.nets:make", model_options={"width": 12})).summary[
-            "weights_sha256"
-        ]
-        == by_path.summary["weights_sha256"]
-    )
+    with allow_import():  # a factory function is called only where the user allows it
+        by_factory = fedbug.run(tiny_config(model="userpkg.nets:make", model_options={"width": 12}))
+    assert by_factory.summary["weights_sha256"] == by_path.summary["weights_sha256"]
 
 
 def test_worker_processes_build_it_too(package):
@@ -96,7 +93,7 @@ def test_a_builder_that_returns_no_module_is_refused(package, tmp_path, capsys):
     (package / "userpkg" / "bad.py").write_text("def make():\n    return 42\n")
     cfg = tmp_path / "c.yaml"
     cfg.write_text("dataset: digits\nmodel: 'userpkg.bad:make'\nrounds: 1\ncount_flops: false\n")
-    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "-q"]) == 2
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "-q", "--allow-import"]) == 2
     err = capsys.readouterr().err
     assert "not a torch module" in err and len(err.strip().splitlines()) == 1
 

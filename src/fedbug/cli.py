@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -450,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write each round to tensorboard and/or mlflow (comma-separated; "
         "pip install 'fedbug[track]')",
     )
+    _allow_import_flag(r)
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("sweep", help="run a grid of experiments over seeds; table and plot")
@@ -562,15 +564,32 @@ def build_parser() -> argparse.ArgumentParser:
     tls = fw.add_mutually_exclusive_group(required=True)
     tls.add_argument("--insecure", action="store_true", help="the Runtime API is plain HTTP")
     tls.add_argument("--root-certificates", metavar="PEM", help="CA of a TLS Runtime API")
+    _allow_import_flag(fw, "a run's config names (the server sends it)")
     fw.set_defaults(func=cmd_flower_worker)
+    for parser in (s, rr, c):
+        _allow_import_flag(parser)
     return p
+
+
+def _allow_import_flag(parser: argparse.ArgumentParser, whose: str = "the config names") -> None:
+    parser.add_argument(
+        "--allow-import",
+        action="store_true",
+        help=f"let model: 'package.module:name' name a function, not only a torch.nn.Module "
+        f"class: fedbug then calls whatever {whose}; only for configs you trust",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    allowed: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if getattr(args, "allow_import", False):
+        from fedbug.models import allow_import
+
+        allowed = allow_import()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), allowed:
             warnings.simplefilter("default")
             return int(args.func(args))
     except FedbugError as e:

@@ -31,6 +31,7 @@ from typing import Any
 from fedbug.config import BaseConfig
 from fedbug.errors import ConfigError, FedbugError
 from fedbug.jobs import OnJobRound, RunOne, job_result, run_job
+from fedbug.models import ALLOW_IMPORT_ENV, factories_allowed
 from fedbug.results import RunDir
 
 INSTALL_HINT = 'pip install "fedbug[ray]"'
@@ -128,11 +129,17 @@ def run_ray_jobs(
     connect(ray, address)
     try:
         task = ray.remote(run_job)
+        # --allow-import is the caller's choice: the cluster's workers get it from here
+        allowed = {ALLOW_IMPORT_ENV: "1"} if factories_allowed() else {}
         refs = []
         for i, (cfg, run_dir) in enumerate(jobs):
             cfg = task_config(cfg)
             opts = task.options(
-                num_cpus=cfg.threads, max_retries=RETRIES, retry_exceptions=False, name=run_dir.name
+                num_cpus=cfg.threads,
+                max_retries=RETRIES,
+                retry_exceptions=False,
+                name=run_dir.name,
+                **({"runtime_env": {"env_vars": allowed}} if allowed else {}),
             )
             refs.append(opts.remote(run_one, i, cfg, run_dir.absolute()))
         index = {ref: i for i, ref in enumerate(refs)}

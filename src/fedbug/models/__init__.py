@@ -1,17 +1,25 @@
 """Models by name. Each builder takes (input_shape, num_classes, **options) -> nn.Module.
 
-A model of your own is named by its import path, ``model: "package.module:Name"``: ``Name`` (a
-``nn.Module`` class or a function returning one) is called with ``model_options`` as keyword
-arguments, under the run's model seed, exactly as ``fedbug.run(cfg, model=Name)`` calls it.
-Every process that builds the model (worker processes, Flower nodes) imports it, so the module
-must be importable there (installed, or on ``PYTHONPATH``).
+A model of your own is named by its import path, ``model: "package.module:Name"``: ``Name`` is
+called with ``model_options`` as keyword arguments, under the run's model seed, exactly as
+``fedbug.run(cfg, model=Name)`` calls it. Every process that builds the model (worker processes,
+Flower nodes) imports it, so the module must be importable there (installed, or on
+``PYTHONPATH``).
+
+A config may come from someone else, so what an import path may name is limited (RELIABILITY.md,
+"Trust model"): a ``torch.nn.Module`` subclass always; any other callable (a factory function)
+only where the user allows it for the process, with ``--allow-import`` on the command line,
+``FEDBUG_ALLOW_IMPORT=1`` in the environment (how worker processes and Flower nodes inherit it),
+or :func:`allow_import` in Python. Nothing in a config or a run folder can allow it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +57,39 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
+#: set to ``1`` to let an import path name a factory function (inherited by child processes)
+ALLOW_IMPORT_ENV = "FEDBUG_ALLOW_IMPORT"
+
+
+def factories_allowed() -> bool:
+    """Whether this process may call a function (not a ``nn.Module`` class) named by a config."""
+    return os.environ.get(ALLOW_IMPORT_ENV, "") == "1"
+
+
+@contextlib.contextmanager
+def allow_import() -> Iterator[None]:
+    """Let configs built and run inside this block name a model factory function by import path
+    (and the worker processes and Flower nodes started meanwhile, which inherit the
+    environment). Use it only for configs you trust: a config can name any function."""
+    before = os.environ.get(ALLOW_IMPORT_ENV)
+    os.environ[ALLOW_IMPORT_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ALLOW_IMPORT_ENV, None)
+        else:
+            os.environ[ALLOW_IMPORT_ENV] = before
+
+
+def _is_module_class(target: object) -> bool:
+    return isinstance(target, type) and issubclass(target, nn.Module)
+
+
 def import_model(path: str) -> Callable[..., nn.Module]:
     """The class or factory an import path ``package.module:Name`` names; ValueError saying
-    what is wrong and how to fix it otherwise."""
+    what is wrong and how to fix it otherwise. A factory (anything callable but a ``nn.Module``
+    subclass) is refused unless :func:`factories_allowed`."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ValueError(f"model {path!r}: an import path is 'package.module:Name'")
@@ -67,8 +105,16 @@ def import_model(path: str) -> Callable[..., nn.Module]:
         target = getattr(target, part, None)
         if target is None:
             raise ValueError(f"model {path!r}: module {module_name!r} has no {attr!r}")
+    if _is_module_class(target):
+        return target  # type: ignore[no-any-return]
     if not callable(target):
         raise ValueError(f"model {path!r} is not a class or function")
+    if not factories_allowed():
+        raise ValueError(
+            f"model {path!r} names a {type(target).__name__}, not a torch.nn.Module class; "
+            "a config may name any function, so fedbug calls one only where you allow it: "
+            f"pass --allow-import (or set {ALLOW_IMPORT_ENV}=1) if you trust this config"
+        )
     return target  # type: ignore[no-any-return]
 
 
@@ -106,7 +152,10 @@ def build_model(
 
 
 __all__ = [
+    "ALLOW_IMPORT_ENV",
     "MODELS",
+    "allow_import",
+    "factories_allowed",
     "build_model",
     "import_model",
     "import_root",
