@@ -60,11 +60,15 @@ def _keep_torch_threads():
 @pytest.fixture(autouse=True, scope="session")
 def _node_cache_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory):
     """Flower nodes the suite runs (in this process or started by it) keep their built client
-    side in a folder of the session's, never in the user's ``~/.cache``."""
-    before = os.environ.get("FEDBUG_NODE_CACHE")
+    side in a folder of the session's, never in the user's ``~/.cache``, and sign it with a
+    key of the session's, never the user's ``~/.config/fedbug``."""
+    names = ("FEDBUG_NODE_CACHE", "FEDBUG_CONFIG_DIR")
+    before = {name: os.environ.get(name) for name in names}
     os.environ["FEDBUG_NODE_CACHE"] = str(tmp_path_factory.mktemp("node-cache"))
+    os.environ["FEDBUG_CONFIG_DIR"] = str(tmp_path_factory.mktemp("config") / "fedbug")
     yield
-    if before is None:
-        os.environ.pop("FEDBUG_NODE_CACHE", None)
-    else:
-        os.environ["FEDBUG_NODE_CACHE"] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

@@ -43,7 +43,7 @@ def test_a_damaged_entry_is_rebuilt_and_replaced(tmp_path, capsys):
     path = tmp_path / f"x{SUFFIX}"
     path.write_bytes(b"not a torch file")
     assert load_or_build(path, lambda: [1, 2]) == [1, 2]
-    assert "unreadable" in capsys.readouterr().err
+    assert "refused (not a fedbug node-cache entry)" in capsys.readouterr().err
     assert load_or_build(path, lambda: pytest.fail("rebuilt twice")) == [1, 2]
 
 
