@@ -43,6 +43,23 @@ class DivergenceError(FedbugError):
         self.reason = reason
 
 
+class ShortRoundError(FedbugError):
+    """A round in which fewer than ``min_results`` clients gave a valid update (they timed out,
+    failed or sent a malformed one) stopped the run (``on_short_round: stop``), or no round of
+    the run was aggregated (``skip``); exit code 3."""
+
+    exit_code = 3
+
+    def __init__(
+        self, message: str, round: int, reported: int, selected: int, required: int
+    ) -> None:
+        super().__init__(message)
+        self.round = round
+        self.reported = reported
+        self.selected = selected
+        self.required = required
+
+
 class RunFolderHoldsRun(ConfigError):
     """A new run was asked for in a folder that already holds one."""
 
@@ -59,3 +76,8 @@ class RunFolderHoldsRun(ConfigError):
 
 class RunFolderBusy(FedbugError):
     """Another live process holds the run folder's lock."""
+
+
+class LinkRefused(FedbugError):
+    """A file or folder fedbug would write inside a run (or sweep) folder is a symbolic link
+    or not a regular file: it is not followed, since it could point outside the folder."""

@@ -23,6 +23,7 @@ import os
 import pickle
 import platform
 import secrets
+import stat
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from fedbug.errors import CheckpointError, FedbugError, ResultsError, RunFolderBusy
+from fedbug.errors import CheckpointError, FedbugError, LinkRefused, ResultsError, RunFolderBusy
 
 CHECKPOINT_MAGIC = b"FEDBUG-CHECKPOINT-1 "
 LOCK_NAME = ".lock"
@@ -49,7 +50,7 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # it exists, owned by someone else
-    except OSError:
+    except (OSError, OverflowError):
         return False
     return pid > 0
 
@@ -63,7 +64,9 @@ def _read_lock(fd: int) -> tuple[int | None, str | None]:
         return None, None
     pid = lines[0].strip()
     token = lines[1].strip() if len(lines) > 1 else ""
-    return (int(pid) if pid.isdigit() else None), (token or None)
+    # a pid is a positive int below the kernel's limit (2**22): more digits are not a pid
+    valid = pid.isascii() and pid.isdigit() and len(pid) <= 10 and 0 < int(pid) < 2**31
+    return (int(pid) if valid else None), (token or None)
 
 
 def _read_pid(fd: int) -> int | None:
@@ -114,14 +117,94 @@ def _naming(e: OSError, path: Path) -> OSError:
     return OSError(e.errno, e.strerror or str(e), str(path))
 
 
+#: flags that open a file fedbug writes without following a link at its last component, and
+#: without blocking on a FIFO planted in its place (which :func:`open_nofollow` then refuses)
+NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` of a regular file that is not a link (``flags`` | :data:`NOFOLLOW`);
+    :class:`LinkRefused` naming the path for a link, a FIFO, a device or a folder."""
+    try:
+        fd = os.open(path, flags | NOFOLLOW, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise LinkRefused(_link_message(path)) from None
+        if e.errno == errno.ENXIO:  # a FIFO no one reads
+            raise LinkRefused(
+                f"{str(path)!r} is not a regular file; fedbug writes only files"
+            ) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LinkRefused(f"{str(path)!r} is not a regular file; fedbug writes only files")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _link_message(path: Path) -> str:
+    return (
+        f"{str(path)!r} is a symbolic link; fedbug never follows a link inside a run folder (it "
+        "could write outside it): remove the link if you trust the folder"
+    )
+
+
+def check_no_links(root: Path, path: Path) -> None:
+    """Refuse (:class:`LinkRefused`) a ``path`` below ``root`` any of whose components after
+    ``root`` is a symbolic link: writing there could land outside ``root``. ``root`` itself
+    (the folder the user named) may be a link."""
+    root, path = Path(root), Path(path)
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        raise ValueError(f"{path} is not below {root}") from None
+    here = root
+    for part in rel.parts:
+        here = here / part
+        if here.is_symlink():
+            raise LinkRefused(_link_message(here))
+
+
+def refuse_links_below(root: Path) -> None:
+    """Refuse (:class:`LinkRefused`) a folder that holds a symbolic link anywhere below it
+    (``root`` itself may be one). fedbug makes no links in a run folder, so one there was put by
+    someone else, and anything written through it (a resumed run's client states, Flower's
+    files) could land outside the folder."""
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in (*dirs, *files):
+            path = Path(folder, name)
+            if path.is_symlink():
+                raise LinkRefused(_link_message(path))
+
+
+def make_folder_inside(root: Path, path: Path, mode: int = 0o777) -> Path:
+    """``path`` (below ``root``) made as a folder where it is missing, each component after
+    ``root`` checked not to be a link (:func:`check_no_links`); returns ``path``."""
+    root, path = Path(root), Path(path)
+    check_no_links(root, path)
+    here = root
+    for part in path.relative_to(root).parts:
+        here = here / part
+        with contextlib.suppress(FileExistsError):
+            here.mkdir(mode=mode)
+        if here.is_symlink():  # made meanwhile by someone else
+            raise LinkRefused(_link_message(here))
+    return path
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``path`` whole or not at all: a temporary file beside it, fsynced, renamed over it.
     When the write fails (a full disk) the temporary file is removed and the old ``path`` kept;
-    the OSError names ``path``."""
+    the OSError names ``path``. Neither file is followed through a link: the temporary one is
+    made new (``O_EXCL | O_NOFOLLOW``), and the rename replaces a link at ``path`` instead of
+    writing where it points."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # a killed writer's with this pid, or something planted: not followed
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             _test_pause()
@@ -241,7 +324,7 @@ class RunDir:
         a ``.lock`` that no one locks but that names a live process other than this one is an
         older fedbug's pid-file lock, and is respected. The folder must exist."""
         for _ in range(LOCK_TRIES):
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_nofollow(self.lock_path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -265,6 +348,11 @@ class RunDir:
                     f"an older version's lock); wait for it to finish, or if no fedbug runs "
                     f"there, delete {str(self.lock_path)!r}"
                 )
+            try:
+                refuse_links_below(self.path)  # before anything here is written or removed
+            except LinkRefused:
+                os.close(fd)
+                raise
             token = secrets.token_hex(16)
             try:
                 os.ftruncate(fd, 0)
@@ -284,7 +372,7 @@ class RunDir:
         ServerApp for the ``fedbug run`` that started it), or raise :class:`RunFolderBusy` when
         that process no longer holds it. Every write then checks again (:meth:`check_held`)."""
         try:
-            fd = os.open(self.lock_path, os.O_RDWR)
+            fd = open_nofollow(self.lock_path, os.O_RDWR)
         except FileNotFoundError:
             raise self._lost() from None
         except OSError as e:
@@ -367,7 +455,8 @@ class RunDir:
         self.check_held()
         line = metrics_line(record)
         try:
-            with open(self.metrics_path, "a", encoding="utf-8") as f:
+            fd = open_nofollow(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
                 if os.environ.get(SLOW_WRITES_ENV):  # test-only: a window for a torn line
                     f.write(line[: len(line) // 2])
                     f.flush()

@@ -17,7 +17,7 @@ from typing import Any
 from fedbug.compat import blocks_used_elsewhere, owners, used_blocks
 from fedbug.config import BaseConfig, config_class, set_dotted, validate
 from fedbug.errors import ConfigError
-from fedbug.results import atomic_write_bytes, atomic_write_text
+from fedbug.results import atomic_write_bytes, atomic_write_text, check_no_links
 from fedbug.spread import mean_std, row_pm
 from fedbug.table4 import cell_text, format_pfl_table, write_figures
 
@@ -284,6 +284,8 @@ def run_sweep(
         for cell, cfg in cells
         for seeded in (cfg.model_copy(update={"seed": cfg.seed + s}) for s in range(seeds))
     ]
+    for _, run_dir in jobs:  # a received sweep folder's cell may be a link: never written through
+        check_no_links(out.parent, run_dir)
     if run_all is not None:
         done = run_all(jobs)
     elif run_one is not None:
