@@ -177,21 +177,6 @@ def refuse_links_below(root: Path) -> None:
                 raise LinkRefused(_link_message(path))
 
 
-def make_folder_inside(root: Path, path: Path, mode: int = 0o777) -> Path:
-    """``path`` (below ``root``) made as a folder where it is missing, each component after
-    ``root`` checked not to be a link (:func:`check_no_links`); returns ``path``."""
-    root, path = Path(root), Path(path)
-    check_no_links(root, path)
-    here = root
-    for part in path.relative_to(root).parts:
-        here = here / part
-        with contextlib.suppress(FileExistsError):
-            here.mkdir(mode=mode)
-        if here.is_symlink():  # made meanwhile by someone else
-            raise LinkRefused(_link_message(here))
-    return path
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``path`` whole or not at all: a temporary file beside it, fsynced, renamed over it.
     When the write fails (a full disk) the temporary file is removed and the old ``path`` kept;
