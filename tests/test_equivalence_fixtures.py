@@ -20,22 +20,18 @@ own fixture that must match (``cnn-clip-feddyn-loss-gu40``: ``feddyn: {clip: los
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from equivalence_checks import check_inputs, check_units
+from equivalence_checks import load as _load
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.equivalence.fedbug_side import run_rounds, unit_stats
+from benchmarks.equivalence.scenario import Scenario, input_digest
+
 FIXTURES = Path(__file__).parent / "fixtures" / "equivalence"
-sys.path.insert(0, str(ROOT / "benchmarks" / "equivalence"))
-
-from equivalence_checks import check_inputs, check_units  # noqa: E402
-from equivalence_checks import load as _load  # noqa: E402
-from fedbug_side import run_rounds, unit_stats  # noqa: E402
-from scenario import Scenario, input_digest  # noqa: E402
-
 CASES = sorted(FIXTURES.glob("*.json"))
 
 

@@ -22,23 +22,18 @@ which its server averages: ``rounding`` in the fixture) must not move further in
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from equivalence_checks import check_inputs, check_units
+from equivalence_checks import load as _load
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.equivalence import pfl_scenario, scenario
+from benchmarks.equivalence.fedbug_side import unit_stats
+from benchmarks.equivalence.flbench_cases import FlbCase, fedbug_run
+
 FIXTURES = Path(__file__).parent / "fixtures" / "equivalence" / "flbench"
-sys.path.insert(0, str(ROOT / "benchmarks" / "equivalence"))
-
-import pfl_scenario  # noqa: E402
-import scenario  # noqa: E402
-from equivalence_checks import check_inputs, check_units  # noqa: E402
-from equivalence_checks import load as _load  # noqa: E402
-from fedbug_side import unit_stats  # noqa: E402
-from flbench_cases import FlbCase, fedbug_run  # noqa: E402
-
 CASES = sorted(FIXTURES.glob("*.json"))
 METHODS = {"fedavg", "fedprox", "feddyn", "scaffold", "fedper", "fedrep", "fedbabu"}
 

@@ -17,22 +17,18 @@ RTOL x max |d|), and a unit PFLlib never moved (FedBABU's head) must not move in
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from equivalence_checks import check_inputs, check_units
+from equivalence_checks import load as _load
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.equivalence.fedbug_pfl import run_rounds
+from benchmarks.equivalence.fedbug_side import unit_stats
+from benchmarks.equivalence.pfl_scenario import PflScenario, input_digest
+
 FIXTURES = Path(__file__).parent / "fixtures" / "equivalence" / "pfllib"
-sys.path.insert(0, str(ROOT / "benchmarks" / "equivalence"))
-
-from equivalence_checks import check_inputs, check_units  # noqa: E402
-from equivalence_checks import load as _load  # noqa: E402
-from fedbug_pfl import run_rounds  # noqa: E402
-from fedbug_side import unit_stats  # noqa: E402
-from pfl_scenario import PflScenario, input_digest  # noqa: E402
-
 CASES = sorted(FIXTURES.glob("*.json"))
 METHODS = {"fedper", "lg_fedavg", "fedrep", "fedrod", "fedbabu"}
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pfl_scenario import PflScenario, build_model, client_data
 from torch import Tensor
 
 import fedbug
+from benchmarks.equivalence.pfl_scenario import PflScenario, build_model, client_data
 from fedbug.aggregate import Aggregate
 from fedbug.client import ClientTask, load_local_parts, train_client
 from fedbug.engine.experiment import Experiment

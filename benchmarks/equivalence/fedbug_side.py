@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from scenario import INPUT_SHAPE, Scenario, build_model, client_data
 from torch import Tensor
 
 import fedbug
+from benchmarks.equivalence.scenario import INPUT_SHAPE, Scenario, build_model, client_data
 from fedbug.aggregate import Aggregate
 from fedbug.algorithms import ALGORITHMS
 from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client

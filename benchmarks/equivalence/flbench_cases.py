@@ -25,10 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import fedbug_pfl
-import fedbug_side
-from pfl_scenario import PflScenario
-from scenario import Scenario
+from benchmarks.equivalence import fedbug_pfl, fedbug_side
+from benchmarks.equivalence.pfl_scenario import PflScenario
+from benchmarks.equivalence.scenario import Scenario
 
 OFF = 1e9  # fedbug's clip_grad_norm where FL-bench does not clip (every method but FedDyn)
 

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import machine_info
-from reference_fedbug import commit_of
+
+from benchmarks.common import machine_info
+from benchmarks.equivalence.reference_fedbug import commit_of
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from scenario import smooth_twin
 from torch import Tensor, nn
 
+from benchmarks.equivalence.scenario import smooth_twin
 from fedbug.models.tiny_cnn import FedSeqCNN
 
 PFLLIB_NAME = {

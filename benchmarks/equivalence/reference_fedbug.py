@@ -56,10 +56,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import shims
 import torch
-from scenario import Scenario, build_model, client_data, smooth_twin
 
+from benchmarks.equivalence import shims
+from benchmarks.equivalence.scenario import Scenario, build_model, client_data, smooth_twin
 from fedbug.seeding import torch_generator
 
 MODES = ("fedavg", "fedprox", "feddyn", "fedexp", "scaffold")

@@ -66,10 +66,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import shims
 import torch
-from reference_pfllib import _Loaders, _ReplayLoader
 from torch import nn
+
+from benchmarks.equivalence import shims
+from benchmarks.equivalence.reference_pfllib import _Loaders, _ReplayLoader
 
 # fedbug algorithm -> FL-bench method (the file name under src/server)
 METHOD = {

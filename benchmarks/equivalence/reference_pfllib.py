@@ -57,12 +57,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import shims
 import torch
-from pfl_scenario import PFLLIB_NAME, PflScenario, build_model, client_data
-from scenario import smooth_twin
 from torch import nn
 
+from benchmarks.equivalence import shims
+from benchmarks.equivalence.pfl_scenario import PFLLIB_NAME, PflScenario, build_model, client_data
+from benchmarks.equivalence.scenario import smooth_twin
 from fedbug.seeding import torch_generator
 
 SERVER = {  # fedbug method -> (module, class) under system/flcore/servers

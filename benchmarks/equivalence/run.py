@@ -1,8 +1,8 @@
 """Differential harness: a reference implementation and fedbug on identical inputs, round by round.
 
-    python benchmarks/equivalence/run.py --fedbug-ref /tmp/fedbug-ref
-    python benchmarks/equivalence/run.py --fedbug-ref /tmp/fedbug-ref --only cnn-fedexp
-    python benchmarks/equivalence/run.py --fedbug-ref /tmp/fedbug-ref --write-fixtures
+    python -m benchmarks.equivalence.run --fedbug-ref /tmp/fedbug-ref
+    python -m benchmarks.equivalence.run --fedbug-ref /tmp/fedbug-ref --only cnn-fedexp
+    python -m benchmarks.equivalence.run --fedbug-ref /tmp/fedbug-ref --write-fixtures
 
 ``--fedbug-ref`` is a checkout of IandRover/FedBug (never vendored here; see RESULTS.md for the
 commit compared). Every scenario of :data:`SCENARIOS` (or those whose name contains an
@@ -27,17 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import torch
 
-import harness  # noqa: E402
-import reference_fedbug  # noqa: E402
-import torch  # noqa: E402
-from fedbug_side import run_engine, run_rounds, space_of, unit_stats  # noqa: E402
-from scenario import Scenario, build_model, input_digest  # noqa: E402
+from benchmarks.equivalence import harness, reference_fedbug
+from benchmarks.equivalence.fedbug_side import run_engine, run_rounds, space_of, unit_stats
+from benchmarks.equivalence.scenario import Scenario, build_model, input_digest
 
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "equivalence"
 REPO = "IandRover/FedBug"
 

@@ -1,8 +1,8 @@
 """Differential harness, FL-bench pair: KarhouTam/FL-bench's methods and fedbug's, a second opinion.
 
-    python benchmarks/equivalence/run_flbench.py --flbench /tmp/flbench --deps /tmp/flbench-deps
-    python benchmarks/equivalence/run_flbench.py --flbench /tmp/flbench --deps ... --only feddyn
-    python benchmarks/equivalence/run_flbench.py --flbench /tmp/flbench --deps ... --write-fixtures
+    python -m benchmarks.equivalence.run_flbench --flbench /tmp/flbench --deps /tmp/flbench-deps
+    python -m benchmarks.equivalence.run_flbench --flbench /tmp/flbench --deps ... --only feddyn
+    python -m benchmarks.equivalence.run_flbench --flbench /tmp/flbench --deps ... --write-fixtures
 
 ``--flbench`` is a checkout of KarhouTam/FL-bench (never vendored here; RESULTS.md names the
 commit); ``--deps`` a folder holding omegaconf and hydra-core (``pip install --target``), which
@@ -28,20 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import torch
+from torch import nn
 
-import harness  # noqa: E402
-import pfl_scenario  # noqa: E402
-import reference_flbench  # noqa: E402
-import scenario  # noqa: E402
-import torch  # noqa: E402
-from flbench_cases import CASES, FlbCase, fedbug_engine, fedbug_run  # noqa: E402
-from run_pfllib import _flat, _rows, _stats, _worst, figures  # noqa: E402
-from torch import nn  # noqa: E402
+from benchmarks.equivalence import harness, pfl_scenario, reference_flbench, scenario
+from benchmarks.equivalence.flbench_cases import CASES, FlbCase, fedbug_engine, fedbug_run
+from benchmarks.equivalence.run_pfllib import _flat, _rows, _stats, _worst, figures
 
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "equivalence" / "flbench"
 REPO = "KarhouTam/FL-bench"
 ULPS = 4  # a reference change of at most this many float32 steps of the unit's largest |w|

@@ -1,8 +1,8 @@
 """Differential harness, PFLlib pair: the personalized methods of TsingZ0/PFLlib and fedbug.
 
-    python benchmarks/equivalence/run_pfllib.py --pfllib /tmp/pfllib
-    python benchmarks/equivalence/run_pfllib.py --pfllib /tmp/pfllib --only fedrep --sensitivity
-    python benchmarks/equivalence/run_pfllib.py --pfllib /tmp/pfllib --write-fixtures
+    python -m benchmarks.equivalence.run_pfllib --pfllib /tmp/pfllib
+    python -m benchmarks.equivalence.run_pfllib --pfllib /tmp/pfllib --only fedrep --sensitivity
+    python -m benchmarks.equivalence.run_pfllib --pfllib /tmp/pfllib --write-fixtures
 
 ``--pfllib`` is a checkout of TsingZ0/PFLlib (never vendored here; RESULTS.md names the commit).
 Every case of :data:`CASES` (or those whose name contains an ``--only`` word) runs on both sides
@@ -27,18 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import torch
 
-import harness  # noqa: E402
-import reference_pfllib  # noqa: E402
-import torch  # noqa: E402
-from fedbug_pfl import PflRun, run_engine, run_rounds  # noqa: E402
-from fedbug_side import unit_stats  # noqa: E402
-from pfl_scenario import PflScenario, input_digest  # noqa: E402
+from benchmarks.equivalence import harness, reference_pfllib
+from benchmarks.equivalence.fedbug_pfl import PflRun, run_engine, run_rounds
+from benchmarks.equivalence.fedbug_side import unit_stats
+from benchmarks.equivalence.pfl_scenario import PflScenario, input_digest
 
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "equivalence" / "pfllib"
 REPO = "TsingZ0/PFLlib"
 METHODS = ("fedper", "lg_fedavg", "fedrep", "fedrod", "fedbabu")

@@ -11,14 +11,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny import blobs_dataset, tiny_config
 
 from fedbug.data import FederatedDataset, partition
 from fedbug.data.partition import client_test_split
 from fedbug.data.partition_plot import plot_partition
 from fedbug.errors import ConfigError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny import blobs_dataset, tiny_config  # noqa: E402
 
 
 def make_labels(n: int, num_classes: int, seed: int = 0) -> torch.Tensor:
