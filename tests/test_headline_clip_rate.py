@@ -4,15 +4,15 @@ FedDyn's second count (the authors' order) follows the same rule."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from bench_scripts import ROOT, load_script
 from tiny import tiny_config
 
+from benchmarks.headline import clip_rate
 from fedbug.config import load_config
 
-clip_rate = load_script("benchmarks/headline/clip_rate.py")
-
-RUN = ROOT / "benchmarks/results/fedbug-headline-sweep"
+RUN = Path(clip_rate.__file__).parent / "results" / "fedbug-headline-sweep"
 
 
 def test_the_cell_is_the_sweeps_run_but_for_rounds_and_evaluation():

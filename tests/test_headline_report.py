@@ -16,9 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bench_scripts import load_script
 
-report = load_script("benchmarks/headline/report.py")
+from benchmarks.headline import report
 
 
 def _run(seed: int, local: tuple[float | None, ...], server: float) -> dict:

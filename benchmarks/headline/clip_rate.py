@@ -1,6 +1,6 @@
 """How often gradient-norm clipping bites in one cell of FedBug's headline sweep.
 
-    python benchmarks/headline/clip_rate.py --partition dirichlet --algorithm feddyn \
+    python -m benchmarks.headline.clip_rate --partition dirichlet --algorithm feddyn \
         --variant vanilla --seed 0 [--rounds 500] [--feddyn-clip loss] [--out clip.json]
 
 Runs the cell of ``fedbug-headline.yaml`` as the sweep does (evaluation off: it draws nothing,

@@ -1,7 +1,7 @@
 """FedBug's headline sweep (issue 17) as a table and a plot, from its run folders.
 
-    python benchmarks/headline/report.py benchmarks/results/fedbug-headline-sweep \
-        --out benchmarks/results/fedbug-headline-sweep
+    python -m benchmarks.headline.report benchmarks/headline/results/fedbug-headline-sweep \
+        --out benchmarks/headline/results/fedbug-headline-sweep --into benchmarks/RESULTS.md
 
 Reads every finished run (``summary.json`` and ``metrics.jsonl``, checksums checked through
 fedbug's own reader), groups them by partition, algorithm and variant (vanilla or FedBug 40%),
