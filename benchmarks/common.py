@@ -1,9 +1,11 @@
-"""What every benchmark records about the machine it ran on."""
+"""What every benchmark records about the machine it ran on, and the command that ran it."""
 
 from __future__ import annotations
 
 import os
 import platform
+import shlex
+import sys
 from typing import Any
 
 import torch
@@ -49,3 +51,12 @@ def rss_mb() -> float:
     except OSError:
         pass
     return 0.0
+
+
+def command() -> str:
+    """This process's command line as it was typed from the repository root: ``python -m
+    benchmarks.speed.speed --quick`` for a study run as a module, ``python path.py ...``
+    otherwise."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    head = ["-m", spec.name] if spec is not None and spec.name else sys.argv[:1]
+    return shlex.join(["python", *head, *sys.argv[1:]])

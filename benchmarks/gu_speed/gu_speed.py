@@ -12,12 +12,12 @@ speed-up time(vanilla) / time(config), the FLOPs of one client-round counted by 
 separate, untimed pass with the policy's trainable units at each step, as ``count_flops=True``
 counts them), and time saved / FLOPs saved.
 
-    python benchmarks/gu_speed.py                 # full run (K = 50, 5 repetitions)
-    python benchmarks/gu_speed.py --quick         # well under a minute
-    python benchmarks/gu_speed.py --json --out benchmarks/gu_speed.json
-    python benchmarks/gu_speed.py --quick --policies bottom_up,top_down,fixed_head
-    python benchmarks/gu_speed.py --grid02 --policies bottom_up,top_down,fixed_head
-    python benchmarks/gu_speed.py --quick --only 0.8 --no-baseline   # one P (whole-process)
+    python -m benchmarks.gu_speed.gu_speed                 # full run (K = 50, 5 repetitions)
+    python -m benchmarks.gu_speed.gu_speed --quick         # well under a minute
+    python -m benchmarks.gu_speed.gu_speed --json --out gu.json
+    python -m benchmarks.gu_speed.gu_speed --quick --policies bottom_up,top_down,fixed_head
+    python -m benchmarks.gu_speed.gu_speed --grid02 --policies bottom_up,top_down,fixed_head
+    python -m benchmarks.gu_speed.gu_speed --quick --only 0.8 --no-baseline  # one P, whole process
 """
 
 from __future__ import annotations
@@ -27,15 +27,14 @@ import copy
 import datetime as dt
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
 from typing import Any
 
 import torch
-from common import machine_info
 
+from benchmarks.common import command, machine_info
 from fedbug.algorithms import build_algorithm
 from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client
 from fedbug.data import FederatedDataset
@@ -287,7 +286,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     info["torch_threads"] = torch.get_num_threads()
     return {
         "benchmark": "gu_speed (FedBug Fig. 6)",
-        "command": shlex.join(["python", *sys.argv]),
+        "command": command(),
         "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": info,
         "settings": {
