@@ -24,13 +24,13 @@ evaluation, aggregation and the rest; samples/s; peak RSS (``resource.getrusage`
 (evaluation included) / bare training, ``ratio_round_no_eval`` = fedbug round without its
 evaluation / bare round (training + mean).
 
-    python benchmarks/speed.py --quick          # about a minute: 1 local epoch, 4 rounds
-    python benchmarks/speed.py                  # full W: 5 epochs, 7 rounds (6 counted)
-    python benchmarks/speed.py --profile        # + torch.profiler on one more fedbug round
-    python benchmarks/speed.py --device cuda    # W on a GPU, the bare loop on the same GPU
-    python benchmarks/speed.py --device cuda --precision tf32 --nondeterministic  # fastest GPU
-    python benchmarks/speed.py --json --out w.json
-    python benchmarks/speed.py --quick --levers # each lever's gain, paired (see levers())
+    python -m benchmarks.speed.speed --quick          # about a minute: 1 local epoch, 4 rounds
+    python -m benchmarks.speed.speed                  # full W: 5 epochs, 7 rounds (6 counted)
+    python -m benchmarks.speed.speed --profile        # + torch.profiler on one more fedbug round
+    python -m benchmarks.speed.speed --device cuda    # W on a GPU, the bare loop on the same GPU
+    python -m benchmarks.speed.speed --device cuda --precision tf32 --nondeterministic # fastest GPU
+    python -m benchmarks.speed.speed --json --out w.json
+    python -m benchmarks.speed.speed --quick --levers  # each lever's gain, paired (see levers())
 
 ``--levers`` times each lever of the speed issue against its "off" setting on W's model and
 data, the two alternating within one process (order swapped every repetition), and reports the
@@ -48,7 +48,6 @@ import datetime as dt
 import json
 import os
 import resource
-import shlex
 import statistics
 import sys
 import time
@@ -56,10 +55,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import machine_info, rss_mb
 
 import fedbug.engine.experiment as experiment
 import fedbug.engine.rounds as engine
+from benchmarks.common import command, machine_info, rss_mb
 from fedbug.aggregate import Aggregate
 from fedbug.client import train_client
 from fedbug.config import load_config
@@ -348,7 +347,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rows": rows,
         "machine": machine_info(),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+        "command": command(),
     }
     out["met"] = {
         "ratio_train": ratio_train <= TARGETS["ratio_train"],
@@ -462,7 +461,7 @@ def levers(args: argparse.Namespace) -> dict[str, Any]:
         "reps": reps,
         "machine": machine_info(),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+        "command": command(),
     }
 
 
