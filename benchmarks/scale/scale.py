@@ -11,10 +11,10 @@ Reported per N: seconds to build the experiment (load, partition, model), median
 round without evaluation (the first dropped), the evaluation's seconds, samples trained per
 round, peak RSS of the process (``ru_maxrss``) and the RSS at the end.
 
-    python benchmarks/scale.py --quick           # 3 rounds each (about 5 minutes on 2 cores)
-    python benchmarks/scale.py --rounds 6 --out scale.json
-    python benchmarks/scale.py --one 10000 --rounds 3   # one point, JSON on stdout
-    python benchmarks/scale.py --one 10000 --rounds 2 --per-round 1000   # 1,000 a round
+    python -m benchmarks.scale.scale --quick           # 3 rounds each (about 5 minutes on 2 cores)
+    python -m benchmarks.scale.scale --rounds 6 --out scale.json
+    python -m benchmarks.scale.scale --one 10000 --rounds 3   # one point, JSON on stdout
+    python -m benchmarks.scale.scale --one 10000 --rounds 2 --per-round 1000   # 1,000 a round
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import argparse
 import datetime as dt
 import json
 import resource
-import shlex
 import statistics
 import subprocess
 import sys
@@ -32,9 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import machine_info, rss_mb
+from benchmarks.common import command, machine_info, rss_mb
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "scale-10k.yaml"
 SIZES = (100, 1_000, 10_000)
 SYNTHETIC = {
@@ -129,12 +128,13 @@ def main(argv: list[str] | None = None) -> None:
         points.append((args.synthetic, True))
     rows = []
     for n, syn in points:
-        cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(rounds)]
+        cmd = [sys.executable, "-m", "benchmarks.scale.scale", "--one", str(n)]
+        cmd += ["--rounds", str(rounds)]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         if syn:
             cmd.append("--one-synthetic")
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
         row = json.loads(out.strip().splitlines()[-1])
         rows.append(row)
         print(
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         "rows": rows,
         "machine": machine_info(),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+        "command": command(),
     }
     text = json.dumps(res, indent=2)
     if args.out:
