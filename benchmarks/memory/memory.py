@@ -1,7 +1,7 @@
 """Peak memory of a whole command: its process and every process it starts (issue 18, item 4).
 
-    python benchmarks/memory.py -- fedbug run w.yaml -q -s executor=processes -s workers=2
-    python benchmarks/memory.py --json -- fedbug run w.yaml -q
+    python -m benchmarks.memory.memory -- fedbug run w.yaml -q -s executor=processes -s workers=2
+    python -m benchmarks.memory.memory --json -- fedbug run w.yaml -q
 
 Starts the command and samples, every ``--every`` seconds, the resident memory (``VmRSS`` in
 ``/proc``, Linux) of the command's process and all its descendants. Reports the peak of their

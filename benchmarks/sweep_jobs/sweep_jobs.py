@@ -4,7 +4,8 @@ Runs the README's main job (configs/digits-demo.yaml, ``threads: 1``) both ways,
 which goes first over ``--reps`` pairs, each into a fresh folder, and reports wall times, the
 speed-up and whether every run's final weights agree bit for bit.
 
-    python benchmarks/sweep_jobs.py [--config configs/digits-demo.yaml] [--jobs 2] [--reps 1]
+    python -m benchmarks.sweep_jobs.sweep_jobs [--config configs/digits-demo.yaml] [--jobs 2] \
+        [--reps 1] [-s KEY=VALUE]
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def sweep(config: Path, out: Path, jobs: int, extra: list[str]) -> float:

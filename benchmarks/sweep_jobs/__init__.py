@@ -1,0 +1,1 @@
+"""``fedbug sweep`` one run after another against ``--jobs N`` (README.md)."""
