@@ -14,6 +14,7 @@ a per-client split with :meth:`FederatedDataset.from_clients`; Hugging Face ``da
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -122,9 +123,49 @@ class FederatedDataset:
                 setattr(self, f"{split}_y", y)
         _check_finite(self.train_x, f"data set {name!r}: train inputs")
         _check_finite(self.test_x, f"data set {name!r}: test inputs")
+        self._check_normalisation()
         shape = (1, -1) + (1,) * (self.train_x.dim() - 2)
         self._mean_t = torch.tensor(self.mean, dtype=torch.float32).view(shape)
         self._std_t = torch.tensor(self.std, dtype=torch.float32).view(shape)
+
+    def _check_normalisation(self) -> None:
+        """Refuse a ``scale``, ``mean`` or ``std`` that would make :meth:`prepare` divide by
+        zero, give NaN or fail to broadcast (else every run "diverges" in round 1)."""
+        name = self.name
+        try:
+            scale = float(self.scale)
+            mean = tuple(float(v) for v in self.mean)
+            std = tuple(float(v) for v in self.std)
+        except (TypeError, ValueError):
+            raise DataError(
+                f"data set {name!r}: scale={self.scale!r}, mean={self.mean!r}, std={self.std!r}; "
+                "give scale as a number and mean, std as tuples of numbers (one, or one per "
+                "channel)"
+            ) from None
+        if not (math.isfinite(scale) and scale > 0):
+            raise DataError(
+                f"data set {name!r}: scale={scale}; inputs are divided by it, so give a positive "
+                "number (255 for 0..255 bytes, 1 for inputs already scaled)"
+            )
+        channels = self.train_x.shape[1] if self.train_x.dim() >= 2 else 1
+        for key, values in (("mean", mean), ("std", std)):
+            if len(values) not in (1, channels):
+                raise DataError(
+                    f"data set {name!r}: {key}={values} has {len(values)} value(s) but the "
+                    f"samples have {channels} channel(s) (shape {_shape(self.input_shape)}); give "
+                    f"one value, or one per channel"
+                )
+            if not all(math.isfinite(v) for v in values):
+                raise DataError(
+                    f"data set {name!r}: {key}={values} holds a NaN or infinite value; give "
+                    "finite numbers"
+                )
+        if any(v <= 0 for v in std):
+            raise DataError(
+                f"data set {name!r}: std={std}; inputs are divided by it, so give positive "
+                "values (1.0 leaves a channel as it is)"
+            )
+        self.scale, self.mean, self.std = scale, mean, std
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -414,6 +455,11 @@ def _check_finite(t: Tensor, what: str) -> None:
 
 def _check_num_classes(num_classes: Any, name: str, labels: str) -> int:
     what = "number of classes" if labels == "classes" else "number of model outputs"
+    if isinstance(num_classes, (bool, np.bool_)):  # an int to Python, but never a count
+        raise DataError(
+            f"data set {name!r}: num_classes={num_classes!r} is a boolean; give the {what} as "
+            "an int"
+        )
     try:
         n = operator.index(num_classes)
     except TypeError:
