@@ -10,6 +10,7 @@ from fedbug.data import FederatedDataset
 from fedbug.engine import RunResult, run_experiment
 from fedbug.engine.experiment import ModelSource
 from fedbug.engine.rounds import RoundCallback
+from fedbug.errors import ConfigError
 from fedbug.tasks import LossFn, Task
 
 
@@ -30,6 +31,13 @@ def run(
     arguments. On Flower, the nodes build the data and the model from the config, so both are
     named there (a model of your own by its import path, ``model: "package.module:Name"``), and
     ``run_dir`` is needed (the ServerApp writes it)."""
+    if stop_after is not None and (
+        isinstance(stop_after, bool) or not hasattr(stop_after, "__index__") or stop_after < 1
+    ):
+        raise ConfigError(
+            f"stop_after={stop_after!r}; give the round to stop after as a whole number (at "
+            "least 1), or leave it out to run every round"
+        )
     if str(cfg.executor).startswith("flower"):
         from fedbug.flower.launch import run_flower_experiment
 

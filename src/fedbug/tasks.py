@@ -59,6 +59,12 @@ class Task:
         cls = type(self)
         return {"name": self.name, "class": f"{cls.__module__}.{cls.__qualname__}"}
 
+    def output_problem(self, output: Any, y: Tensor, num_classes: int) -> str | None:
+        """Why a model's ``output`` for a batch with labels ``y`` cannot serve this task (the
+        data set having ``num_classes``), as "it ..." would go on, with the fix; None when it
+        fits. Checked once before round 1; a task of your own accepts any output by default."""
+        return None
+
 
 TASKS: Registry[type[Task]] = Registry("task")
 
@@ -80,6 +86,9 @@ class Classification(Task):
 
     def finish(self, sums: dict[str, Tensor], n: int) -> dict[str, float]:
         return {"acc": int(sums["correct"]) / n, "loss": float(sums["loss"]) / n}
+
+    def output_problem(self, output: Any, y: Tensor, num_classes: int) -> str | None:
+        return _scores_problem(output, y, num_classes)
 
 
 @TASKS.register("regression")
@@ -114,6 +123,18 @@ class Regression(Task):
             "loss": sse / m,
         }
 
+    def output_problem(self, output: Any, y: Tensor, num_classes: int) -> str | None:
+        problem = _rows_problem(output, y)
+        if problem is not None:
+            return problem
+        got, want = output[0].numel(), y[0].numel()
+        if got != want:
+            return (
+                f"gives {got} outputs per sample but the targets hold {want} target value(s) per "
+                f"sample (num_classes={num_classes}); make its last layer give {want} output(s)"
+            )
+        return None
+
 
 @TASKS.register("multilabel")
 class MultiLabel(Task):
@@ -146,6 +167,15 @@ class MultiLabel(Task):
             "loss": float(sums["loss"]) / n,
         }
 
+    def output_problem(self, output: Any, y: Tensor, num_classes: int) -> str | None:
+        problem = _rows_problem(output, y)
+        if problem is None and output.shape != y.shape:
+            problem = (
+                f"gives outputs of shape {_shape(output.shape)} but the targets have shape "
+                f"{_shape(y.shape)}; give outputs of the targets' shape, one per label"
+            )
+        return problem
+
 
 @TASKS.register("next_token")
 class NextToken(Task):
@@ -176,6 +206,18 @@ class NextToken(Task):
             "perplexity": math.exp(min(loss, 700.0)),
             "loss": loss,
         }
+
+    def output_problem(self, output: Any, y: Tensor, num_classes: int) -> str | None:
+        if not isinstance(output, Tensor) or output.dim() < 2:
+            return _scores_problem(output, y, num_classes)
+        if output.shape[-1] != num_classes or output[..., 0].numel() != y.numel():
+            return (
+                f"gives outputs of shape {_shape(output.shape)} for targets of shape "
+                f"{_shape(y.shape)}; next_token needs one score per token id for each target, "
+                f"shape ({', '.join(map(str, y.shape))}, {num_classes}) (num_classes="
+                f"{num_classes}, the vocabulary)"
+            )
+        return None
 
 
 class CustomTask(Task):
@@ -217,6 +259,41 @@ class CustomTask(Task):
         fn = self._loss
         where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
         return {"name": self.name, "loss": where, "metrics": sorted(self.metrics)}
+
+
+def _shape(shape: Any) -> str:
+    return "x".join(map(str, shape)) or "() (a scalar)"
+
+
+def _rows_problem(output: Any, y: Tensor) -> str | None:
+    """Why ``output`` is not one tensor row per sample of ``y``, or None."""
+    if not isinstance(output, Tensor):
+        return f"returns a {type(output).__name__}, not a tensor; return the model's outputs"
+    if output.dim() == 0 or output.shape[0] != len(y):
+        return (
+            f"gives outputs of shape {_shape(output.shape)} for a batch of {len(y)} samples; "
+            "give one row of outputs per sample (the batch dimension first)"
+        )
+    return None
+
+
+def _scores_problem(output: Any, y: Tensor, num_classes: int) -> str | None:
+    """Why ``output`` is not one score per class for each sample of ``y``, or None."""
+    problem = _rows_problem(output, y)
+    if problem is not None:
+        return problem
+    if output.dim() != 2:
+        return (
+            f"gives outputs of shape {_shape(output.shape)} for a batch of {len(y)} samples; "
+            f"give one score per class, shape (batch, {num_classes})"
+        )
+    if output.shape[1] != num_classes:
+        return (
+            f"gives {output.shape[1]} outputs per sample but the data set has "
+            f"num_classes={num_classes}; make its last layer give {num_classes} outputs, one "
+            "score per class (or give the data set the model's class count)"
+        )
+    return None
 
 
 def build_task(task: Task | str | None) -> Task:

@@ -72,6 +72,32 @@ def traced_module_order(model: nn.Module, example_input: Tensor | Sequence[Tenso
     return order
 
 
+def check_traced(model: nn.Module, order: Sequence[str]) -> None:
+    """Refuse a model whose forward pass reads parameters of a submodule it never calls (``x @
+    self.fc.weight.T``): tracing, which sees module calls, cannot tell where those parameters
+    sit input to output, and a guessed place would make a freeze policy freeze the wrong
+    layer. ``order`` is :func:`traced_module_order`'s; the error names the parameters and the
+    two fixes (call the submodule, or list the units)."""
+    traced = set(order)
+    covered = {
+        f"{n}.{p}" if n else p
+        for n in traced
+        for p, _ in model.get_submodule(n).named_parameters(recurse=False)
+    }
+    missed = [n for n, _ in model.named_parameters() if n not in covered]
+    if not missed:
+        return
+    modules = list(dict.fromkeys(p.rpartition(".")[0] for p in missed))
+    listed = list(dict.fromkeys([*(n for n in order if n), *modules]))
+    raise ConfigError(
+        f"{type(model).__name__}'s forward pass never calls {', '.join(modules)}, so tracing "
+        f"cannot place {', '.join(missed)} among the units; if forward reads the weights "
+        f"itself (x @ self.{modules[0]}.weight.T), call the submodule (self.{modules[0]}(x)), "
+        "if they are unused, remove them, or list every unit in order, input to output "
+        f"(units: [{', '.join(listed)}] in the config, or a fedbug_units() method)"
+    )
+
+
 def _params_under(model: nn.Module, module_name: str) -> tuple[str, ...]:
     mod = model.get_submodule(module_name) if module_name else model
     prefix = f"{module_name}." if module_name else ""
@@ -111,6 +137,7 @@ def find_units(
         if example_input is None:
             raise ValueError("find_units needs example_input to trace the forward pass")
         order = traced_module_order(model, example_input)
+        check_traced(model, order)
         groups: list[list[str]] = []
         for name in order:
             if groups and isinstance(model.get_submodule(name), NORM_TYPES):

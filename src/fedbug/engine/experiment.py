@@ -29,7 +29,7 @@ from fedbug.engine.dataprep import (
     place_on_device,
     subsample,
 )
-from fedbug.errors import ConfigError
+from fedbug.errors import ConfigError, FedbugError
 from fedbug.evaluate import Evaluator
 from fedbug.layout import build_layout, extra_units
 from fedbug.models import build_model
@@ -43,7 +43,7 @@ from fedbug.seeding import derive_seed
 from fedbug.selection import SELECTIONS
 from fedbug.system import SystemModel, per_sample_costs
 from fedbug.tasks import Task, build_task
-from fedbug.units import ParamSpace, find_units, traced_module_order
+from fedbug.units import ParamSpace, check_traced, find_units, traced_module_order
 
 ModelSource = nn.Module | Callable[[], nn.Module] | None
 
@@ -116,6 +116,7 @@ class ClientSide:
         if cfg.evaluation == "personalized" or cfg.pfl_test is not None or natural_tests:
             self.parts, self.test_parts, ds = personal_test_sets(ds, self.parts, cfg)
             self.dataset = ds
+        check_test_set(ds, cfg)
         self.num_clients = len(self.parts)
         blocks = {name: cfg.options(name) for name in type(cfg).model_fields}
         self.algorithm: Algorithm = build_algorithm(cfg.algorithm, cfg.global_lr, blocks, self.task)
@@ -126,8 +127,9 @@ class ClientSide:
             )
         example = self.example = ds.prepare(ds.train_x[:2])
         model = self._build_model(model)
+        check_model_fits(model, example, ds.train_y[:2], ds, self.task)
         self.model_class = type(model)
-        self.classifier = traced_module_order(model, example)[-1]
+        self.classifier = classifier_of(model, example, cfg.units)
         self.template = self.algorithm.wrap_model(model, self.classifier)
         self.units = find_units(self.template, example, names=cfg.units)
         self.space = ParamSpace(self.template, self.units)
@@ -352,6 +354,137 @@ def class_labels(ds: FederatedDataset) -> tuple[Tensor, int]:
     if ds.labels == "classes":
         return ds.train_y, ds.num_classes
     return torch.zeros(len(ds.train_y), dtype=torch.long), 1
+
+
+def check_test_set(ds: FederatedDataset, cfg: BaseConfig) -> None:
+    """Refuse a run whose test set is empty: every round scores the model on it."""
+    if len(ds.test_x):
+        return
+    if cfg.partition == "natural" and ds.natural_test_clients is not None:
+        raise ConfigError(
+            f"the {cfg.num_clients} natural client(s) of {ds.name!r} this run draws (seed "
+            f"{cfg.seed}) have no test samples, so no round could score the model; use more "
+            "clients (num_clients), give these clients test samples, or set pfl_test: holdout "
+            "to score it on a share of each client's train samples"
+        )
+    raise ConfigError(
+        f"data set {ds.name!r} has no test samples (test_x is empty), so no round could score "
+        "the model; give test samples (test_x, test_y), or set pfl_test: holdout to score it "
+        "on a share of each client's train samples"
+    )
+
+
+def check_model_fits(
+    model: nn.Module, x: Tensor, y: Tensor, ds: FederatedDataset, task: Task
+) -> None:
+    """Refuse, before round 1, a model that does not fit the data: one forward pass of the
+    batch ``x`` (prepared samples; labels ``y``), in eval mode without gradients and with the
+    global random state put back. A layer that fails on its input is named with the sizes it
+    takes and gets and the fix; an output the task cannot use (a class count other than the
+    data set's) is named by the task (:meth:`~fedbug.tasks.Task.output_problem`)."""
+    what = f"model {type(model).__name__} does not fit data set {ds.name!r}"
+    if not any(True for _ in model.parameters()):
+        raise ConfigError(
+            f"model {type(model).__name__} has no parameters: nothing to train; give a model "
+            "with trainable layers"
+        )
+    running: list[tuple[str, nn.Module, tuple[Any, ...]]] = []  # the layers entered, innermost last
+    handles = []
+    for name, module in model.named_modules():
+
+        def enter(m: nn.Module, inputs: tuple[Any, ...], name: str = name) -> None:
+            running.append((name, m, inputs))
+
+        def leave(_m: nn.Module, _inputs: tuple[Any, ...], _output: Any) -> None:
+            running.pop()
+
+        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            output = model(x)
+    except FedbugError:
+        raise
+    except Exception as e:
+        name, module, inputs = running[-1] if running else ("", model, (x,))
+        misfit = _layer_misfit(name, module, inputs, ds)
+        if misfit is not None:
+            raise ConfigError(f"{what}: {misfit}") from None
+        where = f"its layer {name} ({type(module).__name__})" if name else "its forward pass"
+        got = inputs[0] if inputs and isinstance(inputs[0], Tensor) else None
+        taking = f" (given inputs of shape {_dims(got.shape)})" if got is not None and name else ""
+        said = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"{what}: {where} fails on a batch of {len(x)} samples of shape "
+            f"{_dims(ds.input_shape)}{taking}: {type(e).__name__}: {said}; make the model take "
+            "samples of that shape"
+        ) from e
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    problem = task.output_problem(output, y, ds.num_classes)
+    if problem is not None:
+        raise ConfigError(f"{what}: it {problem}")
+
+
+def _dims(shape: Any) -> str:
+    return "x".join(map(str, shape)) or "() (a scalar)"
+
+
+def _layer_misfit(
+    name: str, module: nn.Module, inputs: tuple[Any, ...], ds: FederatedDataset
+) -> str | None:
+    """What a standard layer that failed takes against what it got, with the fix; None when
+    the layer is not one of these or the sizes agree (the failure is elsewhere)."""
+    got = inputs[0] if inputs and isinstance(inputs[0], Tensor) else None
+    if got is None or not name:
+        return None
+    layer = f"its layer {name} ({type(module).__name__})"
+    samples = f"samples of shape {_dims(ds.input_shape)}"
+    if isinstance(module, nn.Linear) and got.dim() and got.shape[-1] != module.in_features:
+        n = got.shape[-1]
+        return (
+            f"{layer} takes {module.in_features} features but gets inputs of shape "
+            f"{_dims(got.shape)} from {samples}; make it take {n} (nn.Linear({n}, "
+            f"{module.out_features})), or give data of the shape the model expects"
+        )
+    conv = nn.modules.conv._ConvNd
+    if isinstance(module, conv) and got.dim() >= 2 and got.shape[1] != module.in_channels:
+        c, kind = got.shape[1], type(module).__name__
+        return (
+            f"{layer} takes {module.in_channels} channel(s) but gets inputs of shape "
+            f"{_dims(got.shape)} from {samples}; make it take {c} (nn.{kind}({c}, "
+            f"{module.out_channels}, ...)), or give data of the shape the model expects"
+        )
+    if isinstance(module, nn.Embedding) and got.numel():
+        lo, hi = (int(v) for v in torch.aminmax(got.detach().long()))
+        if lo < 0 or hi >= module.num_embeddings:
+            n = module.num_embeddings
+            return (
+                f"{layer} takes token ids 0..{n - 1} but gets ids from {lo} to {hi} from "
+                f"{samples} (inputs={ds.inputs!r}); give token ids in 0..{n - 1} "
+                "(inputs='tokens'), or a model whose embedding covers the data's ids"
+            )
+    return None
+
+
+def classifier_of(
+    model: nn.Module, example: Tensor, units: list[str | list[str]] | None = None
+) -> str:
+    """The model's classifier: the last parameter-owning layer its forward pass calls. A
+    forward pass that reads a layer's weights without calling it is refused
+    (:func:`~fedbug.units.check_traced`) unless the units are listed (``units:`` or
+    ``fedbug_units()``); if it then calls no such layer, the last listed unit's last layer."""
+    order = traced_module_order(model, example)
+    listed = units if units is not None else getattr(model, "fedbug_units", lambda: None)()
+    if not listed:
+        check_traced(model, order)
+    if order:
+        return order[-1]
+    last = listed[-1] if listed else ""
+    return last if isinstance(last, str) else list(last)[-1]
 
 
 def check_labels(task: Task, ds: FederatedDataset, cfg: BaseConfig) -> None:
