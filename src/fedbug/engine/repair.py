@@ -46,6 +46,7 @@ class RepairReport:
     kept_in: Path | None = None
     rounds_rerun: int = 0
     finished: bool = False
+    checked: str = "every undamaged round reproduced"  # what the rerun was checked against
 
     def lines(self) -> list[str]:
         """What to tell the user, one finding a line."""
@@ -55,7 +56,7 @@ class RepairReport:
         out = [f"{where}: damaged: {d}" for d in self.damaged]
         out.append(
             f"{where}: rebuilt {', '.join(self.rebuilt)} by running rounds 1-{self.rounds_rerun} "
-            "again (every undamaged round reproduced)"
+            f"again ({self.checked})"
         )
         out += [f"{where}: dropped: {d}" for d in self.dropped]
         if self.kept_in is not None:
@@ -126,6 +127,11 @@ def _repair(
     cfg, chash = _config(rd, sources)
     report = RepairReport(rd.path)
     lines, torn = rd.metrics_lines()
+    missing = not rd.metrics_path.exists()
+    if not (lines or rd.checkpoint_path.exists() or rd.summary_path.exists()):
+        raise _never_wrote(rd)
+    if missing:  # rebuilt like a cut file, the rerun checked against the checkpoint if whole
+        report.damaged.append("metrics.jsonl (missing)")
     for n, (_, problem) in enumerate(lines, start=1):
         if problem is not None:
             report.damaged.append(f"metrics.jsonl line {n} ({problem})")
@@ -168,7 +174,7 @@ def _repair(
         every = cfg.checkpoint_every
         target = min(cfg.rounds, len(lines) // every * every)
     late = len(lines) - min(target, len(lines))
-    if len(lines) < target and not report.finished:
+    if len(lines) < target and not (missing or rd.summary_path.exists()):
         report.damaged.append(
             f"metrics.jsonl holds {len(lines)} whole rounds where checkpoint.pt is at round "
             f"{target}"
@@ -218,31 +224,38 @@ def _repair(
             "weights: the run was made with other versions or on another machine; nothing "
             "changed"
         )
+    compared = [n for n, (old, _) in enumerate(lines[:target], 1) if old is not None]
+    report.checked = {
+        (True, True): "every undamaged round and checkpoint.pt's weights reproduced",
+        (True, False): "every undamaged round reproduced",
+        (False, True): "checkpoint.pt's weights reproduced",
+        (False, False): "no undamaged round or checkpoint was left to check it against",
+    }[bool(compared), not same]
 
-    # put the rebuilt files in place, the replaced ones kept
-    kept = _kept(report)
+    # put the rebuilt files in place, the replaced ones kept (a missing one: nothing to keep)
     records = [
         old if old is not None else new
         for (old, _), new in zip(lines[:target], again.records, strict=False)
     ]
     if early or late or torn:  # else its lines are whole and kept as they are
-        shutil.copy2(rd.metrics_path, kept / rd.metrics_path.name)
+        if not missing:
+            shutil.copy2(rd.metrics_path, _kept(report) / rd.metrics_path.name)
         rd.write_metrics(records)
         report.rebuilt.append("metrics.jsonl")
     if late or torn:
         report.dropped.append(f"metrics.jsonl's {late + int(torn)} line(s) after round {target}")
     if ck_bad or ck is None:
         if rd.checkpoint_path.exists():
-            rd.checkpoint_path.replace(kept / rd.checkpoint_path.name)
+            rd.checkpoint_path.replace(_kept(report) / rd.checkpoint_path.name)
         fresh.checkpoint_path.replace(rd.checkpoint_path)
         if (scratch / "client_states").is_dir():  # the store the rebuilt checkpoint belongs to
             if (rd.path / "client_states").exists():
-                (rd.path / "client_states").replace(kept / "client_states")
+                (rd.path / "client_states").replace(_kept(report) / "client_states")
             (scratch / "client_states").replace(rd.path / "client_states")
         report.rebuilt.append("checkpoint.pt")
     if report.finished and (summary_bad or not rd.summary_path.exists()):
         if rd.summary_path.exists():
-            rd.summary_path.replace(kept / rd.summary_path.name)
+            rd.summary_path.replace(_kept(report) / rd.summary_path.name)
         summary = fresh.read_summary()
         summary["repaired"] = {"damaged": list(report.damaged), "rounds_rerun": target}
         rd.write_json("summary.json", summary)
@@ -250,6 +263,22 @@ def _repair(
             (scratch / "accuracy.png").replace(rd.path / "accuracy.png")
         report.rebuilt.append("summary.json")
     return report
+
+
+def _never_wrote(rd: RunDir) -> ResultsError:
+    """The error for a run folder without results: no round in metrics.jsonl, no checkpoint,
+    no summary (a run refused or killed before its first round ended)."""
+    path = str(rd.path)
+    head = (
+        f"{path!r} holds no results to repair: the run never wrote any (no round in "
+        "metrics.jsonl, no checkpoint.pt, no summary.json); run it from round 1"
+    )
+    error = ResultsError(f"{head} with fedbug.run(cfg, {path!r}, resume=True), or start a new run")
+    error.cli_message = (
+        f"{head} with fedbug run {rd.config_path} --out {rd.path.parent} --resume, or start a "
+        "new run"
+    )
+    return error
 
 
 def _kept(report: RepairReport) -> Path:

@@ -1,0 +1,123 @@
+"""``fedbug repair`` on a run folder that lost its metrics.jsonl, or that never held results:
+the first is rebuilt like any cut metrics.jsonl (the rerun checked against the checkpoint's
+weights), the second is one line saying there is nothing to rebuild and how to run it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from tiny import tiny_config, without_timing
+
+import fedbug
+from fedbug.cli import main
+from fedbug.errors import ResultsError
+from fedbug.results import RunDir
+
+ROUNDS = 4
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished 4-round run, a checkpoint every 2 rounds."""
+    root = tmp_path_factory.mktemp("finished")
+    fedbug.run(tiny_config(rounds=ROUNDS, checkpoint_every=2, count_flops=False), root / "run")
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def unfinished(tmp_path_factory) -> Path:
+    """The same run stopped after round 2 (its checkpoint's round)."""
+    root = tmp_path_factory.mktemp("unfinished")
+    cfg = tiny_config(rounds=ROUNDS, checkpoint_every=2, count_flops=False)
+    fedbug.run(cfg, root / "run", stop_after=2)
+    return root / "run"
+
+
+def _copy(source: Path, tmp_path: Path) -> Path:
+    shutil.copytree(source, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_finished_run_without_metrics_jsonl_gets_it_rebuilt(finished, tmp_path, capsys):
+    # before: "fedbug: error: cannot write or read RUN/metrics.jsonl: No such file or
+    # directory" after rerunning all 4 rounds, and an empty damaged-* folder left behind
+    run = _copy(finished, tmp_path)
+    (run / "metrics.jsonl").unlink()
+    assert main(["repair", str(run), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("damaged: ") == 1 and "damaged: metrics.jsonl (missing)" in out
+    assert "rebuilt metrics.jsonl by running rounds 1-4 again (checkpoint.pt's weights" in out
+    assert "replaced files" not in out  # nothing was replaced, so nothing is kept aside
+    assert not list(run.glob("damaged-*"))
+    assert without_timing(RunDir(run).read_run()["records"]) == without_timing(
+        RunDir(finished).read_run()["records"]
+    )
+    assert not (run / ".repair").exists() and not (run / ".lock").exists()
+
+
+@pytest.mark.parametrize("stopped", [2, ROUNDS])
+def test_an_unfinished_run_without_metrics_jsonl_gets_it_rebuilt(
+    finished, unfinished, tmp_path, capsys, stopped
+):
+    # before: stopped after round 2, the same OSError; stopped after round 4's checkpoint
+    # (before summary.json): "nothing to repair (every file whole)", exit 0
+    run = _copy(unfinished if stopped == 2 else finished, tmp_path)
+    (run / "metrics.jsonl").unlink()
+    (run / "summary.json").unlink(missing_ok=True)
+    assert main(["repair", str(run), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("damaged: ") == 1 and "damaged: metrics.jsonl (missing)" in out
+    assert f"rounds 1-{stopped} again (checkpoint.pt's weights reproduced)" in out
+    assert without_timing(RunDir(run).read_metrics()) == without_timing(
+        RunDir(finished).read_metrics()[:stopped]
+    )
+    if stopped == ROUNDS:  # finished by its checkpoint: summary.json is rebuilt too
+        assert "summary.json" in out and RunDir(run).read_summary()["status"] == "completed"
+    else:
+        assert "--resume" in out
+
+
+def test_a_rebuild_with_nothing_left_to_check_says_so(finished, tmp_path, capsys):
+    # an empty metrics.jsonl and no checkpoint: the rerun is taken unchecked, and the report
+    # says so (before: "every undamaged round reproduced", of none)
+    run = _copy(finished, tmp_path)
+    (run / "metrics.jsonl").write_bytes(b"")
+    (run / "checkpoint.pt").unlink()
+    assert main(["repair", str(run), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "no undamaged round or checkpoint was left to check it against" in out
+
+
+@pytest.mark.parametrize("left", [["config.yaml"], ["config.yaml", "partition.json"]])
+def test_a_folder_that_never_held_results_is_refused_in_one_line(
+    unfinished, tmp_path, capsys, left
+):
+    # before: "nothing to repair (every file whole)", exit 0
+    run = _copy(unfinished, tmp_path)
+    for p in run.iterdir():
+        if p.name not in left:
+            p.unlink()
+    if "partition.json" in left:  # a run killed in round 1: an empty metrics.jsonl too
+        (run / "metrics.jsonl").write_bytes(b"")
+    before = _files(run)
+    assert main(["repair", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedbug: error: ") and err.count("\n") == 1, err
+    assert "no results to repair" in err and "never wrote" in err
+    assert "--resume" in err and "config.yaml" in err
+    assert _files(run) == before and sorted(p.name for p in run.iterdir()) == sorted(before)
+
+
+def test_the_python_api_says_the_same(unfinished, tmp_path):
+    run = _copy(unfinished, tmp_path)
+    for p in run.iterdir():
+        if p.name != "config.yaml":
+            p.unlink()
+    with pytest.raises(ResultsError, match="no results to repair"):
+        fedbug.repair(run)
