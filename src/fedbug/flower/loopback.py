@@ -1,5 +1,5 @@
 """A Flower deployment on this machine's loopback: a SuperLink and SuperNodes, each with its own
-``FLWR_HOME``, for the tests and ``benchmarks/flower_deployment.py``.
+``FLWR_HOME``, for the tests and ``benchmarks/flower/flower_deployment.py``.
 
     d = Deployment(tmp)
     d.start_superlink()

@@ -1,7 +1,7 @@
 """What a Flower deployment round costs over the same round in-process (issue 18, item 3).
 
-    python benchmarks/flower_deployment.py              # configs/flower-smoke.yaml, 2 clients
-    python benchmarks/flower_deployment.py --rounds 6 --json
+    python -m benchmarks.flower.flower_deployment  # configs/flower-smoke.yaml, 2 clients
+    python -m benchmarks.flower.flower_deployment --rounds 6 --json
 
 Starts a SuperLink and 2 SuperNodes on loopback (insecure), runs the smoke config (2 clients,
 all in every round) in-process, then on a fresh deployment for each variant:
@@ -28,12 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine_info
-
+from benchmarks.common import command, machine_info
 from fedbug.cli import main as fedbug_main
 from fedbug.flower.loopback import Deployment
 
-SMOKE = Path(__file__).resolve().parents[1] / "configs" / "flower-smoke.yaml"
+SMOKE = Path(__file__).resolve().parents[2] / "configs" / "flower-smoke.yaml"
 
 
 EXTRA: list[str] = []  # -s KEY=VALUE flags of the command line, for every run
@@ -120,7 +119,7 @@ def main() -> None:
         r["same_weights"] = r["weights_sha256"] == here["weights_sha256"]
     result = {
         "machine": info,
-        "command": " ".join(["python", *sys.argv]),
+        "command": command(),
         "config": str(SMOKE),
         "rounds": args.rounds,
         "overrides": args.set,

@@ -1,9 +1,9 @@
 """What Flower costs: one config in-process and on Flower's simulation runtime, in one run.
 
-    python benchmarks/flower_overhead.py            # 10 clients a round, MLP, ~1,000 samples each
-    python benchmarks/flower_overhead.py --quick    # 3 rounds
-    python benchmarks/flower_overhead.py --json
-    python benchmarks/flower_overhead.py --workload w --rounds 4   # W (speed.py) on Fashion-MNIST
+    python -m benchmarks.flower.flower_overhead          # 10 clients a round, MLP, ~1,000 samples
+    python -m benchmarks.flower.flower_overhead --quick  # 3 rounds
+    python -m benchmarks.flower.flower_overhead --json
+    python -m benchmarks.flower.flower_overhead --workload w --rounds 4  # W on Fashion-MNIST
 
 Reports per executor the median seconds a round (round 1 left out: warm-up), the start-up
 (wall time not spent in rounds: data, model, and for Flower the SuperLink, Ray and the
@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine_info
-
+from benchmarks.common import command, machine_info
 from fedbug.cli import main as fedbug_main
 
 
@@ -47,7 +46,7 @@ def config(rounds: int) -> dict:
 
 
 def config_w(rounds: int) -> dict:
-    """Workload W (``benchmarks/speed.py``) on data Flower's nodes can load by name: the
+    """Workload W (``benchmarks/speed/speed.py``) on data Flower's nodes can load by name: the
     standard CNN on Fashion-MNIST (1x28x28, W's ``--shape fmnist``), 100 clients x 500 samples
     (IID), 10 a round, 5 local epochs of batch 50, SGD lr 0.1, weight decay 1e-3, evaluation of
     the global model on the 10,000 test images every round."""
@@ -114,7 +113,7 @@ def main() -> None:
     here, there = rows
     result = {
         "machine": machine_info(),
-        "command": " ".join(["python", *sys.argv]),
+        "command": command(),
         "config": doc,
         "rows": rows,
         "ratio_round": there["round_median_s"] / here["round_median_s"],
