@@ -153,6 +153,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         what = f"test {metric}"
     print(f"final {what} {acc} after {s['rounds']} rounds ({s['seconds']:.1f} s)")
     print(f"run folder: {run_dir}")
+    skipped = s.get("skipped_rounds") or []
+    if skipped:  # on_short_round: skip; each round's dropped clients say why
+        shown = ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else "")
+        print(
+            f"fedbug: warning: {len(skipped)} of {s['rounds']} rounds skipped, not aggregated "
+            f"(too few valid updates; on_short_round: skip): round{'s' * (len(skipped) > 1)} "
+            f"{shown}; their dropped clients in metrics.jsonl say why",
+            file=sys.stderr,
+        )
     return 0
 
 

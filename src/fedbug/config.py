@@ -194,7 +194,16 @@ class BaseConfig(BaseModel):
         "stop", description="a non-finite loss or update: stop the run, or drop that client"
     )
     min_results: int = Field(
-        1, ge=1, le=10_000_000, description="fewer valid updates: the round is not aggregated"
+        1,
+        ge=1,
+        le=10_000_000,
+        description="fewer valid updates in a round: the round is short (see on_short_round)",
+    )
+    on_short_round: Literal["stop", "skip"] = Field(
+        "stop",
+        description="a round with fewer than min_results valid updates (clients that timed out, "
+        "failed or sent malformed ones): stop the run (exit 3), or skip the round (not "
+        "aggregated, listed in the summary) and go on; a run no round trained never completes",
     )
     # sweeps
     grid: dict[str, list[Any]] | None = None
@@ -554,6 +563,7 @@ _LATER_KEYS = (
     "precision",
 )
 _NOT_HASHED = {
+    "on_short_round",  # a run either stops or skips rounds it records; resumable either way
     "grid",
     "seeds",
     "name",

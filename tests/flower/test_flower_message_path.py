@@ -15,7 +15,7 @@ from tiny import tiny_config, without_timing  # noqa: E402
 
 from fedbug.algorithms import ALGORITHMS  # noqa: E402
 from fedbug.engine import run_experiment  # noqa: E402
-from fedbug.errors import ConfigError  # noqa: E402
+from fedbug.errors import ConfigError, ShortRoundError  # noqa: E402
 from fedbug.flower.clientapp import app as client_app  # noqa: E402
 from fedbug.flower.executor import FlowerExecutor  # noqa: E402
 from fedbug.policies import POLICIES  # noqa: E402
@@ -130,7 +130,8 @@ def test_a_node_uses_the_device_of_its_node_config():
     assert rec["num_clients"] == 3
 
 
-def test_min_results_fraction_marks_the_round_not_aggregated():
+def test_min_results_fraction_makes_the_round_short():
+    """0.9 of 4 clients: all 4 needed, 3 replied (a short round stops the run by default)."""
     cfg = tiny_config(
         rounds=1,
         threads=1,
@@ -138,9 +139,9 @@ def test_min_results_fraction_marks_the_round_not_aggregated():
         clients_per_round=4,
         flower={"round_timeout": 0.3, "poll_interval": 0.05, "min_results": 0.9},
     )
-    res, _ = on_flower(cfg, {"silent": {101}})
-    (rec,) = res.records
-    assert rec["aggregated"] is False
+    with pytest.raises(ShortRoundError, match=r"fewer than flower\.min_results \(4\)") as e:
+        on_flower(cfg, {"silent": {101}})
+    assert (e.value.reported, e.value.selected, e.value.required) == (3, 4, 4)
 
 
 def test_personalized_evaluation_is_refused_on_flower():

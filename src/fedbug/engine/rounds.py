@@ -6,9 +6,14 @@ one metrics record -> checkpoint every N rounds.
 
 Every update passes :func:`fedbug.checks.check_update` before aggregation: a malformed one is
 dropped (``dropped`` in the round's record), a non-finite one stops the run with a
-:class:`~fedbug.errors.DivergenceError` (or is dropped with ``on_divergence: skip_client``); a
-round with fewer than ``min_results`` valid updates is not aggregated. The run folder is locked
-(``.lock``) while the run writes it.
+:class:`~fedbug.errors.DivergenceError` (or is dropped with ``on_divergence: skip_client``). A
+round with fewer than ``min_results`` valid updates (clients dropped, lost to a timeout or an
+error, whatever the executor) is short: it stops the run with a
+:class:`~fedbug.errors.ShortRoundError` naming the cause (``on_short_round: stop``), or is not
+aggregated and goes on (``skip``: weights unchanged, ``"aggregated": false`` in its record,
+listed in the summary's ``skipped_rounds``); a run in which no round was aggregated stops all the
+same, never ``completed`` with the untrained model. The run folder is locked (``.lock``) while
+the run writes it.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from fedbug.engine.run_folder import open_run, save_checkpoint, write_summary
 from fedbug.engine.simulation import Simulation
 from fedbug.engine.states import STATE_STORE_MIN_BYTES, ClientStates, LocalModelMean
 from fedbug.engine.summary import make_summary, weights_sha256
-from fedbug.errors import ConfigError, DivergenceError
+from fedbug.errors import ConfigError, DivergenceError, ShortRoundError
 from fedbug.results import RunDir
 from fedbug.tasks import CustomTask, LossFn, Task
 from fedbug.tracking import Trackers
@@ -96,7 +101,10 @@ def run_experiment(
     token (Flower's ServerApp for the ``fedbug run`` that started it) and stops, raising
     :class:`~fedbug.errors.RunFolderBusy`, at its next write once that process is gone. A run whose
     loss or weights stop being finite raises :class:`~fedbug.errors.DivergenceError` after
-    writing ``summary.json`` with ``"status": "diverged"``.
+    writing ``summary.json`` with ``"status": "diverged"``; a short round (fewer than
+    ``min_results`` valid updates) under ``on_short_round: stop``, or a run none of whose rounds
+    was aggregated, raises :class:`~fedbug.errors.ShortRoundError` after writing it with
+    ``"status": "stopped"`` and a ``short_round`` block.
     """
     if loss is not None:
         if task is not None:
@@ -194,7 +202,8 @@ def _run(
     last_round = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
     shared, shared_mask = exp.shared, exp.shared_mask
     model_bytes = exp.space.bytes_of(shared_mask)
-    diverged: DivergenceError | None = None
+    stopped: DivergenceError | ShortRoundError | None = None
+    short: ShortRound | None = None  # the round that stopped the run
     try:
         for r in range(start, last_round + 1):
             t0 = time.perf_counter()
@@ -215,18 +224,16 @@ def _run(
             ]
             t_train = time.perf_counter()
             stream = executor.stream_round(weights, tasks, LazyStates(states, clients))
+            required = executor.required(len(tasks), cfg.min_results)
             results, dropped, agg = aggregate_stream(
-                exp,
-                r,
-                stream,
-                weights,
-                states,
-                local_mean,
-                executor.required(len(tasks), cfg.min_results),
+                exp, r, stream, weights, states, local_mean, required
             )
             t_train = time.perf_counter() - t_train
             dropped = sorted(executor.lost() + dropped, key=lambda d: d["client"])
             aggregated = agg is not None
+            if not aggregated and cfg.on_short_round == "stop":
+                short = ShortRound(r, len(tasks), len(results), required, dropped)
+                raise short.error(cfg)
             if agg is not None:
                 step = exp.algorithm.server_update(weights, agg, server_state, r, exp.num_clients)
                 check_weights(exp, r, step.weights)
@@ -282,23 +289,34 @@ def _run(
                 trackers.log(record)
             if on_round is not None:
                 on_round(record)
-    except DivergenceError as e:
-        diverged = e
+        if (
+            records
+            and records[-1]["round"] == cfg.rounds
+            and not any(rec.get("aggregated", True) for rec in records)
+        ):  # every round skipped: the model is the untrained one (also when resumed at the end)
+            short = ShortRound.of_record(records[-1], executor, cfg)
+            raise short.error(cfg, every_round=True)
+    except (DivergenceError, ShortRoundError) as e:
+        stopped = e
     finally:
         executor.close()
     summary = make_summary(cfg, records, chash, time.perf_counter() - t_run, exp)
     summary["clients"] = sim.summary()
     summary["weights_sha256"] = weights_sha256(weights)
-    if diverged is not None:
-        summary["status"] = "diverged"
-        summary["divergence"] = {
-            "round": diverged.round,
-            "client": diverged.client,
-            "reason": diverged.reason,
-        }
+    if stopped is not None:
+        if isinstance(stopped, DivergenceError):
+            summary["status"] = "diverged"
+            summary["divergence"] = {
+                "round": stopped.round,
+                "client": stopped.client,
+                "reason": stopped.reason,
+            }
+        else:
+            summary["status"] = "stopped"
+            summary["short_round"] = short.block(str(stopped)) if short else {}
         if rd is not None:
             write_summary(rd, cfg, summary, records)
-        raise diverged
+        raise stopped
     completed = bool(records) and records[-1]["round"] == cfg.rounds
     if completed and cfg.evaluation == "personalized":
         summary["pfl"] = personalize(exp, weights, states, rd)
@@ -307,6 +325,87 @@ def _run(
         if trackers is not None:
             trackers.finish(summary)
     return RunResult(rd.path if rd else None, records, summary, weights)
+
+
+@dataclass
+class ShortRound:
+    """One round's count of updates: ``selected`` clients asked, ``reported`` valid updates,
+    ``required`` needed to aggregate, and each client ``dropped`` with why."""
+
+    round: int
+    selected: int
+    reported: int
+    required: int
+    dropped: list[dict[str, Any]]
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any], executor: Executor, cfg: BaseConfig) -> ShortRound:
+        """The count of a round from its record (a round run before a resume)."""
+        dropped = list(record.get("dropped") or [])
+        reported = int(record.get("num_clients") or 0)
+        selected = reported + len(dropped)
+        required = executor.required(selected, cfg.min_results)
+        return cls(record["round"], selected, reported, required, dropped)
+
+    def why(self) -> str:
+        """The reasons the updates are missing, each once with its count (``2 x no reply
+        within round_timeout (600 s)``)."""
+        counts: dict[str, int] = {}
+        for d in self.dropped:
+            reason = str(d.get("reason"))
+            reason = reason if len(reason) <= 160 else reason[:157] + "..."
+            counts[reason] = counts.get(reason, 0) + 1
+        unexplained = self.selected - self.reported - len(self.dropped)
+        if unexplained > 0:
+            counts["no update and no reason given"] = unexplained
+        shown = [f"{n} x {reason}" for reason, n in list(counts.items())[:3]]
+        if len(counts) > 3:
+            shown.append(f"{len(counts) - 3} other reason(s), in the summary")
+        return ", ".join(shown) if shown else "none dropped"
+
+    def fixes(self, cfg: BaseConfig, every_round: bool = False) -> str:
+        """What to change, from the reasons (and the config)."""
+        reasons = [str(d.get("reason")) for d in self.dropped]
+        fixes = []
+        if any("round_timeout" in x for x in reasons):
+            fixes.append(f"raise flower.round_timeout (now {cfg.flower.round_timeout:g} s)")
+        if any(is_divergence(x) for x in reasons):
+            fixes.append(f"lower lr (updates were non-finite at lr={cfg.lr:g})")
+        if any(x.startswith("error reply") for x in reasons):
+            fixes.append("fix the clients' error (the SuperNodes' logs have it)")
+        if self.required > self.selected:
+            fixes.append(f"lower min_results (a round selects {self.selected})")
+        if not every_round:
+            fixes.append("set on_short_round: skip to go on without such rounds")
+        elif not fixes:
+            fixes.append("each round's dropped clients in metrics.jsonl say why")
+        text = ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1]
+        return text[:1].upper() + text[1:]
+
+    def error(self, cfg: BaseConfig, every_round: bool = False) -> ShortRoundError:
+        key = "min_results"
+        if cfg.executor.startswith("flower") and cfg.flower.min_results is not None:
+            key = "flower.min_results"
+        counted = (
+            f"{self.reported} of {self.selected} selected clients gave a valid update, fewer "
+            f"than {key} ({self.required}): {self.why()}"
+        )
+        if every_round:
+            text = (
+                f"no round was aggregated: each of the {cfg.rounds} rounds had too few valid "
+                f"updates (the last, round {self.round}: {counted}); the model is the untrained "
+                f"one, so the run is not completed. {self.fixes(cfg, every_round=True)}"
+            )
+        else:
+            text = (
+                f"round {self.round}: {counted}; the run stopped there (the rounds before are "
+                f"kept). {self.fixes(cfg)}"
+            )
+        return ShortRoundError(text, self.round, self.reported, self.selected, self.required)
+
+    def block(self, message: str) -> dict[str, Any]:
+        """summary.json's ``short_round`` block of a run this round stopped."""
+        return {**dataclasses.asdict(self), "message": message}
 
 
 class LazyStates(Mapping[int, dict[str, Tensor]]):

@@ -32,6 +32,8 @@ def make_summary(
     last = evaluated[-1] if evaluated else None
     pick = max if task.higher_is_better else min
     classification = key == "test_acc"
+    # rounds not aggregated (too few valid updates, on_short_round: skip): listed where any
+    skipped = [r["round"] for r in records if r.get("aggregated", True) is False]
     return {
         "name": cfg.name,
         "status": "completed" if records and records[-1]["round"] == cfg.rounds else "partial",
@@ -62,4 +64,5 @@ def make_summary(
             **({"gpu_kernels": exp.kernels} if exp.kernels else {}),
         },
         "config": cfg.model_dump(mode="json"),
+        **({"skipped_rounds": skipped} if skipped else {}),
     }

@@ -11,7 +11,9 @@ lower client ids are in (``stream_round``), so the server aggregates while later
 train, and only replies that came early are held. The round's TRAIN messages share one record
 of the global weights. A client whose node is unknown, whose reply is an
 error or is malformed, or that misses ``flower.round_timeout``, is dropped and recorded with the
-reason; the others are aggregated.
+reason (a node that did not say in time which partition it holds is named in its clients'
+reason); the others are aggregated. A round left with fewer than ``min_results`` updates is the
+round loop's to stop or skip (``on_short_round``), as for every executor.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class FlowerExecutor(Executor):
         self.asked: set[int] = set()
         self.has_state: set[int] = set()
         self.dropped: list[dict[str, Any]] = []
+        #: (nodes that did not answer the last partition query in time, nodes asked)
+        self.unanswered: tuple[int, int] = (0, 0)
 
     # -- which node holds which client ------------------------------------------------------
     def _in_order(self, messages: list[Message], timeout: float) -> Iterator[Message | str]:
@@ -84,6 +88,7 @@ class FlowerExecutor(Executor):
 
     def map_nodes(self) -> None:
         """Ask nodes not asked before which partition they hold."""
+        self.unanswered = (0, 0)
         if self.map_once and self.asked:
             return
         new = [n for n in self.grid.get_node_ids() if n not in self.asked]
@@ -96,6 +101,7 @@ class FlowerExecutor(Executor):
             for n in new
         ]
         replies = self._exchange(msgs, self.params.round_timeout)
+        self.unanswered = (sum(isinstance(x, str) for x in replies), len(new))
         for node, reply in zip(new, replies, strict=True):
             if isinstance(reply, str):  # silent: asked again next round
                 continue
@@ -128,14 +134,19 @@ class FlowerExecutor(Executor):
         self.map_nodes()
         exp = self.exp
         sendable: list[tuple[ClientTask, int]] = []
+        nodeless = "no SuperNode holds this partition"
+        silent, asked = self.unanswered
+        if silent:  # the likely cause: the nodes that hold it did not say so in time
+            nodeless += (
+                f" ({silent} of {asked} SuperNodes did not say which partition they hold within "
+                f"round_timeout ({self.params.round_timeout:g} s))"
+            )
         for t in sorted(tasks, key=lambda t: t.client):
             node = self.node_for(t.client)
             if node is not None:
                 sendable.append((t, node))
             else:
-                self.dropped.append(
-                    {"client": t.client, "reason": "no SuperNode holds this partition"}
-                )
+                self.dropped.append({"client": t.client, "reason": nodeless})
         if not sendable:
             return
         shared = encode_weights(weights, exp.space)  # one copy for all the round's messages

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fedbug.errors import ConfigError, DivergenceError, FedbugError
+from fedbug.errors import ConfigError, DivergenceError, FedbugError, ShortRoundError
 from fedbug.flower import require_flower
 from fedbug.models import import_root, is_import_path
 from fedbug.results import RunDir, pid_alive
@@ -519,6 +519,12 @@ def _run_locked(
             int(d.get("round") or 0),
             d.get("client"),
             str(d.get("reason")),
+        )
+    if summary.get("status") == "stopped":  # a short round (the ServerApp's ShortRoundError)
+        d = summary.get("short_round", {})
+        raise ShortRoundError(
+            str(d.get("message") or "a round had too few valid updates; see summary.json"),
+            *(int(d.get(k) or 0) for k in ("round", "reported", "selected", "required")),
         )
     if status != "finished:completed" or not summary:
         raise FlowerRunError(
