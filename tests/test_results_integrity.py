@@ -324,10 +324,11 @@ def test_report_and_collect_skip_a_damaged_run_with_one_warning(finished, tmp_pa
     lines = bad.metrics_path.read_bytes().split(b"\n")
     lines[1] = lines[1].replace(b'"round":2', b'"round":2,"x":1', 1)
     bad.metrics_path.write_bytes(b"\n".join(lines))
-    # the same config and seed in both: make the good one another seed so both would count
+    # the same config and seed in both: take the good one's config hash (never pooled, as a
+    # hand-made summary) so both would count (another seed would disagree with its config.yaml)
     saved = json.loads(good.summary_path.read_text(encoding="utf-8"))
     saved.pop(CRC_KEY)
-    saved["seed"] = 1
+    saved.pop("config_hash")
     good.summary_path.write_text(json.dumps(saved), encoding="utf-8")
     lines = good.metrics_path.read_text(encoding="utf-8").splitlines()
     old = [{k: v for k, v in json.loads(x).items() if k != CRC_KEY} for x in lines]

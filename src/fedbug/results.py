@@ -644,8 +644,9 @@ def _parse_line(line: bytes) -> tuple[dict[str, Any], str | None, str | None]:
 
 def read_summary(path: Path | str) -> dict[str, Any]:
     """A run's ``summary.json``: whole UTF-8 JSON holding a mapping whose checksum (where it has
-    one: written by older versions it has none) matches; else :class:`ResultsError` naming the
-    file. The checksum field is left out of what is returned."""
+    one: written by older versions it has none) matches and whose fields that fedbug reads have
+    their types (:func:`summary_problem`); else :class:`ResultsError` naming the file. The
+    checksum field is left out of what is returned."""
     return _read_summary(Path(path))[0]
 
 
@@ -669,9 +670,101 @@ def _read_summary(path: Path) -> tuple[dict[str, Any], bool]:
             problem = "not a run summary"
         else:
             crc, problem = _check_crc(obj)
+            problem = problem or summary_problem(obj)
     if problem is not None:
         raise ResultsError(f"{str(path)!r} is damaged ({problem}); {_WAY_OUT}")
     return obj, crc is not None
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _number_or_null(x: Any) -> bool:
+    return x is None or _number(x)
+
+
+def _count(x: Any) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _mapping(x: Any) -> bool:
+    return isinstance(x, dict)
+
+
+def _string(x: Any) -> bool:
+    return isinstance(x, str)
+
+
+def _numbers(x: Any) -> bool:
+    return isinstance(x, list) and all(_number(v) for v in x)
+
+
+def _counts(x: Any) -> bool:
+    return isinstance(x, list) and all(_count(v) for v in x)
+
+
+def _figures(*keys: str) -> Any:
+    """A mapping whose ``keys`` (where present) are numbers or null."""
+    return lambda x: isinstance(x, dict) and all(_number_or_null(x.get(k)) for k in keys)
+
+
+def _pfl_clients(x: Any) -> bool:
+    return isinstance(x, list) and all(_figures("acc_before_ft", "acc_after_ft")(c) for c in x)
+
+
+def _short_round(x: Any) -> bool:
+    keys = ("round", "selected", "reported", "required")
+    return isinstance(x, dict) and all(_count(x.get(k, 0)) for k in keys)
+
+
+_NUMBER_OR_NULL = (_number_or_null, "a number or null", False)
+#: summary.json's fields that fedbug reads (reports, sweeps, resumes): key (a dotted key is one
+#: inside a mapping) -> (the check of its value, what it must be, whether every summary since the
+#: first version has it)
+_SUMMARY_FIELDS: dict[str, tuple[Any, str, bool]] = {
+    "config": (_mapping, "a mapping", True),
+    "seed": (lambda x: type(x) is int, "a whole number", True),
+    "rounds": (_count, "a whole number >= 0", True),
+    "seconds": (_number, "a number", True),
+    "status": (_string, "a string", False),
+    "config_hash": (_string, "a string", False),
+    "metric": (_string, "a string", False),
+    "final": _NUMBER_OR_NULL,
+    "best": _NUMBER_OR_NULL,
+    "final_acc": _NUMBER_OR_NULL,
+    "best_acc": _NUMBER_OR_NULL,
+    "final_loss": _NUMBER_OR_NULL,
+    "clients": (_mapping, "a mapping", False),
+    "clients.participations": (_numbers, "a list of numbers", False),
+    "clients.full_model_time": (_numbers, "a list of numbers", False),
+    "pfl": (_mapping, "a mapping", False),
+    "pfl.before_ft": (_figures("mean", "std", "weighted"), "a mapping of numbers", False),
+    "pfl.after_ft": (_figures("mean", "std", "weighted"), "a mapping of numbers", False),
+    "pfl.clients": (_pfl_clients, "a list of mappings of numbers", False),
+    "divergence": (_mapping, "a mapping", False),
+    "short_round": (_short_round, "a mapping of round, selected, reported, required", False),
+    "skipped_rounds": (_counts, "a list of round numbers", False),
+}
+
+
+def summary_problem(summary: dict[str, Any]) -> str | None:
+    """What is wrong with the fields of a summary that fedbug reads (one missing, or a value of
+    another type: a hand edit with its checksum made again), or None."""
+    for key, (ok, what, required) in _SUMMARY_FIELDS.items():
+        head, _, sub = key.partition(".")
+        holder = summary.get(head) if sub else summary
+        name = sub or key
+        if not isinstance(holder, dict) or name not in holder:
+            if required:
+                return f"it has no {key!r}"
+            continue
+        value = holder[name]
+        if not ok(value):
+            shown = json.dumps(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            return f"its {key!r} is {shown}, not {what}"
+    return None
 
 
 def load_checkpoint_file(path: Path) -> dict[str, Any]:

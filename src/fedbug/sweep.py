@@ -111,7 +111,7 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
     # A base may hold the options of every method its grid compares: each cell is validated
     # allowing other methods' blocks, then a block no cell uses is refused.
     cells = []
-    slugs: set[str] = set()
+    slugs: dict[str, Cell] = {}
     used: set[str] = set()
     with blocks_used_elsewhere(frozenset(owners())):
         for cell, doc in docs:
@@ -119,9 +119,17 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
                 cfg = validate(doc)
             except ConfigError as e:
                 raise ConfigError(f"grid cell {cell.label}: {e}") from None
-            if cell.slug in slugs:
+            same = slugs.get(cell.slug)
+            if same is not None and same.items() == cell.items():
                 raise ConfigError(f"grid cell {cell.label} appears twice; list each value once")
-            slugs.add(cell.slug)
+            if same is not None:
+                raise ConfigError(
+                    f"grid cells {same.label} and {cell.label} map to the same run folder name "
+                    f"{cell.slug!r} (a folder name keeps letters, digits and ._-, turns other "
+                    "characters into -, and stops at 100 characters); change one of the values "
+                    "so that they differ there, or run them as two sweeps"
+                )
+            slugs[cell.slug] = cell
             used |= used_blocks(cfg)
             cells.append((cell, cfg))
     unused = sorted(b for b in owners() if base_doc.get(b) and b not in used)
@@ -275,8 +283,8 @@ def run_sweep(
     """Run every cell x seed, one after another through ``run_one(cfg, run_dir)`` or all at
     once through ``run_all([(cfg, run_dir), ...])`` (in order: ``fedbug sweep --jobs``); write
     sweep.json/.md and a plot."""
-    if seeds < 1:
-        raise ConfigError(f"--seeds must be at least 1; got {seeds}")
+    check_seeds(seeds)
+    check_sweep_size(grid, seeds)
     cells = expand(base_doc, grid)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [
@@ -348,7 +356,10 @@ def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
     """Every finished run folder (with summary.json) under the given folders, each counted once
     per config hash and seed (a standalone run and a sweep's cell of the same config and seed
     are one run: the first found is kept). A damaged run is skipped, with one warning line on
-    stderr naming it (``warn``); both are listed on the result (:class:`RunList`)."""
+    stderr naming it (``warn``); both are listed on the result (:class:`RunList`). Damaged
+    includes a summary.json that disagrees with its own folder (:func:`folder_disagreement`: a
+    summary copied from another run, checksum and all), checked before it is pooled, so the
+    run it was copied from is not taken for its duplicate."""
     from fedbug.errors import ResultsError
     from fedbug.results import RunDir
 
@@ -365,6 +376,12 @@ def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
             visited.add(rd.path.resolve())
             try:
                 run = rd.read_run()
+                what = folder_disagreement(run)
+                if what is not None:
+                    raise ResultsError(
+                        f"{str(rd.summary_path)!r} disagrees with its folder: {what}; run the "
+                        "config again, or restore the run's own summary.json from a copy"
+                    )
             except ResultsError as e:
                 runs.damaged.append((rd.path, str(e)))
                 if warn:
@@ -388,6 +405,85 @@ def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
             f"no finished runs (summary.json) under {', '.join(map(str, dirs))}{damaged}"
         )
     return runs
+
+
+def folder_disagreement(run: dict[str, Any]) -> str | None:
+    """What in a run's summary.json (read and type-checked by
+    :meth:`~fedbug.results.RunDir.read_run`) disagrees with the rest of its folder, or None:
+    its seed with its own config's and config.yaml's, its config hash with config.yaml's (where
+    this version can hash that config without importing anything: not a model named by import
+    path, nor a config an older version wrote with keys since renamed), and its final figures
+    with the last evaluated round of metrics.jsonl. A folder without config.yaml (made by
+    hand) is checked against its metrics only."""
+    from fedbug.config import config_hash, read_config_doc
+    from fedbug.models import is_import_path
+    from fedbug.results import RunDir
+
+    rd = RunDir(run["run_dir"])
+    summary, records = run["summary"], run["records"]
+    seed = summary["seed"]
+    own = summary["config"].get("seed", seed)
+    if own != seed:
+        return f"seed {seed} in summary.json where its own config says seed {own}"
+    if rd.config_path.is_file():
+        try:
+            doc = read_config_doc(rd.config_path)
+        except ConfigError as e:
+            return f"its config.yaml cannot be read ({e})"
+        folder_seed = doc.get("seed", BaseConfig.model_fields["seed"].default)
+        if folder_seed != seed:
+            return (
+                f"seed {seed} in summary.json where config.yaml says seed {folder_seed} (a "
+                "summary copied from another run?)"
+            )
+        chash = summary.get("config_hash")
+        model, data = str(doc.get("model")), str(doc.get("dataset"))
+        if isinstance(chash, str) and not (
+            is_import_path(model) or model.startswith("user:") or data.startswith("user:")
+        ):
+            try:
+                folder_hash: str | None = config_hash(validate(doc))
+            except ConfigError:  # written by an older version (keys since renamed)
+                folder_hash = None
+            if folder_hash is not None and folder_hash != chash:
+                return (
+                    f"config hash {chash} in summary.json where config.yaml's is {folder_hash} "
+                    "(a summary copied from another run?)"
+                )
+    return _figures_disagreement(summary, records)
+
+
+def _figures_disagreement(summary: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
+    """Where the summary's final and best figures are not those of ``records`` (as the run
+    computed them: the headline metric's last evaluated round, its best over those rounds)."""
+    metric = summary.get("metric", "acc")
+    key = f"test_{metric}"
+    evaluated = [r for r in records if isinstance(r.get(key), int | float)]
+    last = evaluated[-1] if evaluated else {}
+    where = f"round {last['round']}" if last else "no evaluated round"
+    finals = [("final", key), ("final_loss", "test_loss")]
+    if metric == "acc":
+        finals.append(("final_acc", "test_acc"))
+    for name, field in finals:
+        if name in summary and not _same(summary[name], last.get(field)):
+            return (
+                f"{name} {summary[name]} in summary.json where metrics.jsonl's last evaluated "
+                f"round ({where}) has {field} {last.get(field)}"
+            )
+    values = [r[key] for r in evaluated]
+    bests = {max(values, default=None), min(values, default=None)}
+    for name in ("best", "best_acc") if metric == "acc" else ("best",):
+        best = summary.get(name)
+        if name in summary and not any(_same(best, b) for b in bests):
+            return f"{name} {best} in summary.json, which no evaluated round of metrics.jsonl has"
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal figures (numbers to 1e-9, NaN equal to NaN)."""
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (a != a and b != b)
+    return bool(a == b)
 
 
 def flatten_blocks(config: dict[str, Any]) -> dict[str, Any]:
