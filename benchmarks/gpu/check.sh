@@ -6,9 +6,10 @@
 #
 #   bash benchmarks/gpu/check.sh OUT_DIR
 #
-# Needs fedbug importable (installed, or src/ on PYTHONPATH) and pytest, pytest-xdist. Writes
-# OUT_DIR/env.txt, tests.log, speed.jsonl (one JSON line per variant of benchmarks/speed.py)
-# and demo-summary.json (one run of the main job's config on the GPU).
+# Run from the repository root (benchmarks/ is imported from there). Needs fedbug importable
+# (installed, or src/ on PYTHONPATH) and pytest, pytest-xdist. Writes OUT_DIR/env.txt,
+# tests.log, speed.jsonl (one JSON line per variant of benchmarks/speed/speed.py) and
+# demo-summary.json (one run of the main job's config on the GPU).
 set -uo pipefail
 out=${1:?usage: bash benchmarks/gpu/check.sh OUT_DIR}
 mkdir -p "$out"
@@ -25,9 +26,9 @@ cat "$out/env.txt"
 # first, on a quiet machine: workload W, fp32 deterministic (the default), then each lever;
 # the same --quick W on the CPU; each variant's ratios are paired round by round in one process
 speed() {
-  timeout 120 "$py" benchmarks/speed.py --json "$@" > "$out/w.json" 2> "$out/w.err" \
+  timeout 120 "$py" -m benchmarks.speed.speed --json "$@" > "$out/w.json" 2> "$out/w.err" \
     && "$py" -c "import json,sys; d=json.load(open(sys.argv[1])); d['args']=sys.argv[2:]; d.pop('rows',None); print(json.dumps(d))" "$out/w.json" "$@" >> "$out/speed.jsonl" \
-    || { echo "speed.py $* failed:"; tail -5 "$out/w.err"; }
+    || { echo "benchmarks.speed.speed $* failed:"; tail -5 "$out/w.err"; }
   rm -f "$out/w.json" "$out/w.err"
 }
 speed --device cuda
