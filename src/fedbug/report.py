@@ -33,10 +33,17 @@ freezing policy, where ``freezefl.beta`` varies between such groups, FedAvg as a
 cut into 40 groups, each group's participations summed, mean over seeds).
 
 Runs that are not all simulated get the plain table of :func:`fedbug.sweep.report`.
+
+``--out`` is a folder of the report's own: a run's or a sweep's folder is refused (one line,
+exit 2), since the report's ``accuracy.png`` would replace theirs (a user reads a run folder's
+files as that run's; names that cannot collide would make a report folder unlike every other).
+Each file is written atomically; the temporary files of a report that was killed while it wrote
+(``.report.json.tmp-PID``, its process gone) are removed by the next report into that folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -46,9 +53,10 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ConfigError
-from fedbug.results import atomic_write_bytes, atomic_write_text
+from fedbug.results import TMP_MARK, atomic_write_bytes, atomic_write_text, pid_alive
 from fedbug.spread import mean_std, pm
 from fedbug.sweep import Cell, RunList, collect_runs, group_runs
+from fedbug.table4 import PFL_FIGURES
 
 AUTO_SHARE = 0.95  # target auto = 0.95 x FedAvg's best accuracy
 PARTICIPATION_GROUPS = 40  # FreezeFL Fig. 4
@@ -56,6 +64,54 @@ TOLERANCE = 1e-9  # a metric within this of the target reaches it
 BASELINE_SELECTIONS = (None, "uniform", "bernoulli")
 
 Group = tuple[Cell, list[dict[str, Any]]]
+
+#: the files a report may write in its --out (which of the figures depends on the runs)
+REPORT_FILES = (
+    "report.md",
+    "report.json",
+    "accuracy.png",
+    "accuracy_time.png",
+    "round_length.png",
+    "beta.png",
+    "participation.png",
+    *PFL_FIGURES,
+)
+#: a file that makes a folder a run's own, or a sweep's: no report is written there
+OWNED_BY = {
+    "summary.json": "run",
+    "metrics.jsonl": "run",
+    "checkpoint.pt": "run",
+    "sweep.json": "sweep",
+}
+
+
+# ---------------------------------------------------------------- where it writes
+
+
+def prepare_out(out: Path) -> list[Path]:
+    """Check that ``out`` (``--out``) is a folder a report may write, and remove from it the
+    temporary files of report writers that are gone (killed mid-write); returns those removed.
+    A run's or a sweep's folder is refused (:class:`~fedbug.errors.ConfigError`): the report's
+    accuracy.png would replace its own."""
+    if not out.is_dir():
+        return []
+    for name, whose in OWNED_BY.items():
+        if (out / name).exists():
+            raise ConfigError(
+                f"--out {str(out)!r} is a {whose} folder (it holds {name}): the report's "
+                f"accuracy.png would replace the {whose}'s own; give the report a folder of its "
+                f"own, e.g. --out {str(out / 'report')!r}"
+            )
+    removed = []
+    for p in out.glob(f".*{TMP_MARK}*"):
+        name, _, pid = p.name[1:].rpartition(TMP_MARK)
+        if name not in REPORT_FILES or not (pid.isascii() and pid.isdigit() and len(pid) <= 10):
+            continue  # not a report's, or not a pid: not ours to remove
+        if not pid_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+    return removed
 
 
 # ---------------------------------------------------------------- inputs
@@ -487,6 +543,7 @@ def freezefl_report(
         text = "\n\n".join([text, *notes])
     files: list[Path] = []
     if out is not None:
+        prepare_out(out)
         out.mkdir(parents=True, exist_ok=True)
         ylabel = f"{metric} (%)"
         plot_curves(groups, rows, metric, None, out / "accuracy.png", ylabel, 100)
@@ -516,11 +573,12 @@ def _notes_to_stderr(runs: RunList) -> None:
 def cmd_report(args: Any) -> int:
     """``fedbug report DIR... [--target ACC|auto] [--metric KEY] [--out DIR] [--json]``."""
     from fedbug.sweep import format_table, report
-    from fedbug.table4 import PFL_FIGURES
 
     target = parse_target(getattr(args, "target", None))
     metric = getattr(args, "metric", None)
     out = Path(args.out) if args.out else None
+    if out is not None:
+        prepare_out(out)  # before any run is read: a refused --out is one line, nothing read
     runs = collect_runs([Path(d) for d in args.dirs])
     simulated = sum(is_simulated(r) for r in runs)
     if simulated == len(runs):
