@@ -365,6 +365,8 @@ def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
             rd = RunDir(summary_path.parent)
             if rd.path.resolve() in visited:
                 continue  # given twice (a folder and a folder inside it)
+            if rd.path.name.startswith("damaged-") and (rd.path.parent / "config.yaml").is_file():
+                continue  # what `fedbug repair` replaced, kept in RUN/damaged-TIME/: no run
             visited.add(rd.path.resolve())
             try:
                 run = rd.read_run()

@@ -145,6 +145,19 @@ def test_a_summary_of_the_wrong_types_is_one_line_not_a_traceback(runs, capsys, 
     skipped_one(root, s0, s1, capsys, words)
 
 
+def test_the_files_repair_kept_aside_are_not_a_run(runs, capsys):
+    """`fedbug repair` keeps the files it replaced in RUN/damaged-TIME/: not a run to report
+    (they were skipped as damaged, or counted, with no records, where they read whole)."""
+    root, s0, s1 = runs
+    kept = s0 / "damaged-20261127T002358Z"
+    kept.mkdir()
+    shutil.copy(s0 / "summary.json", kept / "summary.json")
+    rewrite_summary(kept, lambda s: s.update(rounds="2"))
+    found = collect_runs([root])
+    assert [r["run_dir"] for r in found] == [s0, s1]
+    assert found.damaged == [] and capsys.readouterr().err == ""
+
+
 def test_the_committed_runs_all_agree_with_their_folders(capsys):
     """No false alarm on 36 runs written by several fedbug versions (summaries rewritten by a
     later version on resume, config keys since renamed, summaries without ``final``)."""
