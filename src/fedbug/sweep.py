@@ -497,7 +497,9 @@ def group_runs(runs: list[dict[str, Any]]) -> list[tuple[Cell, list[dict[str, An
     """Runs grouped by the config keys that vary between them (seeds pooled)."""
     # options blocks compared key by key: a group reads bottom_up.gu_ratio=0.5, not the block
     configs = [flatten_blocks(r["summary"]["config"]) for r in runs]
-    ignore = {"seed", "name", "grid", "seeds", "threads", "count_flops"}
+    # on_short_round: a run either stopped or completed with its skipped rounds listed; older
+    # summaries have no such key
+    ignore = {"seed", "name", "grid", "seeds", "threads", "count_flops", "on_short_round"}
     keys = sorted(
         k
         for k in configs[0]

@@ -158,6 +158,18 @@ def test_the_files_repair_kept_aside_are_not_a_run(runs, capsys):
     assert found.damaged == [] and capsys.readouterr().err == ""
 
 
+def test_runs_from_before_on_short_round_pool_with_runs_after(runs, capsys):
+    """A summary written before the key existed (its config has no on_short_round) and one
+    after are the same method: one row of two seeds, not two rows of one."""
+    from fedbug.sweep import group_runs
+
+    root, s0, s1 = runs
+    rewrite_summary(s1, lambda s: s["config"].pop("on_short_round"))
+    ((_, pooled),) = group_runs(collect_runs([root]))
+    assert sorted(r["summary"]["seed"] for r in pooled) == [0, 1]
+    assert capsys.readouterr().err == ""
+
+
 def test_the_committed_runs_all_agree_with_their_folders(capsys):
     """No false alarm on 36 runs written by several fedbug versions (summaries rewritten by a
     later version on resume, config keys since renamed, summaries without ``final``)."""
