@@ -1,14 +1,13 @@
 """A full disk (ENOSPC) while writing a checkpoint, the metrics or a plot: one line on stderr
 naming the file, exit 2, the last good checkpoint intact and resumable, no temporary file left.
 
-The fault is injected by replacing ``open`` in ``fedbug.results`` (where every run-folder write
+The fault is injected by replacing ``fedbug.results.open_write`` (where every run-folder write
 goes through): the chosen file's n-th opening for writing gets half its bytes and then
 ``OSError(ENOSPC)`` with no file name, as a real ``write`` raises it.
 """
 
 from __future__ import annotations
 
-import builtins
 import errno
 import json
 import os
@@ -61,17 +60,19 @@ def _inject(monkeypatch: pytest.MonkeyPatch, name: str, nth: int) -> None:
     """Fail the ``nth`` opening for writing of a file called ``name`` (or its temporary)."""
     count = 0
 
-    def faulty_open(file, mode="r", *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    real = fedbug.results.open_write
+
+    def faulty_open(file, append=False):  # noqa: ANN001, ANN202
         nonlocal count
-        f = builtins.open(file, mode, *args, **kwargs)  # noqa: SIM115
+        f = real(file, append)
         base = Path(file).name
-        if ("w" in mode or "a" in mode) and (base == name or base.startswith(f".{name}.tmp-")):
+        if base == name or base.startswith(f".{name}.tmp-"):
             count += 1
             if count == nth:
                 return _FullDisk(f)
         return f
 
-    monkeypatch.setattr(fedbug.results, "open", faulty_open, raising=False)
+    monkeypatch.setattr(fedbug.results, "open_write", faulty_open)
 
 
 def _run(capsys, cfg: Path, out: Path, *extra: str) -> tuple[int, str]:

@@ -30,7 +30,7 @@ import time
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -142,6 +142,17 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
     return fd
 
 
+def open_write(path: Path, append: bool = False) -> IO[Any]:
+    """A run-folder file opened for writing through :func:`open_nofollow`: made new (binary;
+    it must not exist) or, with ``append``, appended to as UTF-8 text. Every run-folder write
+    goes through here."""
+    if append:
+        return os.fdopen(
+            open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8"
+        )
+    return os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb")
+
+
 def _link_message(path: Path) -> str:
     return (
         f"{str(path)!r} is a symbolic link; fedbug never follows a link inside a run folder (it "
@@ -188,8 +199,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     try:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()  # a killed writer's with this pid, or something planted: not followed
-        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        with os.fdopen(fd, "wb") as f:
+        with open_write(tmp) as f:
             f.write(data)
             f.flush()
             _test_pause()
@@ -440,8 +450,7 @@ class RunDir:
         self.check_held()
         line = metrics_line(record)
         try:
-            fd = open_nofollow(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            with os.fdopen(fd, "a", encoding="utf-8") as f:
+            with open_write(self.metrics_path, append=True) as f:
                 if os.environ.get(SLOW_WRITES_ENV):  # test-only: a window for a torn line
                     f.write(line[: len(line) // 2])
                     f.flush()

@@ -119,7 +119,7 @@ def test_metrics_are_not_appended_through_a_link_or_to_a_fifo(tmp_path, outside)
 
 def test_a_sweep_cell_that_is_a_link_is_refused(tmp_path, capsys):
     cfg = tmp_path / "s.yaml"
-    cfg.write_text("name: lk\ndataset: digits\nmodel: mlp\nrounds: 1\nnum_clients: 4\n")
+    cfg.write_text("name: lk\ndataset: digits\nmodel: mlp\nrounds: 1\nnum_clients: 10\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     sweep = tmp_path / "out" / "lk-sweep"
