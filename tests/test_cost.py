@@ -224,7 +224,7 @@ def test_cli_json_shape_participants_and_plot(tmp_path, capsys):
         ({**SMALL, "lrr": 0.1}, "unknown key 'lrr'"),
         ({**SMALL, "unfreeze_rounds": [0, 2]}, "unfreeze_rounds has 2 entries"),
         ({**SMALL, "unfreeze_rounds": [0, 2, 6, 7]}, "only 6 rounds"),
-        ({**SMALL, "head_units": 5}, "head_units=5"),
+        ({**SMALL, "head_units": 5}, "keeps a head of 5 unit(s)"),  # as a run says
         ({**SMALL, "model": "fedseq_cnn"}, "cannot be built"),
     ],
 )

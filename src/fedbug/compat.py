@@ -60,6 +60,11 @@ def incompatibility(cfg: Any) -> str | None:
             f"executor {cfg.executor} keeps personal model parts on the nodes, so the server "
             "cannot run evaluation: personalized; use executor: sequential"
         )
+    if cfg.evaluation == "personalized" and cfg.task != "classification":
+        return (
+            f"evaluation: personalized scores each client's accuracy on class labels, which task "
+            f"{cfg.task} does not give; use evaluation: global (or mean_of_local_models)"
+        )
     if cfg.system is not None and not cfg.count_flops:
         return "a system: block times clients from their FLOPs; keep count_flops"
     for piece in (

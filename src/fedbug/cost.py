@@ -18,9 +18,9 @@ Two tables, both from the config's model on its data set's input shape:
 
 Each method is built as a run of it would be, by the real classes: its algorithm
 (:func:`~fedbug.algorithms.build_algorithm`: the model it wraps, e.g. FedROD's personal head,
-its loss on the example batch's labels, the units it allows and shares), the layout
-(:func:`~fedbug.layout.build_layout`: ``head_units``, ``sublayers``) and FedSeq's schedule
-(:meth:`~fedbug.policies.schedule.RoundSchedule.build`: ``rounds``, ``unfreeze_rounds``); a
+its loss on the example batch's labels, the units it allows and shares), and its units, layout
+and FedSeq's schedule by the engine's own builder (:mod:`fedbug.engine.build`: ``units``,
+``head_units``, ``sublayers``, ``rounds``, ``unfreeze_rounds``); a
 phase is a run of rounds whose first local step trains the same units (every method here trains
 the same units at every step of a round). The config's ``units`` name the model's submodules;
 a method that wraps the model finds them under their new names. The fine-tuning rounds after T
@@ -43,15 +43,16 @@ from fedbug.algorithms import Algorithm, build_algorithm
 from fedbug.algorithms.base import ClientSession
 from fedbug.client import step_units
 from fedbug.config import apply_method
+from fedbug.engine.build import build_freezing, build_parts
 from fedbug.errors import ConfigError
 from fedbug.flops import FlopCache
-from fedbug.layout import Layout, build_layout
+from fedbug.layout import Layout
 from fedbug.models import build_model
 from fedbug.policies import StepCtx, build_policy
 from fedbug.policies.schedule import RoundSchedule
 from fedbug.protocol import ClientTask
 from fedbug.system import freeze_rows
-from fedbug.units import ParamSpace, Unit, find_units, traced_module_order
+from fedbug.units import ParamSpace, Unit
 
 # name -> (input shape of one sample, number of classes, input kind); no data is loaded.
 DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int, str]] = {
@@ -169,42 +170,18 @@ class Built:
     flops: FlopCache
 
 
-def _renamer(model: nn.Module, wrapped: nn.Module) -> Callable[[str], str]:
-    """A unit or submodule name of ``model`` (``a+b`` for a group) as ``wrapped``, the model an
-    algorithm made of it, names it; a name that is not ``model``'s is left for the checks of
-    find_units and build_layout to refuse."""
-    where = {id(m): name for name, m in wrapped.named_modules()}
-
-    def rename(name: str) -> str:
-        try:
-            return "+".join(where[id(model.get_submodule(n))] for n in name.split("+"))
-        except AttributeError:
-            return name
-
-    return rename
-
-
 def _build(
     cfg: Any, name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, s: Setting
 ) -> Built:
+    """Algorithm ``name`` on a copy of ``model``, built as a run of it builds it
+    (:func:`~fedbug.engine.build.build_parts`), with its client session on the example batch."""
     alg = build_algorithm(name, cfg.global_lr, {name: cfg.options(name)})
-    inner = copy.deepcopy(model)
-    wrapped = alg.wrap_model(inner, traced_module_order(inner, x[:1])[-1])
-    rename = _renamer(inner, wrapped)
-    names = None
-    if cfg.units is not None:
-        names = [rename(e) if isinstance(e, str) else [rename(n) for n in e] for e in cfg.units]
-        names += alg.extra_modules
-    sublayers = cfg.sublayers
-    if isinstance(sublayers, list):
-        sublayers = [[rename(n) for n in group] for group in sublayers]
-    units = find_units(wrapped, x[:1], names=names)
-    layout = build_layout(units, cfg.head_units, sublayers, alg.extra_modules)
-    alg.setup(layout)
+    plain = cfg.model_copy(update={"algorithm": name, "policy": "none", "schedule": "none"})
+    parts = build_parts(plain, alg, copy.deepcopy(model), x[:1])
     task = ClientTask(1, 0, cfg.seed, cfg.lr, s.samples_per_client, rounds=s.rounds)
     session = alg.start_client(task, y)
-    space = ParamSpace(wrapped, units)
-    return Built(alg, units, space, layout, session, FlopCache(wrapped, session.loss))
+    flops = FlopCache(parts.template, session.loss)
+    return Built(alg, parts.units, parts.space, parts.layout, session, flops)
 
 
 def _phases(b: Built, schedule: RoundSchedule | None, s: Setting) -> Phases:
@@ -251,9 +228,8 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
         if algorithm not in builds:
             builds[algorithm] = _build(cfg, algorithm, model, x, y, s)
         b = builds[algorithm]
-        schedule = None
-        if mode != "none":
-            schedule = RoundSchedule.build(mode, b.layout.sublayers, s.rounds, cfg.unfreeze_rounds)
+        _, schedule = build_freezing(cfg.model_copy(update={"schedule": mode}), b.layout)
+        if schedule is not None:
             schedules.append(schedule)
         names = [u.name for u in b.units]
         params = b.space.unit_param_numel

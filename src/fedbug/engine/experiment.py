@@ -23,27 +23,24 @@ from fedbug.config import BaseConfig, resolve
 from fedbug.data import FederatedDataset, load_dataset, partition
 from fedbug.data.augment import AUGMENTATIONS
 from fedbug.device import check_precision, configure_kernels, resolve_device
+from fedbug.engine.build import build_parts
 from fedbug.engine.dataprep import (
     natural_clients,
     personal_test_sets,
     place_on_device,
     subsample,
 )
-from fedbug.errors import ConfigError, FedbugError
+from fedbug.engine.model_fit import check_model_fits
+from fedbug.errors import ConfigError
 from fedbug.evaluate import Evaluator
-from fedbug.layout import build_layout, extra_units
 from fedbug.models import build_model
 from fedbug.pfl import (
     PersonalizedEvaluator,
 )
-from fedbug.policies import StepCtx, build_policy
-from fedbug.policies.base import Intersection
-from fedbug.policies.schedule import RoundSchedule
 from fedbug.seeding import derive_seed
 from fedbug.selection import SELECTIONS
 from fedbug.system import SystemModel, per_sample_costs
 from fedbug.tasks import Task, build_task
-from fedbug.units import ParamSpace, check_traced, find_units, traced_module_order
 
 ModelSource = nn.Module | Callable[[], nn.Module] | None
 
@@ -129,35 +126,15 @@ class ClientSide:
         model = self._build_model(model)
         check_model_fits(model, example, ds.train_y[:2], ds, self.task)
         self.model_class = type(model)
-        self.classifier = classifier_of(model, example, cfg.units)
-        self.template = self.algorithm.wrap_model(model, self.classifier)
-        self.units = find_units(self.template, example, names=cfg.units)
-        self.space = ParamSpace(self.template, self.units)
-        self.layout = build_layout(
-            self.units, self._head_units(), cfg.sublayers, self.algorithm.extra_modules
-        )
-        self.algorithm.setup(self.layout)
+        parts = build_parts(cfg, self.algorithm, model, example)
+        self.classifier, self.template = parts.classifier, parts.template
+        self.units, self.space, self.layout = parts.units, parts.space, parts.layout
         # the units the server and clients exchange (the rest stay on each client)
-        self.shared_mask = self.algorithm.shared_mask(self.space.num_units)
+        self.shared_mask = parts.shared_mask
         self.shared = {u for u, s in enumerate(self.shared_mask) if s}
         # freeze policies see the model's own units, not those an algorithm adds (as the client)
-        policy_units = self.policy_units = self.layout.policy_units
-        self.policy = build_policy(cfg.policy, cfg.options(cfg.policy))
-        if not len(self.policy.trainable_units(StepCtx(1, 1, policy_units))):
-            raise ConfigError(f"policy {cfg.policy!r} trains no unit of this model")
-        self.schedule: RoundSchedule | None = None
-        if cfg.schedule != "none":
-            self.schedule = RoundSchedule.build(
-                cfg.schedule, self.layout.sublayers, cfg.rounds, cfg.unfreeze_rounds
-            )
-            self.policy = Intersection((self.policy, self.schedule))
-            for t in sorted({t + 1 for t in self.schedule.unfreeze_rounds}):
-                ctx = StepCtx(1, 1, policy_units, t, 0, cfg.rounds)
-                if not len(self.policy.trainable_units(ctx)):
-                    raise ConfigError(
-                        f"policy {cfg.policy!r} under schedule {cfg.schedule!r} trains no unit "
-                        f"in round {t}; use another policy or schedule"
-                    )
+        self.policy_units = parts.policy_units
+        self.policy, self.schedule = parts.policy, parts.schedule
         self.settings = TrainSettings(
             local_epochs=cfg.local_epochs,
             local_steps=cfg.local_steps,
@@ -175,23 +152,6 @@ class ClientSide:
         self.device_dataset, self.data_placement = place_on_device(
             self.dataset, self.device, cfg.device_data_share, self.augmentation() is not None
         )
-
-    def _head_units(self) -> int:
-        """``head_units``, fewer where the model has too few units and nothing needs its head
-        apart (a one-unit model under FedAvg: all base); personalized methods and FedSeq's
-        schedule keep it and refuse a model too small for it."""
-        cfg = self.cfg
-        own = len(self.units) - len(extra_units(self.units, self.algorithm.extra_modules))
-        if self.algorithm.splits_body_head or cfg.schedule != "none":
-            if cfg.head_units >= own:
-                raise ConfigError(
-                    f"{cfg.algorithm if self.algorithm.splits_body_head else 'a FedSeq schedule'}"
-                    f" keeps a head of {cfg.head_units} unit(s) apart from the base, but this "
-                    f"model has {own} unit(s); use a model with more units (or fewer "
-                    "head_units)"
-                )
-            return cfg.head_units
-        return min(cfg.head_units, own - 1)
 
     def provenance(self) -> dict[str, Any]:
         """What this run trained on, as its summary records it: the data set's name, shapes and
@@ -374,119 +334,6 @@ def check_test_set(ds: FederatedDataset, cfg: BaseConfig) -> None:
     )
 
 
-def check_model_fits(
-    model: nn.Module, x: Tensor, y: Tensor, ds: FederatedDataset, task: Task
-) -> None:
-    """Refuse, before round 1, a model that does not fit the data: one forward pass of the
-    batch ``x`` (prepared samples; labels ``y``), in eval mode without gradients and with the
-    global random state put back. A layer that fails on its input is named with the sizes it
-    takes and gets and the fix; an output the task cannot use (a class count other than the
-    data set's) is named by the task (:meth:`~fedbug.tasks.Task.output_problem`)."""
-    what = f"model {type(model).__name__} does not fit data set {ds.name!r}"
-    if not any(True for _ in model.parameters()):
-        raise ConfigError(
-            f"model {type(model).__name__} has no parameters: nothing to train; give a model "
-            "with trainable layers"
-        )
-    running: list[tuple[str, nn.Module, tuple[Any, ...]]] = []  # the layers entered, innermost last
-    handles = []
-    for name, module in model.named_modules():
-
-        def enter(m: nn.Module, inputs: tuple[Any, ...], name: str = name) -> None:
-            running.append((name, m, inputs))
-
-        def leave(_m: nn.Module, _inputs: tuple[Any, ...], _output: Any) -> None:
-            running.pop()
-
-        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
-    was_training = model.training
-    try:
-        model.eval()
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            output = model(x)
-    except FedbugError:
-        raise
-    except Exception as e:
-        name, module, inputs = running[-1] if running else ("", model, (x,))
-        misfit = _layer_misfit(name, module, inputs, ds)
-        if misfit is not None:
-            raise ConfigError(f"{what}: {misfit}") from None
-        where = f"its layer {name} ({type(module).__name__})" if name else "its forward pass"
-        got = inputs[0] if inputs and isinstance(inputs[0], Tensor) else None
-        taking = f" (given inputs of shape {_dims(got.shape)})" if got is not None and name else ""
-        said = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(
-            f"{what}: {where} fails on a batch of {len(x)} samples of shape "
-            f"{_dims(ds.input_shape)}{taking}: {type(e).__name__}: {said}; make the model take "
-            "samples of that shape"
-        ) from e
-    finally:
-        model.train(was_training)
-        for h in handles:
-            h.remove()
-    problem = task.output_problem(output, y, ds.num_classes)
-    if problem is not None:
-        raise ConfigError(f"{what}: it {problem}")
-
-
-def _dims(shape: Any) -> str:
-    return "x".join(map(str, shape)) or "() (a scalar)"
-
-
-def _layer_misfit(
-    name: str, module: nn.Module, inputs: tuple[Any, ...], ds: FederatedDataset
-) -> str | None:
-    """What a standard layer that failed takes against what it got, with the fix; None when
-    the layer is not one of these or the sizes agree (the failure is elsewhere)."""
-    got = inputs[0] if inputs and isinstance(inputs[0], Tensor) else None
-    if got is None or not name:
-        return None
-    layer = f"its layer {name} ({type(module).__name__})"
-    samples = f"samples of shape {_dims(ds.input_shape)}"
-    if isinstance(module, nn.Linear) and got.dim() and got.shape[-1] != module.in_features:
-        n = got.shape[-1]
-        return (
-            f"{layer} takes {module.in_features} features but gets inputs of shape "
-            f"{_dims(got.shape)} from {samples}; make it take {n} (nn.Linear({n}, "
-            f"{module.out_features})), or give data of the shape the model expects"
-        )
-    conv = nn.modules.conv._ConvNd
-    if isinstance(module, conv) and got.dim() >= 2 and got.shape[1] != module.in_channels:
-        c, kind = got.shape[1], type(module).__name__
-        return (
-            f"{layer} takes {module.in_channels} channel(s) but gets inputs of shape "
-            f"{_dims(got.shape)} from {samples}; make it take {c} (nn.{kind}({c}, "
-            f"{module.out_channels}, ...)), or give data of the shape the model expects"
-        )
-    if isinstance(module, nn.Embedding) and got.numel():
-        lo, hi = (int(v) for v in torch.aminmax(got.detach().long()))
-        if lo < 0 or hi >= module.num_embeddings:
-            n = module.num_embeddings
-            return (
-                f"{layer} takes token ids 0..{n - 1} but gets ids from {lo} to {hi} from "
-                f"{samples} (inputs={ds.inputs!r}); give token ids in 0..{n - 1} "
-                "(inputs='tokens'), or a model whose embedding covers the data's ids"
-            )
-    return None
-
-
-def classifier_of(
-    model: nn.Module, example: Tensor, units: list[str | list[str]] | None = None
-) -> str:
-    """The model's classifier: the last parameter-owning layer its forward pass calls. A
-    forward pass that reads a layer's weights without calling it is refused
-    (:func:`~fedbug.units.check_traced`) unless the units are listed (``units:`` or
-    ``fedbug_units()``); if it then calls no such layer, the last listed unit's last layer."""
-    order = traced_module_order(model, example)
-    listed = units if units is not None else getattr(model, "fedbug_units", lambda: None)()
-    if not listed:
-        check_traced(model, order)
-    if order:
-        return order[-1]
-    last = listed[-1] if listed else ""
-    return last if isinstance(last, str) else list(last)[-1]
-
-
 def check_labels(task: Task, ds: FederatedDataset, cfg: BaseConfig) -> None:
     """Refuse a task the data set's labels cannot serve, and class-based partitions of values."""
     if task.labels not in ("any", ds.labels):
@@ -498,10 +345,6 @@ def check_labels(task: Task, ds: FederatedDataset, cfg: BaseConfig) -> None:
         raise ConfigError(
             f"partition: {cfg.partition} deals classes, but {ds.name!r} has labels: values "
             "(regression targets); use partition: iid or natural"
-        )
-    if ds.labels == "values" and cfg.evaluation == "personalized":
-        raise ConfigError(
-            "evaluation: personalized scores each client's accuracy; it needs class labels"
         )
 
 

@@ -1,0 +1,163 @@
+"""The one builder of what a run trains: from a config and a model, the model as the run's
+algorithm wraps it, cut into units, laid out into base, head and the algorithm's own units, and
+the freeze policy (with FedSeq's round schedule) that acts on those units.
+
+Every place that needs these builds them here: the engine's :class:`~fedbug.engine.experiment.
+ClientSide` (so worker processes and Flower nodes too) and ``fedbug cost``. A config therefore
+means the same units everywhere: unit names a config lists (``units:``, ``sublayers:``) or the
+model declares (``fedbug_units()``) name the model's own submodules, and are renamed here to
+where the algorithm's wrapper puts them (FedROD's ``PersonalHeadModel`` holds the model as
+``body``), with the algorithm's own units added last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from fedbug.algorithms import Algorithm
+from fedbug.config import BaseConfig
+from fedbug.errors import ConfigError
+from fedbug.layout import Layout, build_layout, extra_units
+from fedbug.policies import FreezePolicy, StepCtx, build_policy
+from fedbug.policies.base import Intersection
+from fedbug.policies.schedule import RoundSchedule
+from fedbug.units import ParamSpace, Unit, check_traced, find_units, traced_module_order
+
+UnitNames = Sequence[str | Sequence[str]]
+
+
+@dataclass
+class Parts:
+    """What a run trains, built by :func:`build_parts`."""
+
+    #: the last parameter-owning layer the model's forward pass calls
+    classifier: str
+    #: the model as the algorithm wraps it (the clients' and the evaluators' template)
+    template: nn.Module
+    units: list[Unit]
+    space: ParamSpace
+    layout: Layout
+    #: per unit: whether clients and server exchange it (the rest stay on each client)
+    shared_mask: list[bool]
+    #: the freeze policy, intersected with the round schedule where there is one
+    policy: FreezePolicy
+    schedule: RoundSchedule | None
+
+    @property
+    def policy_units(self) -> int:
+        """The units a freeze policy sees: the model's own, not those the algorithm adds."""
+        return self.layout.policy_units
+
+
+def build_parts(cfg: BaseConfig, algorithm: Algorithm, model: nn.Module, example: Tensor) -> Parts:
+    """Wrap ``model`` for ``algorithm``, cut it into units on the prepared batch ``example``,
+    lay them out, set the algorithm up on the layout, and build the config's freeze policy and
+    round schedule on it. ``model`` becomes part of the template: pass a copy to keep it."""
+    listed = cfg.units if cfg.units is not None else _declared_units(model)
+    classifier = classifier_of(model, example, listed)
+    template = algorithm.wrap_model(model, classifier)
+    rename = _renamer(model, template)
+    names = None
+    if listed is not None:
+        names = [*(_rename_entry(rename, e) for e in listed), *algorithm.extra_modules]
+    units = find_units(template, example, names=names)
+    space = ParamSpace(template, units)
+    sublayers = cfg.sublayers
+    if isinstance(sublayers, list):
+        sublayers = [[rename(n) for n in group] for group in sublayers]
+    own = len(units) - len(extra_units(units, algorithm.extra_modules))
+    layout = build_layout(
+        units, head_units(cfg, algorithm, own), sublayers, algorithm.extra_modules
+    )
+    algorithm.setup(layout)
+    policy, schedule = build_freezing(cfg, layout)
+    return Parts(
+        classifier,
+        template,
+        units,
+        space,
+        layout,
+        algorithm.shared_mask(space.num_units),
+        policy,
+        schedule,
+    )
+
+
+def head_units(cfg: BaseConfig, algorithm: Algorithm, own: int) -> int:
+    """``head_units``, fewer where the model has too few (``own``) units and nothing needs its
+    head apart (a one-unit model under FedAvg: all base); personalized methods and FedSeq's
+    schedule keep it and refuse a model too small for it."""
+    if algorithm.splits_body_head or cfg.schedule != "none":
+        if cfg.head_units >= own:
+            who = cfg.algorithm if algorithm.splits_body_head else "a FedSeq schedule"
+            raise ConfigError(
+                f"{who} keeps a head of {cfg.head_units} unit(s) apart from the base, but this "
+                f"model has {own} unit(s); use a model with more units (or fewer head_units)"
+            )
+        return cfg.head_units
+    return min(cfg.head_units, own - 1)
+
+
+def build_freezing(cfg: BaseConfig, layout: Layout) -> tuple[FreezePolicy, RoundSchedule | None]:
+    """The config's freeze policy on ``layout``, intersected with its round schedule (FedSeq)
+    where it has one; a pair that trains no unit (at the first step, or in a round the
+    schedule unfreezes) is refused."""
+    n = layout.policy_units
+    policy = build_policy(cfg.policy, cfg.options(cfg.policy))
+    if not len(policy.trainable_units(StepCtx(1, 1, n))):
+        raise ConfigError(f"policy {cfg.policy!r} trains no unit of this model")
+    if cfg.schedule == "none":
+        return policy, None
+    schedule = RoundSchedule.build(cfg.schedule, layout.sublayers, cfg.rounds, cfg.unfreeze_rounds)
+    both = Intersection((policy, schedule))
+    for t in sorted({t + 1 for t in schedule.unfreeze_rounds}):
+        if not len(both.trainable_units(StepCtx(1, 1, n, t, 0, cfg.rounds))):
+            raise ConfigError(
+                f"policy {cfg.policy!r} under schedule {cfg.schedule!r} trains no unit in round "
+                f"{t}; use another policy or schedule"
+            )
+    return both, schedule
+
+
+def classifier_of(model: nn.Module, example: Tensor, units: UnitNames | None = None) -> str:
+    """The model's classifier: the last parameter-owning layer its forward pass calls. A
+    forward pass that reads a layer's weights without calling it is refused
+    (:func:`~fedbug.units.check_traced`) unless the units are listed (``units:`` or
+    ``fedbug_units()``); if it then calls no such layer, the last listed unit's last layer."""
+    order = traced_module_order(model, example)
+    if not units:
+        check_traced(model, order)
+    if order:
+        return order[-1]
+    last = units[-1] if units else ""
+    return last if isinstance(last, str) else list(last)[-1]
+
+
+def _declared_units(model: nn.Module) -> UnitNames | None:
+    declare = getattr(model, "fedbug_units", None)
+    return declare() if callable(declare) else None
+
+
+def _renamer(model: nn.Module, wrapped: nn.Module) -> Callable[[str], str]:
+    """A submodule name of ``model`` (``a+b`` for a group) as ``wrapped``, the model an
+    algorithm made of it, names it; a name that is not ``model``'s is left as it is, for the
+    checks of find_units and build_layout to refuse with the names that exist."""
+    if wrapped is model:
+        return lambda name: name
+    where = {id(m): name for name, m in wrapped.named_modules()}
+
+    def rename(name: str) -> str:
+        try:
+            return "+".join(where[id(model.get_submodule(n))] for n in name.split("+"))
+        except (AttributeError, KeyError):
+            return name
+
+    return rename
+
+
+def _rename_entry(rename: Callable[[str], str], entry: Any) -> str | list[str]:
+    return rename(entry) if isinstance(entry, str) else [rename(n) for n in entry]
