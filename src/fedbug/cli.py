@@ -170,7 +170,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedbug.config import parse_override as parse_set
     from fedbug.data import check_present
     from fedbug.results import check_writable
-    from fedbug.sweep import expand, format_table, parse_grid_arg, run_sweep
+    from fedbug.sweep import (
+        check_seeds,
+        check_sweep_size,
+        expand,
+        format_table,
+        parse_grid_arg,
+        run_sweep,
+    )
 
     workers = 1 if args.jobs is None else args.jobs
     if workers < 1:
@@ -193,6 +200,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     base = load_config(None, doc=doc)  # validates the base before any run
     grid = dict(base.grid or {})
     seeds = args.seeds if args.seeds is not None else base.seeds
+    check_seeds(seeds)  # as the config checks its seeds, before any run is laid out
+    check_sweep_size(grid, seeds)
     check_writable(Path(args.out))
     out = Path(args.out) / f"{base.name}-sweep"
 
@@ -236,13 +245,47 @@ def sweep_job(
 def _run_parallel(
     jobs: list[tuple[Any, Path]], workers: int, resume: bool, quiet: bool
 ) -> list[dict[str, Any]]:
-    """The sweep's runs on ``workers`` processes, a progress bar per run as it goes."""
-    from fedbug.jobs import run_jobs
+    """The sweep's runs on ``workers`` processes, a progress bar per run as it goes. Under
+    ``resume`` the finished runs are read back here; no more workers start than there are runs
+    left, and more of them than this process's cores is one warning line."""
+    from fedbug.jobs import available_cores, pool_size, run_jobs
 
+    done: dict[int, dict[str, Any]] = {}
+    for i, (cfg, run_dir) in enumerate(jobs):
+        if resume and run_dir.exists() and (run := finished_run(cfg, run_dir)) is not None:
+            done[i] = run
+    todo = [i for i in range(len(jobs)) if i not in done]
+    workers = pool_size(workers, len(todo))
+    cores = available_cores()
+    if len(todo) and workers > cores:
+        print(
+            f"fedbug: warning: {workers} runs at once (--jobs) on {cores} "
+            f"core{'s' * (cores != 1)}: they share the cores, each run slower and holding its "
+            f"own memory; --jobs {cores} gives each run a core",
+            file=sys.stderr,
+        )
     runner = functools.partial(sweep_job, resume=resume)
-    return _with_bars(
-        jobs, quiet, lambda rounds, done: run_jobs(runner, jobs, workers, rounds, done)
-    )
+
+    def start(
+        on_round: Callable[[int, dict[str, Any]], None], on_done: Callable[[int], None]
+    ) -> list[dict[str, Any]]:
+        for i in done:
+            on_done(i)
+        results = (
+            run_jobs(
+                runner,
+                [jobs[i] for i in todo],
+                workers,
+                lambda k, rec: on_round(todo[k], rec),
+                lambda k: on_done(todo[k]),
+            )
+            if todo
+            else []
+        )
+        by_index = {**done, **dict(zip(todo, results))}
+        return [by_index[i] for i in range(len(jobs))]
+
+    return _with_bars(jobs, quiet, start)
 
 
 def _run_on_ray(
@@ -484,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="runs at once, each in its own process with cores/N threads unless the config "
-        "sets threads (default 1)",
+        "sets threads (default 1; at most the runs left to do)",
     )
     s.add_argument(
         "--ray",

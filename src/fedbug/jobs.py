@@ -6,7 +6,12 @@ divided among the jobs. A run's numbers depend on its thread count (CPU kernels 
 thread), so a parallel sweep gives bit for bit the numbers of the sequential sweep run with the
 same ``threads`` (set ``threads`` in the config to have both). Workers are spawned (never
 forked from a process that has started torch's thread pools). Ctrl-C stops every worker; each
-run folder keeps its last checkpoint, and ``--resume`` continues.
+run folder keeps its last checkpoint, and ``--resume`` continues. A worker dies with the sweep
+however the sweep ends (SIGKILL too: Linux's parent-death signal, and a check at its start for
+a parent already gone), so no orphan goes on training and holding its run folder's lock.
+
+A sweep starts no more workers than it has runs (:func:`pool_size`); more workers than cores
+(:func:`available_cores`) share them, which the command line warns about.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -22,6 +28,7 @@ from typing import Any
 
 from fedbug.config import BaseConfig
 from fedbug.errors import FedbugError
+from fedbug.flower.launch import _die_with_parent
 
 #: run_one(cfg, run_dir, on_round) -> the run as ``{"run_dir", "records", "summary"}``
 RunOne = Callable[[BaseConfig, Path, Callable[[dict[str, Any]], None] | None], dict[str, Any]]
@@ -31,12 +38,26 @@ OnJobRound = Callable[[int, dict[str, Any]], None]
 _QUEUE: Any = None
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one: a container's
+    or ``taskset``'s share, not the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def pool_size(workers: int, runs: int) -> int:
+    """The worker processes to start for ``runs`` runs when ``workers`` were asked for: never
+    more than the runs (a worker with nothing to run costs a Python with torch, ~0.25 GB)."""
+    return max(1, min(workers, runs))
+
+
 def job_config(cfg: BaseConfig, jobs: int) -> BaseConfig:
     """``cfg`` as one of ``jobs`` parallel jobs runs it: its own ``threads``, else the cores
     divided among the jobs."""
     if cfg.threads is not None:
         return cfg
-    return cfg.model_copy(update={"threads": max(1, (os.cpu_count() or 1) // jobs)})
+    return cfg.model_copy(update={"threads": max(1, available_cores() // jobs)})
 
 
 class JobError(FedbugError):
@@ -47,8 +68,13 @@ class JobError(FedbugError):
         self.exit_code = exit_code
 
 
-def _init(q: Any) -> None:
+def _init(q: Any, parent: int) -> None:
+    """A pool worker's start: die with the sweep (``parent``, its pid), and keep its queue."""
     global _QUEUE
+    if sys.platform == "linux":
+        _die_with_parent()
+    if os.getppid() != parent:  # the sweep died before the signal was asked for: nothing to do
+        os._exit(1)
     _QUEUE = q
 
 
@@ -89,7 +115,9 @@ def run_jobs(
 ) -> list[dict[str, Any]]:
     """Run every ``(cfg, run_dir)`` through ``run_one`` (a module-level function, or a
     ``functools.partial`` of one: it is sent to the workers) on ``workers`` processes; the
-    results in the order of ``jobs``. The first failed run stops the rest and raises."""
+    results in the order of ``jobs``. The first failed run stops the rest and raises. No more
+    workers start than there are jobs."""
+    workers = pool_size(workers, len(jobs))
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     stop = threading.Event()
@@ -105,7 +133,7 @@ def run_jobs(
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    pool = ctx.Pool(workers, initializer=_init, initargs=(q,))
+    pool = ctx.Pool(workers, initializer=_init, initargs=(q, os.getpid()))
     try:
         pending = [
             pool.apply_async(run_job, (run_one, i, job_config(cfg, workers), run_dir))

@@ -94,11 +94,55 @@ def merge_dotted(doc: dict[str, Any], key: str, value: Any) -> None:
         set_dotted(doc, key, value)
 
 
-def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[Cell, BaseConfig]]:
-    """Every cell's validated config (bad values are reported before anything runs)."""
+#: runs (cells x seeds) one sweep may have: each is a whole run with its own folder, and a grid
+#: multiplies fast (20 keys of two values are a million cells), so the count is checked before
+#: any cell is built
+MAX_SWEEP_RUNS = 10_000
+
+
+def seeds_range() -> tuple[int, int]:
+    """The seeds a sweep may ask for: the bounds of the config's own ``seeds``."""
+    meta = BaseConfig.model_fields["seeds"].metadata
+    low = next(int(m.ge) for m in meta if getattr(m, "ge", None) is not None)
+    high = next(int(m.le) for m in meta if getattr(m, "le", None) is not None)
+    return low, high
+
+
+def check_seeds(seeds: int) -> None:
+    """Refuse a seed count outside the config's bounds on ``seeds`` (``--seeds``), before any
+    run is laid out."""
+    low, high = seeds_range()
+    if not low <= seeds <= high:
+        raise ConfigError(
+            f"--seeds must be between {low} and {high} (as a config's seeds); got {seeds}"
+        )
+
+
+def grid_cells(grid: dict[str, list[Any]]) -> int:
+    """The cells of ``grid`` (the product of its value counts), each key's values checked to be
+    a non-empty list."""
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"grid key {key!r} needs a non-empty list of values")
+    return math.prod(len(values) for values in grid.values())
+
+
+def check_sweep_size(grid: dict[str, list[Any]], seeds: int = 1) -> None:
+    """Refuse a sweep of more than :data:`MAX_SWEEP_RUNS` runs (cells x seeds), counted
+    without building a cell."""
+    cells = grid_cells(grid)
+    runs = cells * seeds
+    if runs > MAX_SWEEP_RUNS:
+        per = f"{cells:,} cells x {seeds:,} seed{'s' * (seeds != 1)}"
+        raise ConfigError(
+            f"this sweep has {runs:,} runs ({per}), more than the {MAX_SWEEP_RUNS:,} one sweep "
+            "may have; list fewer values or seeds, or split the grid into several sweeps"
+        )
+
+
+def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[Cell, BaseConfig]]:
+    """Every cell's validated config (bad values are reported before anything runs)."""
+    check_sweep_size(grid)
     keys = list(grid)
     docs = []
     for combo in itertools.product(*(grid[k] for k in keys)):
@@ -111,7 +155,7 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
     # A base may hold the options of every method its grid compares: each cell is validated
     # allowing other methods' blocks, then a block no cell uses is refused.
     cells = []
-    slugs: set[str] = set()
+    slugs: dict[str, Cell] = {}
     used: set[str] = set()
     with blocks_used_elsewhere(frozenset(owners())):
         for cell, doc in docs:
@@ -119,9 +163,17 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
                 cfg = validate(doc)
             except ConfigError as e:
                 raise ConfigError(f"grid cell {cell.label}: {e}") from None
-            if cell.slug in slugs:
+            same = slugs.get(cell.slug)
+            if same is not None and same.items() == cell.items():
                 raise ConfigError(f"grid cell {cell.label} appears twice; list each value once")
-            slugs.add(cell.slug)
+            if same is not None:
+                raise ConfigError(
+                    f"grid cells {same.label} and {cell.label} map to the same run folder name "
+                    f"{cell.slug!r} (a folder name keeps letters, digits and ._-, turns other "
+                    "characters into -, and stops at 100 characters); change one of the values "
+                    "so that they differ there, or run them as two sweeps"
+                )
+            slugs[cell.slug] = cell
             used |= used_blocks(cfg)
             cells.append((cell, cfg))
     unused = sorted(b for b in owners() if base_doc.get(b) and b not in used)
@@ -275,8 +327,8 @@ def run_sweep(
     """Run every cell x seed, one after another through ``run_one(cfg, run_dir)`` or all at
     once through ``run_all([(cfg, run_dir), ...])`` (in order: ``fedbug sweep --jobs``); write
     sweep.json/.md and a plot."""
-    if seeds < 1:
-        raise ConfigError(f"--seeds must be at least 1; got {seeds}")
+    check_seeds(seeds)
+    check_sweep_size(grid, seeds)
     cells = expand(base_doc, grid)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [
