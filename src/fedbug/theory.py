@@ -31,6 +31,13 @@ Method = Literal["fedavg", "fedbug"]
 TOL = 1e-13  # local convergence: max |n_i + v - 1| over clients
 MAX_LOCAL_STEPS = 100_000
 D_FLOOR = 1e-4  # the 1e-13 local tolerance shifts a ratio by ~1e-13/d, so stop below this
+#: Sizes the analysis takes: each client's copy is a row of an m x m matrix (and the discrepancy
+#: an m x m difference), so m = 1000 is 8 MB and about 0.25 s a round on a laptop core; 1000
+#: rounds of that are four minutes, and a report computes every (clients, eta) pair twice.
+MAX_CLIENTS = 1000
+MAX_ROUNDS = 1000
+#: values one list of ``theory_report`` (``--eta``, ``--clients``) may hold
+MAX_VALUES = 100
 
 
 @dataclass(frozen=True)
@@ -46,13 +53,29 @@ class RatioResult:
     predicted: float
 
 
-def _check(eta: float, clients: int, rounds: int, local_lr: float, unfreeze_steps: int) -> None:
+def _out_of_range(name: str, value: object, fix: str) -> ConfigError:
+    return ConfigError(f"{name}={value} is out of range; {fix}.")
+
+
+def _check_sizes(eta: float, clients: int, rounds: int) -> None:
     if not 0.0 < eta < 1.0:
-        raise ConfigError(f"eta={eta} is out of range; Theorem 2 needs 0 < eta < 1.")
+        raise _out_of_range("eta", eta, "Theorem 2 needs 0 < eta < 1")
     if clients < 2:
-        raise ConfigError(f"clients={clients} is out of range; use at least 2 clients.")
+        raise _out_of_range("clients", clients, "use at least 2 clients")
+    if clients > MAX_CLIENTS:
+        raise _out_of_range(
+            "clients",
+            clients,
+            f"use at most {MAX_CLIENTS} clients (the analysis holds m x m arrays)",
+        )
     if rounds < 1:
-        raise ConfigError(f"rounds={rounds} is out of range; use at least 1 round.")
+        raise _out_of_range("rounds", rounds, "use at least 1 round")
+    if rounds > MAX_ROUNDS:
+        raise _out_of_range("rounds", rounds, f"use at most {MAX_ROUNDS} rounds")
+
+
+def _check(eta: float, clients: int, rounds: int, local_lr: float, unfreeze_steps: int) -> None:
+    _check_sizes(eta, clients, rounds)
     if not 0.0 < local_lr < 1.0:
         raise ConfigError(
             f"local_lr={local_lr} is out of range; local GD is stable for 0 < lr < 1."
@@ -160,7 +183,16 @@ def theory_report(
     rounds: int = 5,
     seed: int = 0,
 ) -> dict:
-    """Measured vs predicted ratios (JSON-serialisable): two clients (Section 4.3) and m clients."""
+    """Measured vs predicted ratios (JSON-serialisable): two clients (Section 4.3) and m clients.
+    Every value is checked before anything is computed."""
+    for name, flag, values in (("etas", "eta", etas), ("clients", "clients", clients)):
+        if not 1 <= len(values) <= MAX_VALUES:
+            raise ConfigError(
+                f"{name} holds {len(values)} values (--{flag}); give 1 to {MAX_VALUES}."
+            )
+    for m in clients:
+        for eta in etas:
+            _check_sizes(eta, m, rounds)
 
     def row(m: int, eta: float) -> dict:
         avg = contraction_ratio("fedavg", eta, m, rounds, seed)
