@@ -336,11 +336,36 @@ def _check_members(archive: Path, members: list[tuple[str, str]], top: str) -> N
             )
 
 
+#: What one archive may unpack to (its members' sizes as its index lists them; zipfile and
+#: tarfile write no more than those): 4 GiB, several times the largest data set fetched here
+#: (Tiny-ImageNet, about 0.5 GB unpacked), and its member count.
+MAX_EXTRACT_BYTES = 4 << 30
+MAX_EXTRACT_MEMBERS = 1_000_000
+
+
+def _check_size(archive: Path, sizes: list[int]) -> None:
+    """Refuse an archive whose members together are larger than :data:`MAX_EXTRACT_BYTES`, or
+    more than :data:`MAX_EXTRACT_MEMBERS`, before anything is unpacked."""
+    total = sum(sizes)
+    if len(sizes) > MAX_EXTRACT_MEMBERS or total > MAX_EXTRACT_BYTES:
+        cap = (
+            f"{MAX_EXTRACT_BYTES >> 30} GiB"
+            if MAX_EXTRACT_BYTES % (1 << 30) == 0
+            else f"{MAX_EXTRACT_BYTES:,} bytes"
+        )
+        raise DataError(
+            f"refused archive {archive}: its {len(sizes):,} members unpack to {total:,} bytes, "
+            f"and an archive may unpack to at most {cap} in {MAX_EXTRACT_MEMBERS:,} members; "
+            "it is damaged or not the data set's archive."
+        )
+
+
 def safe_extract(archive: Path, into: Path, top: str) -> Path:
     """Unpack ``archive`` (.tar.gz/.tgz/.tar/.zip) into ``into``; returns ``into/top``.
 
     Every member must be a plain file or folder inside ``top/``; an absolute path, ``..``, a link
-    or a device is refused (:class:`DataError`) before anything is written.
+    or a device is refused (:class:`DataError`) before anything is written, and so is an archive
+    that unpacks to more than :data:`MAX_EXTRACT_BYTES`.
     """
     name = archive.name.lower()
     try:
@@ -362,6 +387,7 @@ def safe_extract(archive: Path, into: Path, top: str) -> Path:
                     ],
                     top,
                 )
+                _check_size(archive, [i.file_size for i in infos])
                 zf.extractall(into)
         else:
             with tarfile.open(archive, "r:*") as tf:
@@ -380,6 +406,7 @@ def safe_extract(archive: Path, into: Path, top: str) -> Path:
                     for m in tmembers
                 ]
                 _check_members(archive, kinds, top)
+                _check_size(archive, [m.size for m in tmembers])
                 if hasattr(tarfile, "data_filter"):
                     tf.extractall(into, members=tmembers, filter="data")
                 else:  # pragma: no cover - Python < 3.11.4; members were checked above

@@ -5,15 +5,23 @@ unsigned 32-bit sizes; then the values, row-major. Type codes: 0x08 uint8, 0x09 
 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64. A gzip file is recognised by its magic bytes,
 not by its name. Every problem raises :class:`~fedbug.errors.DataError` with one sentence naming
 the file.
+
+A file is read as a stream: the header first, then exactly the bytes it announces, at most
+:data:`MAX_IDX_BYTES`; one byte more is a corrupt file. So a small gzip that expands to gigabytes
+(a decompression bomb, or a damaged file) is refused after reading one byte past its header's
+size, never held whole in memory.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import math
+import os
 import struct
 import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -34,34 +42,21 @@ IDX_TYPES: dict[int, tuple[str, np.dtype]] = {
 
 _GZIP_MAGIC = b"\x1f\x8b"
 
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"IDX file {path} does not exist.") from None
-    except OSError as e:
-        raise DataError(f"IDX file {path} cannot be read: {e.strerror or e}.") from None
-    if raw[:2] == _GZIP_MAGIC:
-        try:
-            return gzip.decompress(raw)
-        except EOFError:
-            raise DataError(
-                f"IDX file {path} is a truncated gzip file (the compressed stream ends early)."
-            ) from None
-        except (OSError, zlib.error) as e:
-            raise DataError(f"IDX file {path} is a corrupt gzip file ({e}).") from None
-    return raw
+#: The most data (after the header, decompressed) one IDX file may hold: 1 GiB, twenty times
+#: MNIST's training images (47 MB), the largest file of the data sets read as IDX.
+MAX_IDX_BYTES = 1 << 30
+_CHUNK = 1 << 20
 
 
-def parse_idx(data: bytes, name: str = "<bytes>") -> Tensor:
-    """Decode the bytes of an (uncompressed) IDX file into a tensor; ``name`` is used in errors."""
-    if len(data) < 4:
-        raise DataError(f"IDX file {name} is truncated: {len(data)} bytes, too short for a header.")
-    zero, code, ndim = struct.unpack(">HBB", data[:4])
+def _header(head: bytes, name: str) -> tuple[tuple[int, ...], str, np.dtype, int]:
+    """The shape, type name, dtype and header length announced by ``head``, the first bytes of
+    an IDX file (all of them if there are fewer than a header's)."""
+    if len(head) < 4:
+        raise DataError(f"IDX file {name} is truncated: {len(head)} bytes, too short for a header.")
+    zero, code, ndim = struct.unpack(">HBB", head[:4])
     if zero != 0:
         raise DataError(
-            f"IDX file {name} has a bad magic number 0x{data[:4].hex()} "
+            f"IDX file {name} has a bad magic number 0x{head[:4].hex()} "
             "(an IDX file starts with two zero bytes, a type code and the number of dimensions)."
         )
     if code not in IDX_TYPES:
@@ -70,29 +65,101 @@ def parse_idx(data: bytes, name: str = "<bytes>") -> Tensor:
     if ndim == 0:
         raise DataError(f"IDX file {name} declares zero dimensions.")
     header = 4 + 4 * ndim
-    if len(data) < header:
+    if len(head) < header:
         raise DataError(
             f"IDX file {name} is truncated: its header needs {header} bytes for {ndim} "
-            f"dimensions but the file has {len(data)}."
+            f"dimensions but the file has {len(head)}."
         )
-    shape = struct.unpack(f">{ndim}I", data[4:header])
+    shape = struct.unpack(f">{ndim}I", head[4:header])
     type_name, dtype = IDX_TYPES[code]
     expected = math.prod(shape) * dtype.itemsize
-    actual = len(data) - header
-    dims = "x".join(str(s) for s in shape)
-    if actual < expected:
+    if expected > MAX_IDX_BYTES:
         raise DataError(
-            f"IDX file {name} is truncated: its header says {dims} {type_name} "
-            f"({expected} bytes of data) but only {actual} bytes follow the header."
+            f"IDX file {name} is refused: its header says {_dims(shape)} {type_name} "
+            f"({expected:,} bytes of data), more than the {_size(MAX_IDX_BYTES)} an IDX file may "
+            "hold; it is damaged or not this data set's file."
         )
-    if actual > expected:
+    return shape, type_name, dtype, header
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "x".join(str(s) for s in shape)
+
+
+def _size(n: int) -> str:
+    return f"{n >> 30} GiB" if n >= 1 << 30 and n % (1 << 30) == 0 else f"{n:,} bytes"
+
+
+def _read_exact(f: BinaryIO, n: int) -> bytearray:
+    """Up to ``n`` bytes of ``f`` (fewer only at its end), read in chunks: memory grows with
+    what the stream holds, not with what a header claims."""
+    out = bytearray()
+    while len(out) < n:
+        chunk = f.read(min(_CHUNK, n - len(out)))
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _read_stream(f: BinaryIO, name: str, total: int | None) -> Tensor:
+    """The tensor in stream ``f`` (``total``: its length in bytes where known, None for a
+    decompressed stream, which is never read further than one byte past the header's size)."""
+    head = _read_exact(f, 4)
+    if len(head) == 4:
+        head += _read_exact(f, 4 * head[3])
+    shape, type_name, dtype, header = _header(bytes(head), name)
+    expected = math.prod(shape) * dtype.itemsize
+    data = _read_exact(f, expected)
+    if len(data) < expected:
         raise DataError(
-            f"IDX file {name} is corrupt: its header says {dims} {type_name} "
-            f"({expected} bytes of data) but {actual} bytes follow the header."
+            f"IDX file {name} is truncated: its header says {_dims(shape)} {type_name} "
+            f"({expected} bytes of data) but only {len(data)} bytes follow the header."
         )
-    arr = np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
-    arr = arr.astype(dtype.newbyteorder("="), copy=True)  # native order, writable
-    return torch.from_numpy(arr)
+    if f.read(1):
+        more = (
+            f"{total - header} bytes follow the header"
+            if total is not None
+            else f"more than {expected:,} bytes (decompressed) follow the header; reading "
+            "stopped there"
+        )
+        raise DataError(
+            f"IDX file {name} is corrupt: its header says {_dims(shape)} {type_name} "
+            f"({expected} bytes of data) but {more}."
+        )
+    arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    return torch.from_numpy(arr.astype(dtype.newbyteorder("="), copy=True))  # native, writable
+
+
+def _read_file(path: Path) -> Tensor:
+    """An IDX file (plain or gzip), read as a stream with its size capped (module docstring)."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - wrapped in gzip below, closed by the with
+    except FileNotFoundError:
+        raise DataError(f"IDX file {path} does not exist.") from None
+    except OSError as e:
+        raise DataError(f"IDX file {path} cannot be read: {e.strerror or e}.") from None
+    with f:
+        try:
+            compressed = f.read(2) == _GZIP_MAGIC
+            f.seek(0)
+            if not compressed:
+                return _read_stream(f, str(path), os.fstat(f.fileno()).st_size)
+            with gzip.GzipFile(fileobj=f, mode="rb") as g:
+                return _read_stream(g, str(path), None)  # type: ignore[arg-type]
+        except EOFError:
+            raise DataError(
+                f"IDX file {path} is a truncated gzip file (the compressed stream ends early)."
+            ) from None
+        except (gzip.BadGzipFile, zlib.error) as e:
+            raise DataError(f"IDX file {path} is a corrupt gzip file ({e}).") from None
+        except OSError as e:
+            raise DataError(f"IDX file {path} cannot be read: {e.strerror or e}.") from None
+
+
+def parse_idx(data: bytes, name: str = "<bytes>") -> Tensor:
+    """Decode the bytes of an (uncompressed) IDX file into a tensor; ``name`` is used in errors."""
+    return _read_stream(io.BytesIO(data), name, len(data))
 
 
 def read_idx(path: str | Path, ndim: int | None = None) -> Tensor:
@@ -101,7 +168,7 @@ def read_idx(path: str | Path, ndim: int | None = None) -> Tensor:
     With ``ndim`` given, a file with another number of dimensions raises ``DataError``.
     """
     path = Path(path)
-    t = parse_idx(_read_bytes(path), str(path))
+    t = _read_file(path)
     if ndim is not None and t.dim() != ndim:
         raise DataError(
             f"IDX file {path} has {t.dim()} dimensions {tuple(t.shape)} where {ndim} are expected."
