@@ -39,7 +39,7 @@ def test_the_engine_and_cost_build_the_same_units():
         names = [u.name for u in built.units]
         if algorithm == "fedavg":
             assert report["setting"]["units"] == names
-        for phase in report["methods"][cfg.algorithm if algorithm != "fedavg" else "fedavg"]["phases"]:
+        for phase in report["methods"][algorithm]["phases"]:
             assert set(phase["units"]) <= set(names)
 
 

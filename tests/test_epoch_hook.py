@@ -39,7 +39,7 @@ class _RollbackFirstClient(PolicySession):
         return None
 
     def finish(self, result):
-        result.n_frozen = len(self.frozen)
+        result.figures["n_frozen"] = len(self.frozen)
 
 
 def _run(policy):
@@ -58,7 +58,7 @@ def test_rollback_restores_and_freezes_the_unit_and_it_is_not_uploaded():
     assert torch.equal(res.delta[:6], torch.zeros(6))
     assert res.delta[6:].abs().sum() > 0
     assert res.trained == [False, True] and res.uploaded == [False, True]
-    assert res.n_frozen == 1 and res.bytes_up == 4 * 6
+    assert res.figures["n_frozen"] == 1 and res.bytes_up == 4 * 6
     assert policy.calls == [(1, 3), (2, 3)]
 
 

@@ -43,7 +43,7 @@ def feedback(round: int, clients=(0, 1), n_frozen=None, deltas=None, glob=GLOBAL
         round=round,
         clients=list(clients),
         num_clients=n,
-        n_frozen={k: n_frozen[k] for k in clients},
+        figures={k: {"n_frozen": n_frozen[k]} for k in clients},
         num_units=3,
         space=SPACE,
         local_deltas={k: deltas[k] for k in clients},
@@ -84,7 +84,8 @@ def test_code_variant_by_hand() -> None:
 def test_u_sys_override_and_other_ema() -> None:
     sel = Reputation(2, ReputationParams(utility_ema=0.5, initial_utility=2.0))
     fb = feedback(1)
-    fb = SelectionFeedback(**{**fb.__dict__, "u_sys": {0: 0.25, 1: 1.0}})
+    figures = {0: {"n_frozen": 0, "u_sys": 0.25}, 1: {"n_frozen": 0, "u_sys": 1.0}}
+    fb = SelectionFeedback(**{**fb.__dict__, "figures": figures})
     sel.update(fb)
     np.testing.assert_allclose(sel.utility, [0.5 * 2 + 0.5 * 0.25 * 11 / 6, 1.0, 2.0])
 
@@ -109,7 +110,7 @@ def test_buffers_are_not_weights() -> None:
         round=1,
         clients=[0],
         num_clients=1,
-        n_frozen={0: 0},
+        figures={0: {"n_frozen": 0}},
         num_units=1,
         space=space,
         local_deltas={0: d},
@@ -169,7 +170,7 @@ def zero_feedback(round: int, clients: list[int], n: int = 4) -> SelectionFeedba
         round=round,
         clients=clients,
         num_clients=n,
-        n_frozen={k: 2 for k in clients},
+        figures={k: {"n_frozen": 2} for k in clients},
         num_units=3,
         space=SPACE,
         local_deltas={k: zero for k in clients},
@@ -259,7 +260,7 @@ def random_feedback(round: int, clients: list[int], n: int, rng: np.random.Gener
         round=round,
         clients=clients,
         num_clients=n,
-        n_frozen=frozen,
+        figures={k: {"n_frozen": n} for k, n in frozen.items()},
         num_units=3,
         space=SPACE,
         local_deltas=deltas,
@@ -314,7 +315,9 @@ def test_params_and_errors() -> None:
         Reputation(None)
     sel = Reputation(1)
     with pytest.raises(ValueError, match="global_delta"):
-        sel.update(SelectionFeedback(round=1, clients=[0], num_clients=2, n_frozen={0: 0}))
+        sel.update(
+            SelectionFeedback(round=1, clients=[0], num_clients=2, figures={0: {"n_frozen": 0}})
+        )
     with pytest.raises(CheckpointError, match="variant"):
         Reputation(1, ReputationParams(variant="code")).load_state_dict(sel.state_dict())
     assert Reputation(1).state_dict()["utility"] is None

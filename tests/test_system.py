@@ -20,9 +20,9 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
+from fedbug.policies.freezefl import SoftDeadline, charged_times
 from fedbug.system import (
     Clock,
-    SoftDeadline,
     SystemModel,
     SystemParams,
     count_per_sample_flops,
@@ -90,7 +90,7 @@ def test_a_unit_the_policy_cannot_freeze_and_a_local_unit_by_hand():
     )
     assert (sm.num_units, sm.full_bytes, sm.upload_bytes) == (1, 60, [60])
     # client 0: 10*3*84 = 2520 FLOPs -> 210, (60 + 60)/4 = 30
-    assert sm.tau(0, "rollback") == [240.0] and sm.full_time(0) == 240.0
+    assert charged_times(sm, 0, "rollback") == [240.0] and sm.full_time(0) == 240.0
     with pytest.raises(ValueError, match="policy_units"):
         SystemModel(params, space, FLOPS, SIZES, 3, 2, seed=0, policy_units=3)
     with pytest.raises(ValueError, match="shared has 1 entries"):
@@ -149,12 +149,12 @@ def test_tau_rollback_and_restart_by_hand():
     sm = _system(3, abilities="none", compute_speed=12.0, bandwidth=4.0)
     # client 0: 10 samples, E = 3, c = 12, b = 4; comm (92 + 92)/4 = 46, (92 + 32)/4 = 31
     # rollback n=0: 10*(84 + 2*84) = 2520 -> 210 + 46; n=1: 10*(84 + 2*48) = 1800 -> 150 + 31
-    assert sm.tau(0, "rollback") == [256.0, 181.0]
+    assert charged_times(sm, 0, "rollback") == [256.0, 181.0]
     # restart n=0: 10*3*84 = 2520 -> 210 + 46; n=1: 10*3*48 = 1440 -> 120 + 31
-    assert sm.tau(0, "restart") == [256.0, 151.0]
+    assert charged_times(sm, 0, "restart") == [256.0, 151.0]
     assert sm.full_time(0) == 256.0
     # client 1, 30 samples: rollback n=1: 30*(84 + 96) = 5400 -> 450 + 31
-    assert sm.tau(1, "rollback") == [676.0, 481.0]
+    assert charged_times(sm, 1, "rollback") == [676.0, 481.0]
     slow = _system(
         3,
         abilities="tiers",
@@ -164,9 +164,9 @@ def test_tau_rollback_and_restart_by_hand():
         compute_speed=12.0,
         bandwidth=4.0,
     )
-    assert slow.tau(0, "rollback") == [512.0, 362.0]  # ability 0.5: twice as long
+    assert charged_times(slow, 0, "rollback") == [512.0, 362.0]  # ability 0.5: twice as long
     with pytest.raises(ValueError, match="rollback, restart"):
-        sm.tau(0, "redo")
+        charged_times(sm, 0, "redo")
 
 
 def test_round_length_and_clock():

@@ -39,7 +39,7 @@ class ClientTask:
     mean_samples: float
     payload: dict[str, Tensor] = field(default_factory=dict)
     rounds: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)  # per-client round config (FreezeFL's T_r)
+    extra: dict[str, Any] = field(default_factory=dict)  # per-client round config from methods
 
 
 @dataclass
@@ -62,13 +62,16 @@ class ClientResult:
     is sent. Costs: ``flops`` of local training, of which ``probe_flops`` a policy's discarded
     probe did (not charged); ``bytes_up`` sent and ``bytes_down`` received (None: the round's
     download); ``charged_time`` a policy's own figure of the client's simulated time (None: from
-    the costs). ``n_frozen`` is how many input-side units a policy froze (FreezeFL's n^k),
-    ``u_sys`` a client's system utility for reputation selection (None: L - n_frozen; Fjord: its
-    width), ``width`` the share of each layer a sub-model client trains (ordered dropout).
-    ``entries`` (bool, full-length) the entries of its units it holds, None: all. ``extras``: the
-    declared channel for further tensors, which the server sums per key over the round's clients
-    (:meth:`fedbug.aggregate.Aggregate.extra_sum`; SCAFFOLD's control-variate change). ``info``:
-    a method's own per-client figures, recorded as they are and never read by the engine.
+    the costs). ``entries`` (bool, full-length) the entries of its units it holds, None: all.
+
+    Two declared channels carry what a method adds, so that no shared module names a method's
+    fields: ``extras``, tensors the server sums per key over the round's clients
+    (:meth:`fedbug.aggregate.Aggregate.extra_sum`; SCAFFOLD's control-variate change), and
+    ``figures``, a method's per-client numbers by name (how many units a policy froze, a
+    sub-model's width, a system utility ``u_sys`` for a selection): recorded in the round's
+    ``per_client`` entries on a simulated system and handed to the selection
+    (:class:`~fedbug.selection.SelectionFeedback`). ``info`` holds a method's per-client values
+    that are only recorded (on Flower, carried as JSON), never read by the server.
     """
 
     client: int
@@ -85,11 +88,9 @@ class ClientResult:
     bytes_up: int = 0
     bytes_down: int | None = None
     charged_time: float | None = None
-    n_frozen: int = 0
-    u_sys: float | None = None
-    width: float | None = None
     entries: Tensor | None = None
     extras: dict[str, Tensor] = field(default_factory=dict)
+    figures: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     uploaded: list[bool] = field(default_factory=list)
     state_reset: bool = False

@@ -25,9 +25,9 @@ Unset speeds are *calibrated*: a client of ability 1 holding the mean number of 
 that trains the full model for E epochs and downloads and uploads the full model takes exactly
 one time unit, ``comm_share`` of it (0.5, as the authors' constants make it) communicating.
 
-The soft deadline T_r of Eq. 1 is the EMA of the participants' mean exchange time,
-T_{r+1} = (1 - g) T_r + g * mean_{k in S_r} t_k (g = 0.4 in the authors' code); a client
-compares its predicted exchange time tau_n for each choice n (Eq. 3) against it.
+The soft deadline of FreezeFL's Eq. 1 and the charged times tau_n of its Eq. 3 are the freezing
+policy's own (:mod:`fedbug.policies.freezefl`), computed from this model's
+:meth:`SystemModel.train_cost`, :meth:`SystemModel.time` and upload bytes.
 """
 
 from __future__ import annotations
@@ -45,9 +45,6 @@ from torch import Tensor, nn
 from fedbug.flops import FlopCache, LossFn, ce_loss
 from fedbug.seeding import numpy_rng
 from fedbug.units import ParamSpace, Unit
-
-Probe = Literal["rollback", "restart"]
-PROBES: tuple[str, ...] = ("rollback", "restart")
 
 
 class SystemParams(BaseModel):
@@ -304,8 +301,6 @@ class SystemModel:
         ]
         self.abilities = draw_abilities(params, num_clients, seed)
         self._set_costs(per_sample_flops)
-        # Fjord: per-sample training FLOPs of each width's sub-model (p -> FLOPs), else None
-        self.width_costs: dict[float, float] | None = None
 
     def _set_costs(self, per_sample: Sequence[float]) -> None:
         costs = [float(c) for c in per_sample]
@@ -340,24 +335,6 @@ class SystemModel:
         """FLOPs of ``epochs`` epochs over client k's samples with the first n units frozen."""
         return epochs * self.client_sizes[k] * self.per_sample[n_frozen]
 
-    def tau(self, k: int, deadline_probe: str) -> list[float]:
-        """tau_n of Eq. 3 for n = 0..L-1: the time client k is charged if it freezes n units.
-
-        ``rollback`` (the paper, Algorithm 1): one full probe epoch, then E-1 epochs with the
-        first n frozen. ``restart`` (the authors' code): the probe is not charged, E epochs
-        with the first n frozen. Both: the full model down, units n+1..L up."""
-        if deadline_probe not in PROBES:
-            raise ValueError(f"unknown probe {deadline_probe!r}; known: {', '.join(PROBES)}")
-        E = self.local_epochs
-        out = []
-        for n in range(self.num_units):
-            if deadline_probe == "rollback":
-                flops = self.train_cost(k, 0, 1) + self.train_cost(k, n, E - 1)
-            else:
-                flops = self.train_cost(k, n, E)
-            out.append(self.time(k, flops, self.full_bytes, self.upload_bytes[n]))
-        return out
-
     def full_time(self, k: int) -> float:
         """Client k's exchange time with nothing frozen: E full epochs, full model down and up."""
         return self.time(
@@ -375,7 +352,6 @@ class SystemModel:
             "full_bytes": self.full_bytes,
             "upload_bytes": list(self.upload_bytes),
             "mean_size": self.mean_size,
-            **({"width_costs": dict(self.width_costs)} if self.width_costs is not None else {}),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -385,34 +361,6 @@ class SystemModel:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._set_costs(state["per_sample"])
-
-
-class SoftDeadline:
-    """FreezeFL's soft deadline (Eq. 1): T_0 given, T_{r+1} = (1 - g) T_r + g * mean_k t_k over
-    the round's participants, g = ``ema`` (0.4 in the authors' code). ``value`` is the T_r the
-    server sends this round."""
-
-    def __init__(self, T0: float, ema: float) -> None:
-        if not (math.isfinite(T0) and T0 > 0):
-            raise ValueError(f"the initial soft deadline T0 must be positive; got {T0}")
-        if not 0.0 <= ema <= 1.0:
-            raise ValueError(f"the deadline EMA weight must be in [0, 1]; got {ema}")
-        self.value = float(T0)
-        self.ema = float(ema)
-
-    def update(self, times: Sequence[float]) -> float:
-        """Fold in the exchange times of this round's participants (Eq. 1); the new T."""
-        if not times:
-            raise ValueError("the soft deadline needs at least one exchange time")
-        mean = sum(times) / len(times)
-        self.value = (1.0 - self.ema) * self.value + self.ema * mean
-        return self.value
-
-    def state_dict(self) -> dict[str, float]:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.value = float(state["value"])
 
 
 def round_length(times: Sequence[float]) -> float:

@@ -316,7 +316,9 @@ def test_sample_fixed_charges_e_epochs_of_the_width():
     exp = Experiment(cfg)
     for c in res.records[0]["per_client"]:
         n = exp.sizes[c["id"]]
-        assert c["flops"] == pytest.approx(2 * n * exp.system.width_costs[c["width"]], rel=1e-9)
+        assert c["flops"] == pytest.approx(
+            2 * n * exp.system_figures["width_costs"][str(c["width"])], rel=1e-9
+        )
 
 
 def test_evaluation_uses_the_full_model():
@@ -340,7 +342,7 @@ def test_fjord_cs_passes_p_max_as_u_sys(monkeypatch):
     update = Reputation.update
 
     def spy(self, feedback):
-        seen.append(feedback.u_sys)
+        seen.append({k: f["u_sys"] for k, f in feedback.figures.items()})
         update(self, feedback)
 
     monkeypatch.setattr(Reputation, "update", spy)

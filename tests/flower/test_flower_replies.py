@@ -34,7 +34,7 @@ def result(space, sent=(False, True)):
         uploaded=list(sent),
         extras={"c_delta": torch.ones(space.total)},
         info={"importance": [0.25, 0.5]},
-        n_frozen=1,
+        figures={"n_frozen": 1},
     )
 
 
@@ -48,7 +48,7 @@ def test_a_reply_round_trips_with_only_the_sent_units(space):
     second = space.unit_slices[1]
     assert torch.equal(back.delta[second], res.delta[second])
     assert back.num_samples == 5 and back.trained == [False, True]
-    assert back.train_loss == 0.5 and back.n_frozen == 1
+    assert back.train_loss == 0.5 and back.figures == {"n_frozen": 1}
     assert back.info == {"importance": [0.25, 0.5]}
     assert back.extras.keys() == {"c_delta"}
     assert torch.equal(back.extras["c_delta"], torch.ones(space.total))  # the extras channel

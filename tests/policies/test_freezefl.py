@@ -218,7 +218,7 @@ def test_rollback_freezes_the_chosen_units_at_the_received_weights():
     assert torch.equal(res.delta[:6], torch.zeros(6))  # bitwise the received weights
     assert res.trained == [False, True] and res.uploaded == [False, True]
     assert res.bytes_up == 4 * 6 and res.probe_steps == 0
-    assert res.n_frozen == 1 and res.charged_time == 1.0
+    assert res.figures["n_frozen"] == 1 and res.charged_time == 1.0
     # the probe epoch is kept for unit 1: the same as rolling unit 0 back by hand
     ref = _train(_FreezeFirst(), SLOW)
     assert torch.equal(res.delta, ref.delta)
@@ -239,7 +239,7 @@ def test_restart_trains_all_epochs_again_with_the_units_frozen():
     assert torch.equal(res.delta[:6], torch.zeros(6))
     assert res.trained == [False, True] and res.uploaded == [False, True]
     assert res.probe_steps == 2 and res.steps == 6
-    assert res.n_frozen == 1 and res.charged_time == 1.0
+    assert res.figures["n_frozen"] == 1 and res.charged_time == 1.0
     ref = _train(_FreezeFirst(restart=True), SLOW)
     assert torch.equal(res.delta, ref.delta)
 
@@ -251,7 +251,7 @@ def test_a_fast_client_trains_everything(probe):
     ref = _train(Vanilla(), FAST)
     assert torch.equal(res.delta, ref.delta)
     assert res.uploaded == [True, True] and res.probe_steps == 0
-    assert res.n_frozen == 0 and res.charged_time == 0.5
+    assert res.figures["n_frozen"] == 0 and res.charged_time == 0.5
     assert len(res.info["importance"]) == 2
 
 
@@ -260,26 +260,29 @@ def test_decisions_are_per_client_and_live_on_the_client_session():
     rt = _runtime(policy)
     slow = _train(policy, SLOW, client=0, rt=rt)
     fast = _train(policy, FAST, client=1, rt=rt)
-    assert slow.n_frozen == 1 and fast.n_frozen == 0
+    assert slow.figures["n_frozen"] == 1 and fast.figures["n_frozen"] == 0
     assert fast.uploaded == [True, True]
     assert not hasattr(policy, "decisions")  # nothing per client on the shared policy
     # the same client again (a rerun) decides afresh
     again = _train(policy, SLOW, client=0, rt=rt)
-    assert torch.equal(again.delta, slow.delta) and again.n_frozen == slow.n_frozen
+    assert (
+        torch.equal(again.delta, slow.delta)
+        and again.figures["n_frozen"] == slow.figures["n_frozen"]
+    )
     assert again.charged_time == slow.charged_time and again.info == slow.info
 
 
 def test_one_epoch_leaves_no_probe_to_act_on():
     res = _train(FreezeFL(), SLOW, epochs=1)
     assert res.uploaded == [True, True]
-    assert res.n_frozen == 0 and res.info["importance"] == []
+    assert res.figures["n_frozen"] == 0 and res.info["importance"] == []
     assert res.charged_time == 10.0
 
 
 def test_works_inside_an_intersection():
     policy = Intersection((FreezeFL(), Vanilla()))
     res = _train(policy, SLOW)
-    assert torch.equal(res.delta[:6], torch.zeros(6)) and res.n_frozen == 1
+    assert torch.equal(res.delta[:6], torch.zeros(6)) and res.figures["n_frozen"] == 1
 
 
 def test_missing_round_config_is_named():

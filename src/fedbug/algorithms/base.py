@@ -202,10 +202,11 @@ class Algorithm:
         Fjord: its width). ``system``: the simulated devices, or None."""
         return {}
 
-    def setup_system(self, system: Any, model: nn.Module, x: Tensor, y: Tensor) -> None:
-        """Called once with the simulated system and an example batch (Fjord: the per-sample
-        FLOPs of each width's sub-model); nothing by default."""
-        return None
+    def setup_system(self, system: Any, model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Any]:
+        """Called once with the simulated system and an example batch (an algorithm that
+        trains sub-models: their per-sample FLOPs); returns figures for the summary's
+        ``clients`` block (JSON-ready), none by default."""
+        return {}
 
     # -- the model and its loss ----------------------------------------------------------
     def wrap_model(

@@ -180,9 +180,9 @@ class Fjord(Algorithm):
         """Per-sample training FLOPs of every width's sub-model (the system model's costs)."""
         return {p: self.step_flops(model, p, x, y) / len(y) for p in self.widths}
 
-    def setup_system(self, system: Any, model: nn.Module, x: Tensor, y: Tensor) -> None:
-        """The system model's per-sample costs of each width (``system.width_costs``)."""
-        system.width_costs = self.width_costs(model, x, y)
+    def setup_system(self, system: Any, model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Any]:
+        """Each width's per-sample training FLOPs, recorded in the summary (``width_costs``)."""
+        return {"width_costs": {str(p): c for p, c in self.width_costs(model, x, y).items()}}
 
     # -- the server's round config -------------------------------------------------------
     def client_config(self, client: int, system: SystemModel | None) -> dict[str, Any]:
@@ -274,7 +274,7 @@ class FjordClient(ClientSession):
             for off, n, is_param in zip(space.offsets, space.numels, space.is_param)
             if is_param
         )
-        result.width = result.u_sys = self.p_max
+        result.figures["width"] = result.figures["u_sys"] = self.p_max
         result.flops = self.flops
         result.bytes_up = result.bytes_down = sub
         result.trained_params = params

@@ -235,6 +235,8 @@ class Experiment(ClientSide):
         cfg, ds, example, policy_units = self.cfg, self.dataset, self.example, self.policy_units
         sizes = self.sizes
         self.system: SystemModel | None = None
+        #: what the algorithm made of the simulated system, for the summary (setup_system)
+        self.system_figures: dict[str, Any] = {}
         if cfg.system is not None:
             labels = ds.train_y[: len(example)]
             costs = per_sample_costs(
@@ -256,7 +258,9 @@ class Experiment(ClientSide):
                 policy_units=policy_units,
                 shared=self.shared_mask,
             )
-            self.algorithm.setup_system(self.system, copy.deepcopy(self.template), example, labels)
+            self.system_figures = self.algorithm.setup_system(
+                self.system, copy.deepcopy(self.template), example, labels
+            )
         self.policy.setup_server(self.system, cfg)
         self.selection = SELECTIONS.get(cfg.resolved_selection()).build(
             cfg, self.num_clients, self.system

@@ -30,8 +30,8 @@ class Simulation:
         self.participations = [0] * exp.num_clients
 
     def client_extra(self, client: int) -> dict[str, Any]:
-        """Client ``client``'s round config: the algorithm's (Fjord's width), then the
-        policy's (FreezeFL's soft deadline and charged times)."""
+        """Client ``client``'s round config: the algorithm's (a sub-model's width), then the
+        policy's (a deadline and the time each freezing choice would be charged)."""
         exp = self.exp
         return {
             **exp.algorithm.client_config(client, exp.system),
@@ -70,18 +70,13 @@ class Simulation:
                 round=r,
                 clients=[res.client for res in results],
                 num_clients=exp.num_clients,
-                n_frozen={res.client: res.n_frozen for res in results},
+                figures={res.client: dict(res.figures) for res in results},
                 num_units=exp.layout.policy_units,
                 space=exp.space,
                 local_deltas={res.client: res.delta for res in results},
                 trained={res.client: res.trained for res in results},
                 global_delta=delta_global,
                 times=times,
-                u_sys=(  # Fjord + reputation (FreezeFL Table IV): U_sys = p_max
-                    {res.client: float(res.u_sys) for res in results if res.u_sys is not None}
-                    if all(res.u_sys is not None for res in results)
-                    else None
-                ),
             )
         )
         if exp.system is not None:
@@ -89,8 +84,7 @@ class Simulation:
                 {
                     "id": res.client,
                     "ability": float(exp.system.ability(res.client)),
-                    "n_frozen": res.n_frozen,
-                    "width": res.width,
+                    **res.figures,
                     "bytes_down": res.bytes_down if res.bytes_down is not None else bytes_down,
                     "bytes_up": res.bytes_up,
                     "flops": res.flops,
@@ -127,6 +121,5 @@ class Simulation:
             out["abilities"] = [float(system.ability(k)) for k in range(self.exp.num_clients)]
             out["full_model_time"] = [system.full_time(k) for k in range(self.exp.num_clients)]
             out["sim_clock"] = self.clock.now
-            if system.width_costs is not None:  # Fjord: per-sample FLOPs of each width
-                out["width_costs"] = {str(p): c for p, c in system.width_costs.items()}
+            out.update(self.exp.system_figures)  # what the algorithm made of the system
         return out

@@ -101,9 +101,6 @@ SCALARS = (
     "bytes_up",
     "bytes_down",
     "charged_time",
-    "n_frozen",
-    "u_sys",
-    "width",
     "state_reset",
 )
 
@@ -137,6 +134,7 @@ def encode_reply(result: ClientResult, space: ParamSpace, sent: list[bool]) -> R
                     "uploaded": [bool(t) for t in result.uploaded],
                     "fields": json.dumps(fields),
                     "info": json.dumps(result.info),
+                    "figures": json.dumps(result.figures),
                     "extras": json.dumps(extra_keys),
                 }
             ),
@@ -195,6 +193,7 @@ def decode_reply(content: RecordDict, space: ParamSpace, client: int) -> ClientR
     try:
         fields = json.loads(str(info.get("fields", "{}")))
         extra_info = json.loads(str(info.get("info", "{}")))
+        figures = json.loads(str(info.get("figures", "{}")))
         extra_keys = json.loads(str(info.get("extras", "[]")))
         arrays = content.array_records["extras"].to_torch_state_dict()
     except json.JSONDecodeError:
@@ -203,6 +202,11 @@ def decode_reply(content: RecordDict, space: ParamSpace, client: int) -> ClientR
         raise ReplyError(f"reply lacks its extras ({e})") from None
     if not isinstance(fields, dict) or set(fields) - set(SCALARS):
         raise ReplyError(f"reply fields must be a mapping of {', '.join(SCALARS)}")
+    if not isinstance(figures, dict) or not all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+        for k, v in figures.items()
+    ):
+        raise ReplyError("reply figures must be a mapping of names to numbers")
     if not isinstance(extra_keys, list) or set(arrays) - {ENTRIES} != set(extra_keys):
         raise ReplyError("reply extras do not match the keys it lists")
     n = info.get("num-samples")
@@ -216,5 +220,6 @@ def decode_reply(content: RecordDict, space: ParamSpace, client: int) -> ClientR
         entries=arrays.get(ENTRIES),
         extras={k: arrays[k] for k in extra_keys},
         info=extra_info if isinstance(extra_info, dict) else {},
+        figures=figures,
         **fields,
     )

@@ -41,12 +41,14 @@ from fedbug.policies.base import (
     PolicySession,
     StepCtx,
 )
-from fedbug.system import SoftDeadline
 
 if TYPE_CHECKING:
     from fedbug.protocol import ClientResult, ClientTask
     from fedbug.system import SystemModel
     from fedbug.units import ParamSpace
+
+
+PROBES: tuple[str, ...] = ("rollback", "restart")
 
 
 class FreezeFLParams(PolicyParams):
@@ -154,7 +156,10 @@ class FreezeFL(FreezePolicy):
     def client_config(self, client: int) -> dict[str, Any]:
         if self.system is None or self.deadline is None:
             raise ValueError("policy freezefl: setup_server(system, cfg) must come first")
-        return {"deadline": self.deadline.value, "tau": self.system.tau(client, self.params.probe)}
+        return {
+            "deadline": self.deadline.value,
+            "tau": charged_times(self.system, client, self.params.probe),
+        }
 
     def round_deadline(self) -> float | None:
         return self.deadline.value if self.deadline is not None else None
@@ -207,7 +212,7 @@ class FreezeFLClient(PolicySession):
     def finish(self, result: ClientResult) -> None:
         n = self.n_frozen if self.decided else 0
         tau = self.task.extra.get("tau")
-        result.n_frozen = n
+        result.figures["n_frozen"] = n
         result.charged_time = float(tau[n]) if tau is not None and len(tau) > n else None
         result.info["importance"] = list(self.importance)
 
@@ -228,3 +233,50 @@ def _round_config(task: ClientTask, num_units: int) -> tuple[float, list[float]]
             f"L = {num_units} units"
         )
     return float(task.extra["deadline"]), tau
+
+
+def charged_times(system: SystemModel, k: int, probe: str) -> list[float]:
+    """tau_n of Eq. 3 for n = 0..L-1: the time client k is charged if it freezes n units.
+
+    ``rollback`` (the paper, Algorithm 1): one full probe epoch, then E-1 epochs with the
+    first n frozen. ``restart`` (the authors' code): the probe is not charged, E epochs with the
+    first n frozen. Both: the full model down, units n+1..L up."""
+    if probe not in PROBES:
+        raise ValueError(f"unknown probe {probe!r}; known: {', '.join(PROBES)}")
+    E = system.local_epochs
+    out = []
+    for n in range(system.num_units):
+        if probe == "rollback":
+            flops = system.train_cost(k, 0, 1) + system.train_cost(k, n, E - 1)
+        else:
+            flops = system.train_cost(k, n, E)
+        out.append(system.time(k, flops, system.full_bytes, system.upload_bytes[n]))
+    return out
+
+
+class SoftDeadline:
+    """The soft deadline (Eq. 1): T_0 given, T_{r+1} = (1 - g) T_r + g * mean_k t_k over the
+    round's participants, g = ``ema`` (0.4 in the authors' code). ``value`` is the T_r the
+    server sends this round."""
+
+    def __init__(self, T0: float, ema: float) -> None:
+        if not (math.isfinite(T0) and T0 > 0):
+            raise ValueError(f"the initial soft deadline T0 must be positive; got {T0}")
+        if not 0.0 <= ema <= 1.0:
+            raise ValueError(f"the deadline EMA weight must be in [0, 1]; got {ema}")
+        self.value = float(T0)
+        self.ema = float(ema)
+
+    def update(self, times: Sequence[float]) -> float:
+        """Fold in the exchange times of this round's participants (Eq. 1); the new T."""
+        if not times:
+            raise ValueError("the soft deadline needs at least one exchange time")
+        mean = sum(times) / len(times)
+        self.value = (1.0 - self.ema) * self.value + self.ema * mean
+        return self.value
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])

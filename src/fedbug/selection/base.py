@@ -21,27 +21,26 @@ class SelectionFeedback:
     """What round ``round`` produced, handed to a stateful selection's ``update`` after
     aggregation. Only ``round``, ``clients`` and ``num_clients`` are always needed; each
     selection says which other fields it reads (``reputation``: ``num_units``, ``space``,
-    ``n_frozen``, ``trained``, ``local_deltas``, ``global_delta``; ``rbcsf``: optionally
+    ``figures``, ``trained``, ``local_deltas``, ``global_delta``; ``rbcsf``: optionally
     ``times``).
 
     ``local_deltas[k]`` is w^k_{r+1} - w_r and ``global_delta`` w_{r+1} - w_r, full flat vectors
     of the :class:`~fedbug.units.ParamSpace`; ``trained[k][l]`` says whether client k trained
-    unit l; ``n_frozen[k]`` is its n^k (FreezeFL Eq. 5); ``times[k]`` its full-model time tau_k.
-    ``u_sys`` optionally replaces Eq. 5's L - n^k per client (Fjord + reputation, FreezeFL
-    Table IV: the client's p_max).
+    unit l; ``figures[k]`` the per-client figures its methods reported
+    (:attr:`~fedbug.protocol.ClientResult.figures`, e.g. how many units its policy froze);
+    ``times[k]`` its full-model time tau_k.
     """
 
     round: int
     clients: list[int]
     num_clients: int
-    n_frozen: dict[int, int] = field(default_factory=dict)
+    figures: dict[int, dict[str, float]] = field(default_factory=dict)
     num_units: int = 0
     space: ParamSpace | None = None
     local_deltas: dict[int, Tensor] = field(default_factory=dict)
     trained: dict[int, list[bool]] = field(default_factory=dict)
     global_delta: Tensor | None = None
     times: dict[int, float] = field(default_factory=dict)
-    u_sys: dict[int, float] | None = None
 
 
 SELECTIONS: Registry[type[Selection]] = Registry("selection")

@@ -216,18 +216,21 @@ class Reputation(Selection):
     def _trained(self, feedback: SelectionFeedback, client: int) -> list[bool]:
         if client in feedback.trained:
             return [bool(t) for t in feedback.trained[client]]
-        if client not in feedback.n_frozen:
+        if client not in feedback.figures:
             raise ValueError(f"reputation selection needs feedback.trained[{client}]")
-        n = feedback.n_frozen[client]
+        n = _frozen(feedback.figures[client])
         return [u >= n for u in range(self._num_units(feedback))]
 
     def system_utility(self, feedback: SelectionFeedback, client: int) -> float:
-        """Eq. 5: U_sys = L - n_k (or the engine's ``u_sys``, e.g. Fjord's p_max)."""
-        if feedback.u_sys is not None:
-            return float(feedback.u_sys[client])
-        if client not in feedback.n_frozen:
-            raise ValueError(f"reputation selection needs feedback.n_frozen[{client}]")
-        return float(self._num_units(feedback) - feedback.n_frozen[client])
+        """Eq. 5: U_sys = L - n_k, n_k the units the client's policy froze (its ``n_frozen``
+        figure, 0 without one); a method that reports its own ``u_sys`` figure gives that
+        instead (FreezeFL Table IV's Fjord + reputation: the client's width p_max)."""
+        if client not in feedback.figures:
+            raise ValueError(f"reputation selection needs feedback.figures[{client}]")
+        figures = feedback.figures[client]
+        if "u_sys" in figures:
+            return float(figures["u_sys"])
+        return float(self._num_units(feedback) - _frozen(figures))
 
     def update(self, feedback: SelectionFeedback) -> None:
         """Eq. 7 for the round's participants, then Eq. 8 when a restart is due."""
@@ -238,8 +241,7 @@ class Reputation(Selection):
         missing += [
             f"local_deltas[{k}]" for k in feedback.clients if k not in feedback.local_deltas
         ]
-        if feedback.u_sys is None:
-            missing += [f"n_frozen[{k}]" for k in feedback.clients if k not in feedback.n_frozen]
+        missing += [f"figures[{k}]" for k in feedback.clients if k not in feedback.figures]
         if missing:
             raise ValueError(f"reputation selection needs feedback.{', feedback.'.join(missing)}")
         m = self.params.utility_ema
@@ -288,3 +290,8 @@ class Reputation(Selection):
             out[self.participations == 0] = mean
         self.utility = out
         self.participations = np.zeros_like(self.participations)
+
+
+def _frozen(figures: dict[str, float]) -> int:
+    """How many input-side units a client's policy froze (its ``n_frozen`` figure; none: 0)."""
+    return int(figures.get("n_frozen", 0))
