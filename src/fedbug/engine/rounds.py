@@ -48,6 +48,7 @@ from fedbug.engine.evaluation import (
 )
 from fedbug.engine.executors import Executor, build_executor
 from fedbug.engine.experiment import Experiment, ModelSource
+from fedbug.engine.record import RoundRecord
 from fedbug.engine.run_folder import open_run, save_checkpoint, write_summary
 from fedbug.engine.simulation import Simulation
 from fedbug.engine.states import STATE_STORE_MIN_BYTES, ClientStates, LocalModelMean
@@ -249,37 +250,23 @@ def _run(
                 t_eval = time.perf_counter()
                 evaluated = evaluate_round(exp, step.eval_weights, local_mean, states)
                 t_eval = time.perf_counter() - t_eval
-            n = len(results)
-            record: dict[str, Any] = {
-                "round": r,
-                **evaluated,
-                "train_loss": sum(x.train_loss for x in results) / n if n else None,
-                "clients": [x.client for x in results],
-                "num_clients": n,
-                "lr": exp.lr_at(r),
-                "trained_params": (sum(x.trained_params for x in results) / n if n else None),
-                "bytes_down": sum(
-                    x.bytes_down if x.bytes_down is not None else down_each for x in results
-                ),
-                "trained_sublayers": trained_sublayers(exp, r),
-                "bytes_up": sum(
-                    x.bytes_up if cfg.upload == "partial" else model_bytes for x in results
-                ),
-                "flops": sum(x.flops for x in results),
-                "client_drift": agg.client_drift(),
-                **step.metrics,
-                **simulated,
-                "time_train": t_train,
-                "time_eval": t_eval,
-                "wall_time": time.perf_counter() - t0,
-            }
-            if dropped:
-                record["dropped"] = dropped
-            resets = [x.client for x in results if x.state_reset]
-            if resets:  # their node had lost their state (a restarted Flower SuperNode)
-                record["state_reset"] = resets
-            if not aggregated:
-                record["aggregated"] = False
+            record = RoundRecord(
+                round=r,
+                evaluated=evaluated,
+                results=results,
+                lr=exp.lr_at(r),
+                bytes_down=down_each,
+                trained_sublayers=trained_sublayers(exp, r),
+                bytes_up=None if cfg.upload == "partial" else model_bytes,
+                client_drift=agg.client_drift(),
+                server=step.metrics,
+                simulated=simulated,
+                time_train=t_train,
+                time_eval=t_eval,
+                wall_time=time.perf_counter() - t0,
+                dropped=dropped,
+                aggregated=aggregated,
+            ).to_dict()
             records.append(record)
             if rd is not None:
                 rd.append_metrics(record)
