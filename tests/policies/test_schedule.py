@@ -6,7 +6,7 @@ from tiny import tiny_config
 
 from fedbug.engine import Experiment, run_experiment
 from fedbug.errors import ConfigError
-from fedbug.policies import StepCtx
+from fedbug.policies import StepCtx, build_policy
 from fedbug.policies.base import Intersection
 from fedbug.policies.schedule import RoundSchedule, default_unfreeze_rounds
 
@@ -135,9 +135,10 @@ def _unit(exp, w, u):
 def test_engine_vanilla_schedule_keeps_unscheduled_base_at_initial_values():
     cfg = tiny_config(schedule="vanilla", rounds=3, policy="none", count_flops=False)
     exp = Experiment(cfg)
-    assert isinstance(exp.policy, Intersection) and exp.schedule is not None
+    assert isinstance(exp.policy, Intersection)
+    schedule = next(p for p in exp.policy.policies if isinstance(p, RoundSchedule))
     assert exp.layout.sublayers == ((0,), (1,)) and exp.layout.head == (2,)
-    assert exp.schedule.unfreeze_rounds == (0, 1)  # floor((k-1)*3/2)
+    assert schedule.unfreeze_rounds == (0, 1)  # floor((k-1)*3/2)
     w0 = exp.initial_weights()
     full = exp.space.bytes_of([True] * exp.space.num_units)
 
@@ -184,3 +185,19 @@ def test_engine_rejects_bad_unfreeze_rounds_and_empty_compositions():
     # fixed_top 2 trains only unit 0; anti schedules sub-layer 2 (unit 1) and the head first
     with pytest.raises(ConfigError, match="trains no unit in round 1"):
         Experiment(tiny_config(schedule="anti", policy="fixed_top", fixed_top={"fixed_units": 2}))
+
+
+def test_download_and_sublayer_hooks_by_hand():
+    """The engine asks the policy what a round downloads and which sub-layers it trains; the
+    schedule answers from its own state, and an intersection with another policy keeps both
+    answers (a unit any member says clients hold is not sent)."""
+    s = RoundSchedule("vanilla", ((0,), (1,), (2,)), (0, 2, 4), 6)
+    shared = frozenset({0, 1, 2, 3})  # unit 3: the head, outside the base
+    assert s.download_units(1, shared) == {0, 3}
+    assert s.download_units(3, shared) == {0, 1, 3}
+    assert s.download_units(5, frozenset({1, 3})) == {1, 3}  # only what is shared
+    both = Intersection((build_policy("none"), s))
+    assert both.download_units(3, shared) == {0, 1, 3}
+    assert both.trained_sublayers(3, 3) == [1, 2]
+    assert build_policy("none").trained_sublayers(3, 3) == [1, 2, 3]
+    assert build_policy("none").download_units(1, shared) == shared

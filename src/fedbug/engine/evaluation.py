@@ -93,17 +93,14 @@ def personalize(
 
 
 def round_bytes(exp: Experiment, shared: set[int], round: int, model_bytes: int) -> int:
-    """Bytes a client downloads: the shared units, less (under a FedSeq schedule) the base
-    sub-layers not yet unfrozen, whose initial values every client already holds."""
-    if exp.schedule is None:
+    """Bytes a client downloads: the shared units the policy says clients need this round
+    (:meth:`~fedbug.policies.FreezePolicy.download_units`)."""
+    sent = exp.policy.download_units(round, frozenset(shared))
+    if sent == shared:
         return model_bytes
-    sent = set(exp.schedule.round_units(round)) | (shared - exp.schedule.base_units)
-    return exp.space.bytes_of([u in shared and u in sent for u in range(exp.space.num_units)])
+    return exp.space.bytes_of([u in sent for u in range(exp.space.num_units)])
 
 
 def trained_sublayers(exp: Experiment, round: int) -> list[int]:
-    """The base sub-layers (1-based, input to output) scheduled in ``round``: all without a
-    schedule."""
-    if exp.schedule is None:
-        return list(range(1, len(exp.layout.sublayers) + 1))
-    return exp.schedule.trained_sublayers(round)
+    """The base sub-layers (1-based, input to output) the policy lets train in ``round``."""
+    return exp.policy.trained_sublayers(round, len(exp.layout.sublayers))

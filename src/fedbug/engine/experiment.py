@@ -134,7 +134,7 @@ class ClientSide:
         self.shared = {u for u, s in enumerate(self.shared_mask) if s}
         # freeze policies see the model's own units, not those an algorithm adds (as the client)
         self.policy_units = parts.policy_units
-        self.policy, self.schedule = parts.policy, parts.schedule
+        self.policy = parts.policy  # with FedSeq's round schedule, where there is one
         self.settings = TrainSettings(
             local_epochs=cfg.local_epochs,
             local_steps=cfg.local_steps,

@@ -153,6 +153,17 @@ class FreezePolicy:
 
     def state_dict(self) -> dict[str, Any]:
         return {}
+    def download_units(self, round: int, shared: frozenset[int]) -> frozenset[int]:
+        """Of the ``shared`` units, those a client must download in ``round``; a policy may
+        leave out units every client already holds (FedSeq's schedule: base sub-layers not yet
+        unfrozen keep their initial values). All of them by default."""
+        return shared
+
+    def trained_sublayers(self, round: int, num_sublayers: int) -> list[int]:
+        """The layout's base sub-layers (1-based, input to output) this policy lets train in
+        ``round``, as the round record states them; all by default."""
+        return list(range(1, num_sublayers + 1))
+
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None
@@ -226,6 +237,17 @@ class Intersection(FreezePolicy):
         return {str(i): p.state_dict() for i, p in enumerate(self.policies)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+    def download_units(self, round: int, shared: frozenset[int]) -> frozenset[int]:
+        for p in self.policies:  # a unit any member says clients hold is not sent
+            shared = p.download_units(round, shared)
+        return shared
+
+    def trained_sublayers(self, round: int, num_sublayers: int) -> list[int]:
+        trained = set(range(1, num_sublayers + 1))
+        for p in self.policies:
+            trained &= set(p.trained_sublayers(round, num_sublayers))
+        return sorted(trained)
+
         for i, p in enumerate(self.policies):
             p.load_state_dict(state.get(str(i), {}))
 

@@ -102,17 +102,24 @@ class RoundSchedule(FreezePolicy):
         """m(t) = #{k : t_k < t}."""
         return sum(1 for t in self.unfreeze_rounds if t < round)
 
-    def trained_sublayers(self, round: int) -> list[int]:
+    def round_units(self, round: int) -> tuple[int, ...]:
+        """The base units scheduled in ``round``, ascending."""
+        groups = self.trained_sublayers(round)
+        return tuple(sorted(u for s in groups for u in self.sublayers[s - 1]))
+
+    def download_units(self, round: int, shared: frozenset[int]) -> frozenset[int]:
+        """The scheduled base units and the shared units outside the base: a sub-layer not
+        yet unfrozen still holds its initial values, which every client has."""
+        return frozenset(u for u in shared if u not in self.base_units) | (
+            shared & frozenset(self.round_units(round))
+        )
+
+    def trained_sublayers(self, round: int, num_sublayers: int | None = None) -> list[int]:
         """The sub-layers (1-based, input to output) that train in ``round``."""
         k, m = self.num_sublayers, self.unfrozen_count(round)
         if self.mode == "vanilla":
             return list(range(1, m + 1))
         return list(range(k - m + 1, k + 1))
-
-    def round_units(self, round: int) -> tuple[int, ...]:
-        """The base units scheduled in ``round``, ascending."""
-        groups = self.trained_sublayers(round)
-        return tuple(sorted(u for s in groups for u in self.sublayers[s - 1]))
 
     def trainable_units(self, ctx: StepCtx) -> tuple[int, ...]:
         """The scheduled base units and every unit outside the base (head, extra units)."""
