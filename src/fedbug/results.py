@@ -292,6 +292,7 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.metrics_path = self.path / "metrics.jsonl"
+        self.thin_path = self.path / THIN_NAME
         self.checkpoint_path = self.path / "checkpoint.pt"
         self.summary_path = self.path / "summary.json"
         self.config_path = self.path / "config.yaml"
@@ -538,10 +539,14 @@ class RunDir:
         return read_summary(self.summary_path)
 
     def read_run(self) -> dict[str, Any]:
-        """A finished run read back (``{"run_dir", "summary", "records"}``): each file checked,
-        and the two against each other (as many whole rounds as the summary says, both with
-        checksums or both without), so that a damaged or cut file is a :class:`ResultsError`,
-        never a shorter history."""
+        """A finished run read back (``{"run_dir", "summary", "records", "thinned"}``): each
+        file checked, and the two against each other (as many whole rounds as the summary says,
+        both with checksums or both without), so that a damaged or cut file is a
+        :class:`ResultsError`, never a shorter history. A folder whose ``metrics.jsonl`` is gone
+        but that holds a thinned curve (``metrics.thin.jsonl``, :meth:`read_thinned`) is read
+        from that, checked as one, and ``thinned`` is its declaration (None for a full curve)."""
+        if not self.metrics_path.exists() and self.thin_path.exists():
+            return self.read_thinned_run()
         summary, summary_checked = _read_summary(self.summary_path)
         records, checked = self._read_metrics(None)
         rounds = summary.get("rounds")
@@ -563,7 +568,73 @@ class RunDir:
             raise ResultsError(
                 f"{str(which)!r} is damaged (no checksum where {other} has them); {_WAY_OUT}"
             )
-        return {"run_dir": self.path, "summary": summary, "records": records}
+        return {"run_dir": self.path, "summary": summary, "records": records, "thinned": None}
+
+    def read_thinned_run(self) -> dict[str, Any]:
+        """:meth:`read_run` from the thinned curve (whether or not the full one is there too):
+        both files checked, and against each other (the curve's rounds are the summary's, both
+        files with checksums)."""
+        summary, summary_checked = _read_summary(self.summary_path)
+        declared, records = self.read_thinned()
+        rounds = summary.get("rounds")
+        if isinstance(rounds, int) and rounds != declared["rounds"]:
+            raise ResultsError(
+                f"{str(self.thin_path)!r} is a curve of {declared['rounds']} rounds where "
+                f"summary.json says {rounds}; {_THIN_WAY_OUT}"
+            )
+        if not summary_checked and declared.get("checksums") != "added":
+            raise ResultsError(
+                f"{str(self.summary_path)!r} is damaged (no checksum where {THIN_NAME} has "
+                f"them); {_WAY_OUT}"
+            )
+        return {"run_dir": self.path, "summary": summary, "records": records, "thinned": declared}
+
+    def read_thinned(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """``metrics.thin.jsonl``, checked: (its declaration ``{"of", "every", "rounds",
+        "sha256"}``, the records of its rounds without their checksums). Its first line declares
+        the thinning, with a checksum; every other line is the full curve's line of a round,
+        checksum and all, for exactly the rounds :func:`thinned_rounds` names, in order (a full
+        curve written before lines had checksums got them when it was thinned, and its
+        declaration says ``"checksums": "added"``). The file is written whole (never appended),
+        so any damage, a torn last line included, is a :class:`ResultsError` naming the file
+        and the line."""
+        path = self.thin_path
+        try:
+            raw = path.read_bytes()
+        except OSError as e:
+            raise _naming(e, path) from e
+
+        def damaged(line: int | None, problem: str) -> ResultsError:
+            where = f" line {line}" if line is not None else ""
+            return ResultsError(f"{str(path)!r}{where} is damaged ({problem}); {_THIN_WAY_OUT}")
+
+        if not raw.endswith(b"\n"):
+            raise damaged(None, "cut short: no newline after its last line")
+        lines = raw.split(b"\n")[:-1]
+        declared = _thin_declaration(lines[0])
+        if isinstance(declared, str):
+            raise damaged(1, declared)
+        expected = thinned_rounds(declared["every"], declared["rounds"])
+        records = []
+        for n, line in enumerate(lines[1:], start=2):
+            record, crc, problem = _parse_line(line)
+            if problem is None and crc is None:
+                problem = "no checksum: every line of a thinned curve has one"
+            if problem is None and len(records) >= len(expected):
+                problem = f"round {record['round']} after the last round, {declared['rounds']}"
+            if problem is None and record["round"] != expected[len(records)]:
+                problem = f"round {record['round']} where round {expected[len(records)]} belongs"
+            if problem is not None:
+                raise damaged(n, problem)
+            records.append(record)
+        if len(records) < len(expected):
+            raise damaged(
+                None,
+                f"{len(records)} rounds where {declared['rounds']} rounds thinned to every "
+                f"{declared['every']} hold {len(expected)}: round {expected[len(records)]} is "
+                "missing",
+            )
+        return declared, records
 
     # -- checkpoints -----------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any]) -> None:
@@ -585,6 +656,64 @@ _WAY_OUT = (
     "rebuild it with `fedbug repair RUN_FOLDER` (runs its rounds again), or restore the file "
     "from a copy"
 )
+
+
+#: a finished run's thinned curve (:meth:`RunDir.read_thinned`), committed in place of its full
+#: ``metrics.jsonl``; written by ``python -m fedbug.thin``
+THIN_NAME = "metrics.thin.jsonl"
+#: the key of a thinned curve's first line, which declares the thinning
+THIN_KEY = "thinned"
+_THIN_WAY_OUT = (
+    "restore it from a copy (git checkout -- FILE), or thin the run's full metrics.jsonl again "
+    "with `python -m fedbug.thin RUN_FOLDER`"
+)
+
+
+def thinned_rounds(every: int, rounds: int) -> list[int]:
+    """The rounds that a curve of ``rounds`` rounds thinned to ``every`` keeps: every
+    ``every``-th round and the last (which every run evaluates, and whose figures are the
+    summary's final ones)."""
+    kept = list(range(every, rounds + 1, every))
+    if rounds >= 1 and rounds % every:
+        kept.append(rounds)
+    return kept
+
+
+def _thin_declaration(line: bytes) -> dict[str, Any] | str:
+    """The declaration on a thinned curve's first line (``{"thinned": {"of": "metrics.jsonl",
+    "every": N, "rounds": R, "sha256": HEX}, "crc": ...}``, and ``"checksums": "added"`` where
+    the full curve had none), or what is wrong with it."""
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return "not valid JSON"
+    if not isinstance(obj, dict) or not isinstance(obj.get(THIN_KEY), dict):
+        return f"no {THIN_KEY!r} declaration on its first line"
+    crc, problem = _check_crc(obj)
+    if problem is not None or crc is None:
+        return problem or "no checksum on its declaration"
+    declared = obj[THIN_KEY]
+    sha = declared.get("sha256")
+    hexes = isinstance(sha, str) and len(sha) == 64 and set(sha) <= set("0123456789abcdef")
+    checks = [
+        ("of", declared.get("of") == "metrics.jsonl", '"metrics.jsonl"'),
+        ("every", _count(declared.get("every")) and declared["every"] >= 1, "a whole number >= 1"),
+        ("rounds", _count(declared.get("rounds")), "a whole number >= 0"),
+        ("sha256", hexes, "64 hex digits"),
+    ]
+    for key, ok, what in checks:
+        if not ok:
+            return f"its {key!r} is {json.dumps(declared.get(key))}, not {what}"
+    if declared.get("checksums", "added") != "added":
+        return f"its 'checksums' is {json.dumps(declared['checksums'])}, not \"added\""
+    if set(obj) != {THIN_KEY} or set(declared) - {"checksums"} != {
+        "of",
+        "every",
+        "rounds",
+        "sha256",
+    }:
+        return "its declaration holds keys other than of, every, rounds, sha256 and checksums"
+    return declared
 
 
 def record_crc(obj: dict[str, Any]) -> str:

@@ -373,7 +373,8 @@ def write_markdown(
 
 class RunList(list[dict[str, Any]]):
     """Finished runs read back for a report, with what was left out of them: ``damaged`` run
-    folders (each with why) and ``duplicates`` (a run ignored, the run kept in its place)."""
+    folders (each with why) and ``duplicates`` (a run ignored, the run kept in its place); and
+    the runs read from a thinned curve are named in :meth:`notes`."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -381,8 +382,9 @@ class RunList(list[dict[str, Any]]):
         self.duplicates: list[tuple[Path, Path]] = []
 
     def notes(self) -> list[str]:
-        """One line for the damaged runs skipped and one for the duplicates ignored, where
-        there are any (printed under a report's table)."""
+        """One line for the damaged runs skipped, one for the duplicates ignored and one for
+        the runs read from thinned curves, where there are any (printed under a report's
+        table)."""
         lines = []
         if self.damaged:
             names = ", ".join(str(p) for p, _ in self.damaged)
@@ -392,6 +394,14 @@ class RunList(list[dict[str, Any]]):
             lines.append(
                 f"ignored: {len(self.duplicates)} duplicate run(s) (config hash and seed of a run "
                 f"already counted): {pairs}"
+            )
+        thinned = sorted({r["thinned"]["every"] for r in self if r.get("thinned")})
+        if thinned:
+            n = sum(bool(r.get("thinned")) for r in self)
+            lines.append(
+                f"thinned: {n} run(s) read from metrics.thin.jsonl (one round in "
+                f"{' or '.join(map(str, thinned))} and the last; final and best figures are "
+                "their summaries')"
             )
         return lines
 
