@@ -13,11 +13,14 @@ Server model (the same every round): +1, -2, +2 (+0.33 ± sqrt(13/3) = 2.08).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from benchmarks.headline import report
+
+SWEEP = Path(report.__file__).parent / "results" / "fedbug-headline-sweep"
 
 
 def _run(seed: int, local: tuple[float | None, ...], server: float) -> dict:
@@ -117,3 +120,32 @@ def test_into_refuses_a_file_without_markers(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="add the two markers"):
         report.into(doc, "| new |\n", 1, 36)
     assert doc.read_text() == "no markers here\n"
+
+
+def test_final_and_best_are_each_runs_summary_figures_where_it_has_them() -> None:
+    """A thinned curve need not hold the round of a run's best: the summary's figure is the
+    run's own (checked against its curve when read)."""
+    runs = {k: [dict(r) for r in v] for k, v in RUNS.items()}
+    run = runs[("dirichlet", "feddyn", "vanilla")][0]  # evaluated: 0.4, 0.6
+    run["summary"] = {"final": 0.6, "best": 0.65, "config": {"eval_every": 5}}
+    run["thinned"] = {"every": 10}
+    row = next(r for r in report.table(runs, []).splitlines() if r.startswith("| Dirichlet"))
+    assert _cells(row)[4:6] == ["60.00", "65.00"]  # the summary's best, not the curve's 60.00
+    note = report.thinned_note(runs)
+    assert note is not None and note.startswith("Curves: 1 of 8 runs read from metrics.thin")
+    assert "one round in 10 and the last" in note and "are not in the tables" in note
+    run["summary"]["config"]["eval_every"] = 20  # every evaluation kept
+    assert "every evaluated round kept" in report.thinned_note(runs)
+    assert report.thinned_note(RUNS) is None
+
+
+def test_headline_md_is_made_again_from_the_committed_thinned_curves(tmp_path: Path) -> None:
+    """What a clone holds (no full metrics.jsonl) gives the committed headline.md."""
+    if not (SWEEP / "headline.md").is_file():
+        pytest.skip("no committed fedbug-headline-sweep")
+    keep = shutil.ignore_patterns("metrics.jsonl", ".lock", "*.png")
+    shutil.copytree(SWEEP, tmp_path / "sweep", ignore=keep)
+    runs, running = report.load(tmp_path / "sweep")
+    assert sum(len(v) for v in runs.values()) == 36 and running == []
+    assert all(r["thinned"] is not None for v in runs.values() for r in v)
+    assert report.table(runs, running) == (SWEEP / "headline.md").read_text()
