@@ -42,10 +42,28 @@ from fedbug.tasks import TASKS
 from fedbug.tracking import check_available
 
 
+def _numeric(annotation: Any) -> bool:
+    """Whether a field's type takes numbers and not booleans (int, float, optionally None)."""
+    kinds = set(get_args(annotation)) or {annotation}
+    return bool(kinds & {int, float, "int", "float"}) and bool not in kinds
+
+
 class BaseConfig(BaseModel):
     """The fields every experiment has. See the README's config reference."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        """``rounds: true`` is no round count: pydantic would take a boolean as 1 (or 0) for
+        an int or float field."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                field = cls.model_fields.get(key)
+                if isinstance(value, bool) and field is not None and _numeric(field.annotation):
+                    raise ValueError(f"{key}={str(value).lower()} is a boolean; give a number")
+        return data
 
     name: str = Field("experiment", min_length=1, max_length=120, pattern=r"^[\w.+-]+$")
     seed: int = Field(0, ge=0, le=2**31 - 1)

@@ -270,3 +270,10 @@ def test_the_command_line_reports_a_built_in_model_that_does_not_fit_in_one_line
     assert code == 2 and err.startswith("fedbug: error: ") and err.count("\n") == 1, err
     assert "embedding (Embedding)" in err and "token ids" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("key", ["rounds", "num_clients", "seed", "lr", "clients_per_round"])
+def test_a_boolean_for_a_number_in_a_config_is_refused(key):
+    """``rounds: true`` was taken as 1 round (pydantic reads a boolean as 0 or 1)."""
+    with pytest.raises(ConfigError, match=f"{key}=true is a boolean; give a number"):
+        fedbug.config(**{key: True})
