@@ -133,7 +133,7 @@ def _reason(e: BaseException) -> str:
     found = re.search(r"\[Errno -?\d+\] [^'\")\]]+|Read timed out|timed out", text)
     if found:
         return found.group(0).strip()
-    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    first = text.strip().splitlines()[0].rstrip(".") if text.strip() else type(e).__name__
     return first if len(first) <= 200 else first[:197] + "..."
 
 
