@@ -149,3 +149,18 @@ def test_headline_md_is_made_again_from_the_committed_thinned_curves(tmp_path: P
     assert sum(len(v) for v in runs.values()) == 36 and running == []
     assert all(r["thinned"] is not None for v in runs.values() for r in v)
     assert report.table(runs, running) == (SWEEP / "headline.md").read_text()
+
+
+def test_a_damaged_run_stops_the_report_in_one_line(tmp_path: Path) -> None:
+    if not (SWEEP / "headline.md").is_file():
+        pytest.skip("no committed fedbug-headline-sweep")
+    run = next(p for p in sorted(SWEEP.iterdir()) if (p / "metrics.thin.jsonl").is_file())
+    shutil.copytree(
+        run, tmp_path / "sweep" / run.name, ignore=shutil.ignore_patterns("metrics.jsonl")
+    )
+    thin = tmp_path / "sweep" / run.name / "metrics.thin.jsonl"
+    thin.write_bytes(thin.read_bytes()[:-1])  # a torn last line
+    with pytest.raises(SystemExit) as e:
+        report.load(tmp_path / "sweep")
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and str(thin) in msg and "cut short" in msg, msg

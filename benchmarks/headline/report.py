@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fedbug.errors import ResultsError
 from fedbug.results import RunDir
 from fedbug.spread import mean_std, pm
 from fedbug.sweep import headline_value
@@ -57,7 +58,9 @@ def variant(cfg: dict[str, Any]) -> str:
 
 def load(sweep: Path) -> tuple[dict[tuple[str, str, str], list[dict[str, Any]]], list[str]]:
     """Finished runs by (partition, algorithm, variant), each ``{"seed", "summary",
-    "records"}``; and the names of folders still running."""
+    "records", "thinned"}``; and the names of folders still running. A damaged run (its
+    summary.json or curve) stops the report with one line naming the file (SystemExit): the
+    tables are of every seed or of none."""
     runs: Runs = defaultdict(list)
     running = []
     for folder in sorted(p for p in sweep.iterdir() if p.is_dir()):
@@ -65,7 +68,10 @@ def load(sweep: Path) -> tuple[dict[tuple[str, str, str], list[dict[str, Any]]],
         if not rd.summary_path.exists():
             running.append(folder.name)
             continue
-        run = rd.read_run()
+        try:
+            run = rd.read_run()
+        except ResultsError as e:
+            raise SystemExit(f"headline report: {e}") from None
         cfg = run["summary"]["config"]
         key = (cfg["partition"], cfg["algorithm"], variant(cfg))
         runs[key].append({"seed": cfg["seed"], **run})
