@@ -151,8 +151,6 @@ class FreezePolicy:
         """The simulated exchange times of the round's clients, after aggregation."""
         return None
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
     def download_units(self, round: int, shared: frozenset[int]) -> frozenset[int]:
         """Of the ``shared`` units, those a client must download in ``round``; a policy may
         leave out units every client already holds (FedSeq's schedule: base sub-layers not yet
@@ -164,6 +162,8 @@ class FreezePolicy:
         ``round``, as the round record states them; all by default."""
         return list(range(1, num_sublayers + 1))
 
+    def state_dict(self) -> dict[str, Any]:
+        return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None
@@ -233,10 +233,6 @@ class Intersection(FreezePolicy):
         for p in self.policies:
             p.end_round(times)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {str(i): p.state_dict() for i, p in enumerate(self.policies)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
     def download_units(self, round: int, shared: frozenset[int]) -> frozenset[int]:
         for p in self.policies:  # a unit any member says clients hold is not sent
             shared = p.download_units(round, shared)
@@ -248,6 +244,10 @@ class Intersection(FreezePolicy):
             trained &= set(p.trained_sublayers(round, num_sublayers))
         return sorted(trained)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {str(i): p.state_dict() for i, p in enumerate(self.policies)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         for i, p in enumerate(self.policies):
             p.load_state_dict(state.get(str(i), {}))
 
