@@ -1,8 +1,11 @@
 """The round loop. It knows nothing of where local training runs (that is the executor's).
 
-One round: select clients -> send weights and round config -> each client trains (executor) ->
-aggregate per unit over the clients that trained it -> algorithm's server update -> evaluate ->
-one metrics record -> checkpoint every N rounds.
+One round (:meth:`RoundLoop.play`, each step a method of :class:`RoundLoop`): select clients ->
+send weights and round config -> each client trains (executor), its update screened and
+aggregated per unit over the clients that trained it as it comes -> the algorithm's server
+update -> the simulated system's figures -> evaluate -> one record
+(:class:`~fedbug.engine.record.RoundRecord`) -> ``metrics.jsonl``, a checkpoint every N rounds,
+the trackers, ``on_round``.
 
 Every update passes :func:`fedbug.checks.check_update` before aggregation: a malformed one is
 dropped (``dropped`` in the round's record), a non-finite one stops the run with a
@@ -24,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import Tensor
@@ -162,156 +165,256 @@ def _run(
     executor_factory: ExecutorFactory | None = None,
 ) -> RunResult:
     cleanup.enter_context(process_settings_kept())  # threads, GPU kernel flags: put back at the end
-    exp = Experiment(cfg, *sources)
-    cfg = exp.cfg
-    weights = exp.initial_weights()
-    server_state = exp.algorithm.init_server_state(weights, exp.num_clients)
-    # client state on disk when it could outgrow memory (N clients x a full model of state)
-    on_disk = rd is not None and exp.num_clients * exp.space.total * 4 > STATE_STORE_MIN_BYTES
-    states = ClientStates(
-        exp.algorithm,
-        exp.space,
-        rd.path / "client_states" if on_disk else None,
-        exp.num_clients,
-    )
-    cleanup.callback(states.close)  # the on-disk store's maps; its files stay for a resume
-    sim = Simulation(exp)
-    local_mean = (
-        LocalModelMean(weights, exp.num_clients)
-        if cfg.evaluation == "mean_of_local_models"
-        else None
-    )
-    records: list[dict[str, Any]] = []
-    start = 1
-    chash = config_hash(cfg)
-    if rd is not None:
-        weights, server_state, start, records = open_run(
-            rd, exp, resume, chash, weights, server_state, states, local_mean, sim
-        )
-    trackers = None
-    if cfg.tracking:
-        if rd is None:
-            raise ConfigError("tracking writes beside a run folder: give run_dir (or --out)")
-        trackers = Trackers(list(cfg.tracking), rd.path, cfg, resume)
-        cleanup.callback(trackers.close)
-    # workers start only once the run folder is settled (a refused resume starts none)
-    if executor_factory is not None:
-        executor = executor_factory(exp)
-    else:
-        executor = build_executor(exp, rd.path if rd is not None else None)
+    loop = RoundLoop(cleanup, Experiment(cfg, *sources), rd, resume, on_round, executor_factory)
+    cfg = loop.cfg
     t_run = time.perf_counter()
     last_round = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
-    shared, shared_mask = exp.shared, exp.shared_mask
-    model_bytes = exp.space.bytes_of(shared_mask)
     stopped: DivergenceError | ShortRoundError | None = None
-    short: ShortRound | None = None  # the round that stopped the run
     try:
-        for r in range(start, last_round + 1):
-            t0 = time.perf_counter()
-            clients = exp.selection.select(r, cfg.seed, exp.num_clients)
-            payload = exp.algorithm.payload(server_state)
-            tasks = [
-                ClientTask(
-                    r,
-                    i,
-                    cfg.seed,
-                    exp.lr_at(r),
-                    exp.mean_samples,
-                    payload,
-                    cfg.rounds,
-                    sim.client_extra(i),
-                )
-                for i in clients
-            ]
-            t_train = time.perf_counter()
-            stream = executor.stream_round(weights, tasks, LazyStates(states, clients))
-            required = executor.required(len(tasks), cfg.min_results)
-            results, dropped, agg = aggregate_stream(
-                exp, r, stream, weights, states, local_mean, required
-            )
-            t_train = time.perf_counter() - t_train
-            dropped = sorted(executor.lost() + dropped, key=lambda d: d["client"])
-            aggregated = agg is not None
-            if not aggregated and cfg.on_short_round == "stop":
-                short = ShortRound(r, len(tasks), len(results), required, dropped)
-                raise short.error(cfg)
-            if agg is not None:
-                step = exp.algorithm.server_update(weights, agg, server_state, r, exp.num_clients)
-                check_weights(exp, r, step.weights)
-            else:
-                agg = Aggregate(exp.space, cfg.weighting)
-                step = ServerStep(weights, weights, server_state)
-            down_each = round_bytes(exp, shared, r, model_bytes)
-            simulated = sim.finish(r, results, down_each, step.weights - weights) if results else {}
-            weights, server_state = step.weights, step.state
-            evaluated: dict[str, Any] = unevaluated(exp)
-            t_eval = 0.0
-            if r % cfg.eval_every == 0 or r == cfg.rounds:
-                t_eval = time.perf_counter()
-                evaluated = evaluate_round(exp, step.eval_weights, local_mean, states)
-                t_eval = time.perf_counter() - t_eval
-            record = RoundRecord(
-                round=r,
-                evaluated=evaluated,
-                results=results,
-                lr=exp.lr_at(r),
-                bytes_down=down_each,
-                trained_sublayers=trained_sublayers(exp, r),
-                bytes_up=None if cfg.upload == "partial" else model_bytes,
-                client_drift=agg.client_drift(),
-                server=step.metrics,
-                simulated=simulated,
-                time_train=t_train,
-                time_eval=t_eval,
-                wall_time=time.perf_counter() - t0,
-                dropped=dropped,
-                aggregated=aggregated,
-            ).to_dict()
-            records.append(record)
-            if rd is not None:
-                rd.append_metrics(record)
-                if r % cfg.checkpoint_every == 0 or r == cfg.rounds:
-                    save_checkpoint(rd, r, weights, server_state, states, local_mean, sim, chash)
-            if trackers is not None:
-                trackers.log(record)
-            if on_round is not None:
-                on_round(record)
-        if (
-            records
-            and records[-1]["round"] == cfg.rounds
-            and not any(rec.get("aggregated", True) for rec in records)
-        ):  # every round skipped: the model is the untrained one (also when resumed at the end)
-            short = ShortRound.of_record(records[-1], executor, cfg)
-            raise short.error(cfg, every_round=True)
+        for r in range(loop.start, last_round + 1):
+            loop.keep(loop.play(r))
+        loop.check_any_aggregated()
     except (DivergenceError, ShortRoundError) as e:
         stopped = e
     finally:
-        executor.close()
-    summary = make_summary(cfg, records, chash, time.perf_counter() - t_run, exp)
-    summary["clients"] = sim.summary()
-    summary["weights_sha256"] = weights_sha256(weights)
-    if stopped is not None:
-        if isinstance(stopped, DivergenceError):
-            summary["status"] = "diverged"
-            summary["divergence"] = {
-                "round": stopped.round,
-                "client": stopped.client,
-                "reason": stopped.reason,
-            }
-        else:
-            summary["status"] = "stopped"
-            summary["short_round"] = short.block(str(stopped)) if short else {}
+        loop.executor.close()
+    return loop.finish(stopped, time.perf_counter() - t_run)
+
+
+@dataclass
+class Trained:
+    """A round's updates as they came back: the valid ones (in client order, lightened), each
+    client ``dropped`` with why (screened out, or lost by the executor), their aggregate (None:
+    fewer than ``required`` valid updates, the round is short), and the seconds it took."""
+
+    selected: int
+    required: int
+    results: list[ClientResult]
+    dropped: list[dict[str, Any]]
+    agg: Aggregate | None
+    seconds: float
+
+
+class RoundLoop:
+    """The server's side of one run: what it keeps between rounds (weights, server and client
+    state, the simulated system, the records) and the steps of a round (:meth:`play`)."""
+
+    def __init__(
+        self,
+        cleanup: contextlib.ExitStack,
+        exp: Experiment,
+        rd: RunDir | None,
+        resume: bool,
+        on_round: RoundCallback | None,
+        executor_factory: ExecutorFactory | None,
+    ) -> None:
+        """Set the run up, fresh or (``resume``) as the run folder's checkpoint left it; what it
+        opens is closed by ``cleanup``."""
+        self.exp, self.cfg, self.rd, self.on_round = exp, exp.cfg, rd, on_round
+        cfg = exp.cfg
+        self.weights = exp.initial_weights()
+        self.server_state = exp.algorithm.init_server_state(self.weights, exp.num_clients)
+        # client state on disk when it could outgrow memory (N clients x a full model of state)
+        on_disk = rd is not None and exp.num_clients * exp.space.total * 4 > STATE_STORE_MIN_BYTES
+        folder = rd.path / "client_states" if rd is not None and on_disk else None
+        self.states = ClientStates(exp.algorithm, exp.space, folder, exp.num_clients)
+        cleanup.callback(self.states.close)  # the on-disk store's maps; its files stay to resume
+        self.sim = Simulation(exp)
+        self.local_mean = (
+            LocalModelMean(self.weights, exp.num_clients)
+            if cfg.evaluation == "mean_of_local_models"
+            else None
+        )
+        self.records: list[dict[str, Any]] = []
+        self.start = 1
+        self.chash = config_hash(cfg)
         if rd is not None:
+            self.open_folder(rd, resume)
+        self.trackers = self.open_trackers(cleanup, resume)
+        # workers start only once the run folder is settled (a refused resume starts none)
+        if executor_factory is not None:
+            self.executor = executor_factory(exp)
+        else:
+            self.executor = build_executor(exp, rd.path if rd is not None else None)
+        self.model_bytes = exp.space.bytes_of(exp.shared_mask)
+        self.short: ShortRound | None = None  # the round that stopped the run
+
+    def open_folder(self, rd: RunDir, resume: bool) -> None:
+        """Start the run folder, or (``resume``) take up the run where its checkpoint left it."""
+        self.weights, self.server_state, self.start, self.records = open_run(
+            rd,
+            self.exp,
+            resume,
+            self.chash,
+            self.weights,
+            self.server_state,
+            self.states,
+            self.local_mean,
+            self.sim,
+        )
+
+    def open_trackers(self, cleanup: contextlib.ExitStack, resume: bool) -> Trackers | None:
+        """The config's trackers (TensorBoard, MLflow), closed by ``cleanup``; None without."""
+        cfg = self.cfg
+        if not cfg.tracking:
+            return None
+        if self.rd is None:
+            raise ConfigError("tracking writes beside a run folder: give run_dir (or --out)")
+        trackers = Trackers(list(cfg.tracking), self.rd.path, cfg, resume)
+        cleanup.callback(trackers.close)
+        return trackers
+
+    def play(self, r: int) -> dict[str, Any]:
+        """Round ``r``, start to end; its record."""
+        exp, cfg = self.exp, self.cfg
+        t0 = time.perf_counter()
+        trained = self.train(r, self.client_tasks(r))
+        if trained.agg is None and cfg.on_short_round == "stop":
+            self.stop_short(r, trained)
+        step, agg = self.server_step(r, trained.agg)
+        bytes_down = round_bytes(exp, exp.shared, r, self.model_bytes)
+        simulated = self.simulate(r, trained.results, bytes_down, step.weights)
+        self.weights, self.server_state = step.weights, step.state
+        evaluated, t_eval = self.evaluate(r, step.eval_weights)
+        return RoundRecord(
+            round=r,
+            evaluated=evaluated,
+            results=trained.results,
+            lr=exp.lr_at(r),
+            bytes_down=bytes_down,
+            trained_sublayers=trained_sublayers(exp, r),
+            bytes_up=None if cfg.upload == "partial" else self.model_bytes,
+            client_drift=agg.client_drift(),
+            server=step.metrics,
+            simulated=simulated,
+            time_train=trained.seconds,
+            time_eval=t_eval,
+            wall_time=time.perf_counter() - t0,
+            dropped=trained.dropped,
+            aggregated=trained.agg is not None,
+        ).to_dict()
+
+    def client_tasks(self, r: int) -> list[ClientTask]:
+        """Select round ``r``'s clients; what each is sent besides the weights."""
+        exp, cfg = self.exp, self.cfg
+        clients = exp.selection.select(r, cfg.seed, exp.num_clients)
+        payload = exp.algorithm.payload(self.server_state)
+        lr = exp.lr_at(r)
+        return [
+            ClientTask(
+                r, i, cfg.seed, lr, exp.mean_samples, payload, cfg.rounds, self.sim.client_extra(i)
+            )
+            for i in clients
+        ]
+
+    def train(self, r: int, tasks: list[ClientTask]) -> Trained:
+        """The clients train (where the executor runs them); each update is screened and
+        aggregated as it comes (:func:`aggregate_stream`)."""
+        t_train = time.perf_counter()
+        clients = [t.client for t in tasks]
+        stream = self.executor.stream_round(self.weights, tasks, LazyStates(self.states, clients))
+        required = self.executor.required(len(tasks), self.cfg.min_results)
+        results, dropped, agg = aggregate_stream(
+            self.exp, r, stream, self.weights, self.states, self.local_mean, required
+        )
+        t_train = time.perf_counter() - t_train
+        dropped = sorted(self.executor.lost() + dropped, key=lambda d: d["client"])
+        return Trained(len(tasks), required, results, dropped, agg, t_train)
+
+    def stop_short(self, r: int, trained: Trained) -> NoReturn:
+        """Stop the run at short round ``r`` (``on_short_round: stop``)."""
+        reported = len(trained.results)
+        self.short = ShortRound(r, trained.selected, reported, trained.required, trained.dropped)
+        raise self.short.error(self.cfg)
+
+    def server_step(self, r: int, agg: Aggregate | None) -> tuple[ServerStep, Aggregate]:
+        """The algorithm's server update from the round's aggregate, its weights checked; a
+        short round skipped leaves the weights and server state as they were (an empty
+        aggregate)."""
+        if agg is None:
+            empty = Aggregate(self.exp.space, self.cfg.weighting)
+            return ServerStep(self.weights, self.weights, self.server_state), empty
+        exp = self.exp
+        step = exp.algorithm.server_update(self.weights, agg, self.server_state, r, exp.num_clients)
+        check_weights(exp, r, step.weights)
+        return step, agg
+
+    def simulate(
+        self, r: int, results: list[ClientResult], bytes_down: int, new_weights: Tensor
+    ) -> dict[str, Any]:
+        """The simulated system's figures of the round (empty where no client reported)."""
+        if not results:
+            return {}
+        return self.sim.finish(r, results, bytes_down, new_weights - self.weights)
+
+    def evaluate(self, r: int, eval_weights: Tensor) -> tuple[dict[str, Any], float]:
+        """The test figures (every ``eval_every`` rounds and the last; None each in between)
+        and the seconds they took."""
+        cfg = self.cfg
+        if r % cfg.eval_every != 0 and r != cfg.rounds:
+            return unevaluated(self.exp), 0.0
+        t_eval = time.perf_counter()
+        evaluated = evaluate_round(self.exp, eval_weights, self.local_mean, self.states)
+        return evaluated, time.perf_counter() - t_eval
+
+    def keep(self, record: dict[str, Any]) -> None:
+        """The round's record into the run's records, ``metrics.jsonl`` (then a checkpoint, every
+        ``checkpoint_every`` rounds and the last), the trackers and ``on_round``."""
+        cfg, rd, r = self.cfg, self.rd, record["round"]
+        self.records.append(record)
+        if rd is not None:
+            rd.append_metrics(record)
+            if r % cfg.checkpoint_every == 0 or r == cfg.rounds:
+                state = (self.weights, self.server_state, self.states, self.local_mean, self.sim)
+                save_checkpoint(rd, r, *state, self.chash)
+        if self.trackers is not None:
+            self.trackers.log(record)
+        if self.on_round is not None:
+            self.on_round(record)
+
+    def check_any_aggregated(self) -> None:
+        """Stop a run that reached its last round with none aggregated (every round short and
+        skipped; also when resumed at the end): its model is the untrained one."""
+        records = self.records
+        if (
+            records
+            and records[-1]["round"] == self.cfg.rounds
+            and not any(rec.get("aggregated", True) for rec in records)
+        ):
+            self.short = ShortRound.of_record(records[-1], self.executor, self.cfg)
+            raise self.short.error(self.cfg, every_round=True)
+
+    def finish(
+        self, stopped: DivergenceError | ShortRoundError | None, seconds: float
+    ) -> RunResult:
+        """The summary (written for a completed or stopped run, and for one with no rounds);
+        re-raise ``stopped`` once it is written."""
+        exp, cfg, rd, records = self.exp, self.cfg, self.rd, self.records
+        summary = make_summary(cfg, records, self.chash, seconds, exp)
+        summary["clients"] = self.sim.summary()
+        summary["weights_sha256"] = weights_sha256(self.weights)
+        if stopped is not None:
+            if isinstance(stopped, DivergenceError):
+                summary["status"] = "diverged"
+                summary["divergence"] = {
+                    "round": stopped.round,
+                    "client": stopped.client,
+                    "reason": stopped.reason,
+                }
+            else:
+                summary["status"] = "stopped"
+                summary["short_round"] = self.short.block(str(stopped)) if self.short else {}
+            if rd is not None:
+                write_summary(rd, cfg, summary, records)
+            raise stopped
+        completed = bool(records) and records[-1]["round"] == cfg.rounds
+        if completed and cfg.evaluation == "personalized":
+            summary["pfl"] = personalize(exp, self.weights, self.states, rd)
+        if rd is not None and (not records or completed):
             write_summary(rd, cfg, summary, records)
-        raise stopped
-    completed = bool(records) and records[-1]["round"] == cfg.rounds
-    if completed and cfg.evaluation == "personalized":
-        summary["pfl"] = personalize(exp, weights, states, rd)
-    if rd is not None and (not records or completed):
-        write_summary(rd, cfg, summary, records)
-        if trackers is not None:
-            trackers.finish(summary)
-    return RunResult(rd.path if rd else None, records, summary, weights)
+            if self.trackers is not None:
+                self.trackers.finish(summary)
+        return RunResult(rd.path if rd else None, records, summary, self.weights)
 
 
 @dataclass
