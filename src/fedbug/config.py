@@ -32,14 +32,14 @@ from fedbug.config_limits import (
 )
 from fedbug.data import DATASETS
 from fedbug.data.augment import AUGMENTATIONS
-from fedbug.errors import ConfigError
+from fedbug.errors import ConfigError, FedbugError
 from fedbug.flower.params import FlowerParams
 from fedbug.models import MODELS, import_model, is_import_path
 from fedbug.policies import POLICIES
 from fedbug.selection import SELECTIONS
 from fedbug.system import SystemParams
 from fedbug.tasks import TASKS
-from fedbug.tracking import check_available
+from fedbug.tracking import check_available, check_tracking_uri
 
 
 def _numeric(annotation: Any) -> bool:
@@ -253,6 +253,11 @@ class BaseConfig(BaseModel):
         check_compatible(self)
         if self.tracking:
             check_available(self.tracking)
+        if self.tracking_uri is not None:
+            try:
+                check_tracking_uri(self.tracking_uri)
+            except FedbugError as e:
+                raise ValueError(str(e)) from None
         return self
 
     def options(self, name: str) -> Any:

@@ -253,3 +253,12 @@ def test_fedbug_run_with_a_bad_tracking_uri_is_one_line_exit_2(tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("fedbug: error: "), err
     assert "nosuch://x" in err[0]
+
+
+def test_a_malformed_tracking_uri_is_refused_when_the_config_is_read():
+    """Before any run folder is made (a late refusal left a half-made folder behind)."""
+    import fedbug
+    from fedbug.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="has no host"):
+        fedbug.config(tracking_uri="http://:80")
