@@ -55,7 +55,7 @@ from fedbug.engine.record import RoundRecord
 from fedbug.engine.run_folder import open_run, save_checkpoint, write_summary
 from fedbug.engine.simulation import Simulation
 from fedbug.engine.states import STATE_STORE_MIN_BYTES, ClientStates, LocalModelMean
-from fedbug.engine.summary import make_summary, weights_sha256
+from fedbug.engine.summary import make_summary, stopped_fields
 from fedbug.errors import ConfigError, DivergenceError, ShortRoundError
 from fedbug.results import RunDir
 from fedbug.tasks import CustomTask, LossFn, Task
@@ -390,20 +390,11 @@ class RoundLoop:
         """The summary (written for a completed or stopped run, and for one with no rounds);
         re-raise ``stopped`` once it is written."""
         exp, cfg, rd, records = self.exp, self.cfg, self.rd, self.records
-        summary = make_summary(cfg, records, self.chash, seconds, exp)
-        summary["clients"] = self.sim.summary()
-        summary["weights_sha256"] = weights_sha256(self.weights)
+        clients = self.sim.summary()
+        summary = make_summary(cfg, records, self.chash, seconds, exp, clients, self.weights)
         if stopped is not None:
-            if isinstance(stopped, DivergenceError):
-                summary["status"] = "diverged"
-                summary["divergence"] = {
-                    "round": stopped.round,
-                    "client": stopped.client,
-                    "reason": stopped.reason,
-                }
-            else:
-                summary["status"] = "stopped"
-                summary["short_round"] = self.short.block(str(stopped)) if self.short else {}
+            short = self.short.block(str(stopped)) if self.short is not None else None
+            summary.update(stopped_fields(stopped, short))
             if rd is not None:
                 write_summary(rd, cfg, summary, records)
             raise stopped

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from fedbug.config import BaseConfig
 from fedbug.device import describe
+from fedbug.errors import DivergenceError, ShortRoundError
 from fedbug.results import environment
 
 if TYPE_CHECKING:
@@ -24,8 +25,19 @@ def weights_sha256(weights: Tensor) -> str:
 
 
 def make_summary(
-    cfg: BaseConfig, records: list[dict[str, Any]], chash: str, seconds: float, exp: Experiment
+    cfg: BaseConfig,
+    records: list[dict[str, Any]],
+    chash: str,
+    seconds: float,
+    exp: Experiment,
+    clients: dict[str, Any],
+    weights: Tensor,
 ) -> dict[str, Any]:
+    """summary.json of a run that recorded ``records`` in ``seconds``, its keys in their order:
+    status (``completed`` once the last round is recorded, else ``partial``), final and best
+    figures, totals, provenance, the simulated system's ``clients`` and the final ``weights``'
+    hash. A stopped run's status and cause are :func:`stopped_fields`'; a personalized run's
+    fine-tuned figures follow as ``pfl``."""
     task = exp.task
     key = f"test_{task.headline}"
     evaluated = [r for r in records if r.get(key) is not None]
@@ -65,4 +77,18 @@ def make_summary(
         },
         "config": cfg.model_dump(mode="json"),
         **({"skipped_rounds": skipped} if skipped else {}),
+        "clients": clients,
+        "weights_sha256": weights_sha256(weights),
     }
+
+
+def stopped_fields(
+    error: DivergenceError | ShortRoundError, short_round: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A stopped run's ``status`` (in place of ``completed`` or ``partial``) and what stopped it:
+    ``diverged`` with the ``divergence`` (round, client or None, reason), or ``stopped`` with
+    the ``short_round`` block (the round's count and the message; empty where none is known)."""
+    if isinstance(error, DivergenceError):
+        divergence = {"round": error.round, "client": error.client, "reason": error.reason}
+        return {"status": "diverged", "divergence": divergence}
+    return {"status": "stopped", "short_round": short_round or {}}
