@@ -215,3 +215,16 @@ def test_the_drill_on_flower_simulation_exits_3(tmp_path, capsys):
     assert summary["status"] == "stopped"
     assert processes_with_env("FLWR_HOME", str(rd / ".flower")) == []
     print(err, file=sys.stderr)
+
+
+def test_resuming_a_stopped_run_without_a_checkpoint_says_how_it_ended(
+    tmp_path, monkeypatch, capsys
+):
+    """It was called "a finished run"; a run stopped by a short round is none."""
+    clients_time_out(monkeypatch, {1})
+    out, cfg = tmp_path / "out", write_yaml(tmp_path)
+    assert main(["run", str(cfg), "--out", str(out), "-q"]) == 3
+    capsys.readouterr()
+    assert main(["run", str(cfg), "--out", str(out), "-q", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run that ended 'stopped' but no checkpoint.pt" in err

@@ -13,7 +13,7 @@ from fedbug.config import BaseConfig
 from fedbug.data import partition_summary
 from fedbug.data.partition_plot import plot_partition
 from fedbug.engine.experiment import class_labels
-from fedbug.errors import CheckpointError, RunFolderHoldsRun
+from fedbug.errors import CheckpointError, FedbugError, RunFolderHoldsRun
 from fedbug.results import RunDir, plot_run
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def open_run(
     elif (rd.path / "summary.json").exists():
         # resume asked of a finished run kept without its checkpoint: never wipe its results
         raise CheckpointError(
-            f"run folder {str(rd.path)!r} holds a finished run but no checkpoint.pt to resume "
+            f"run folder {str(rd.path)!r} holds {_ended(rd)} but no checkpoint.pt to resume "
             "from; remove the folder to run it again, or choose another one"
         )
     else:
@@ -204,3 +204,14 @@ def write_summary(
     rd.write_json("summary.json", summary)
     if records:
         plot_run(records, rd.path / "accuracy.png", f"{cfg.name} (seed {cfg.seed})")
+
+
+def _ended(rd: RunDir) -> str:
+    """How the run in ``rd`` ended, as its summary says (for a message; never raises)."""
+    try:
+        status = rd.read_summary().get("status")
+    except (FedbugError, OSError):
+        status = None
+    if status in (None, "completed"):
+        return "a finished run"
+    return f"a run that ended {status!r}"
