@@ -16,6 +16,7 @@ from typing import Any
 
 from fedbug.compat import blocks_used_elsewhere, owners, used_blocks
 from fedbug.config import BaseConfig, config_class, set_dotted, validate
+from fedbug.engine.run_folder import folder_disagreement
 from fedbug.errors import ConfigError
 from fedbug.results import atomic_write_bytes, atomic_write_text, check_no_links
 from fedbug.spread import mean_std, row_pm
@@ -461,85 +462,6 @@ def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
             f"no finished runs (summary.json) under {', '.join(map(str, dirs))}{damaged}"
         )
     return runs
-
-
-def folder_disagreement(run: dict[str, Any]) -> str | None:
-    """What in a run's summary.json (read and type-checked by
-    :meth:`~fedbug.results.RunDir.read_run`) disagrees with the rest of its folder, or None:
-    its seed with its own config's and config.yaml's, its config hash with config.yaml's (where
-    this version can hash that config without importing anything: not a model named by import
-    path, nor a config an older version wrote with keys since renamed), and its final figures
-    with the last evaluated round of metrics.jsonl. A folder without config.yaml (made by
-    hand) is checked against its metrics only."""
-    from fedbug.config import config_hash, read_config_doc
-    from fedbug.models import is_import_path
-    from fedbug.results import RunDir
-
-    rd = RunDir(run["run_dir"])
-    summary, records = run["summary"], run["records"]
-    seed = summary["seed"]
-    own = summary["config"].get("seed", seed)
-    if own != seed:
-        return f"seed {seed} in summary.json where its own config says seed {own}"
-    if rd.config_path.is_file():
-        try:
-            doc = read_config_doc(rd.config_path)
-        except ConfigError as e:
-            return f"its config.yaml cannot be read ({e})"
-        folder_seed = doc.get("seed", BaseConfig.model_fields["seed"].default)
-        if folder_seed != seed:
-            return (
-                f"seed {seed} in summary.json where config.yaml says seed {folder_seed} (a "
-                "summary copied from another run?)"
-            )
-        chash = summary.get("config_hash")
-        model, data = str(doc.get("model")), str(doc.get("dataset"))
-        if isinstance(chash, str) and not (
-            is_import_path(model) or model.startswith("user:") or data.startswith("user:")
-        ):
-            try:
-                folder_hash: str | None = config_hash(validate(doc))
-            except ConfigError:  # written by an older version (keys since renamed)
-                folder_hash = None
-            if folder_hash is not None and folder_hash != chash:
-                return (
-                    f"config hash {chash} in summary.json where config.yaml's is {folder_hash} "
-                    "(a summary copied from another run?)"
-                )
-    return _figures_disagreement(summary, records)
-
-
-def _figures_disagreement(summary: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
-    """Where the summary's final and best figures are not those of ``records`` (as the run
-    computed them: the headline metric's last evaluated round, its best over those rounds)."""
-    metric = summary.get("metric", "acc")
-    key = f"test_{metric}"
-    evaluated = [r for r in records if isinstance(r.get(key), int | float)]
-    last = evaluated[-1] if evaluated else {}
-    where = f"round {last['round']}" if last else "no evaluated round"
-    finals = [("final", key), ("final_loss", "test_loss")]
-    if metric == "acc":
-        finals.append(("final_acc", "test_acc"))
-    for name, field in finals:
-        if name in summary and not _same(summary[name], last.get(field)):
-            return (
-                f"{name} {summary[name]} in summary.json where metrics.jsonl's last evaluated "
-                f"round ({where}) has {field} {last.get(field)}"
-            )
-    values = [r[key] for r in evaluated]
-    bests = {max(values, default=None), min(values, default=None)}
-    for name in ("best", "best_acc") if metric == "acc" else ("best",):
-        best = summary.get(name)
-        if name in summary and not any(_same(best, b) for b in bests):
-            return f"{name} {best} in summary.json, which no evaluated round of metrics.jsonl has"
-    return None
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal figures (numbers to 1e-9, NaN equal to NaN)."""
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (a != a and b != b)
-    return bool(a == b)
 
 
 def flatten_blocks(config: dict[str, Any]) -> dict[str, Any]:

@@ -87,7 +87,7 @@ def thinned_curve(run_dir: Path, every: int = DEFAULT_EVERY) -> bytes:
     checked as fedbug reads any run (and its summary against its folder, as a report does).
     :class:`~fedbug.errors.ResultsError` where there is none, where it is damaged or carries no
     checksums, or where thinning would change a figure a report draws from it."""
-    from fedbug.sweep import folder_disagreement
+    from fedbug.engine.run_folder import folder_disagreement
 
     if type(every) is not int or every < 1:
         raise ConfigError(f"--every must be a whole number >= 1; got {every!r}")
@@ -185,7 +185,7 @@ def check_thinned(run_dir: Path) -> bool:
     report reads it), and, where the full ``metrics.jsonl`` is there too, that it is that
     file's thinned curve (the declared SHA-256 and the lines). Returns whether the full curve
     was there to compare; :class:`~fedbug.errors.ResultsError` naming what disagrees."""
-    from fedbug.sweep import folder_disagreement
+    from fedbug.engine.run_folder import folder_disagreement
 
     rd = RunDir(run_dir)
     if not rd.thin_path.is_file():

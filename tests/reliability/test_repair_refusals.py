@@ -121,3 +121,26 @@ def test_the_python_api_says_the_same(unfinished, tmp_path):
             p.unlink()
     with pytest.raises(ResultsError, match="no results to repair"):
         fedbug.repair(run)
+
+
+def test_a_summary_copied_from_another_seed_is_repaired(tmp_path, capsys):
+    """A summary with a valid checksum copied from seed 1's folder into seed 0's: repair said
+    "nothing to repair"; it is damage (the folder cross-check), rebuilt by the rerun."""
+    from tiny import tiny_config
+
+    import fedbug
+    from fedbug.cli import main
+
+    cfg = dict(rounds=2, checkpoint_every=1, count_flops=False)
+    fedbug.run(tiny_config(seed=0, **cfg), run_dir=tmp_path / "s0")
+    fedbug.run(tiny_config(seed=1, **cfg), run_dir=tmp_path / "s1")
+    original = (tmp_path / "s0" / "summary.json").read_text()
+    (tmp_path / "s0" / "summary.json").write_text((tmp_path / "s1" / "summary.json").read_text())
+    assert main(["repair", str(tmp_path / "s0"), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "summary.json (disagrees with its folder: seed 1" in out
+    import json
+
+    mine = json.loads((tmp_path / "s0" / "summary.json").read_text())
+    assert mine["seed"] == 0
+    assert mine["weights_sha256"] == json.loads(original)["weights_sha256"]

@@ -26,6 +26,7 @@ from fedbug.config import BaseConfig, config_class, config_hash, load_config, re
 from fedbug.data import FederatedDataset
 from fedbug.engine.experiment import ModelSource
 from fedbug.engine.rounds import run_experiment
+from fedbug.engine.run_folder import folder_disagreement
 from fedbug.errors import CheckpointError, ConfigError, ResultsError
 from fedbug.results import RunDir
 from fedbug.tasks import Task
@@ -162,9 +163,14 @@ def _repair(
                 )
             if not report.damaged:
                 try:
-                    rd.read_run()  # the two files against each other (a cut metrics.jsonl)
+                    run = rd.read_run()  # the two files against each other (a cut metrics.jsonl)
                 except ResultsError as e:
                     report.damaged.append(f"{e}".split("; ")[0])
+                else:  # a summary copied from another run, checksum and all
+                    what = folder_disagreement(run)
+                    if what is not None:
+                        report.damaged.append(f"summary.json (disagrees with its folder: {what})")
+                        summary_bad = True
     report.finished = rd.summary_path.exists() or (ck is not None and ck["round"] == cfg.rounds)
     if report.finished:
         target = cfg.rounds
