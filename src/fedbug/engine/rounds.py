@@ -110,17 +110,32 @@ def run_experiment(
     was aggregated, raises :class:`~fedbug.errors.ShortRoundError` after writing it with
     ``"status": "stopped"`` and a ``short_round`` block.
     """
+    sources = (dataset, model, _task_of(task, loss, metrics))
+    with _locked(run_dir, lock_token) as rd, contextlib.ExitStack() as cleanup:
+        # what the run opens is closed however it ends, before the folder's lock is released
+        return _run(cleanup, cfg, rd, resume, sources, on_round, stop_after, executor_factory)
+
+
+def _task_of(
+    task: Task | str | None, loss: LossFn | None, metrics: dict[str, LossFn] | None
+) -> Task | str | None:
+    """The task given, or one made of ``loss`` and ``metrics``; both given is refused."""
     if loss is not None:
         if task is not None:
             raise ConfigError("give a task or a loss (with metrics), not both")
-        task = CustomTask(loss, metrics)
-    elif metrics is not None:
+        return CustomTask(loss, metrics)
+    if metrics is not None:
         raise ConfigError("metrics go with a loss: fedbug.run(cfg, loss=..., metrics=...)")
-    sources = (dataset, model, task)
+    return task
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path | str | None, lock_token: str | None) -> Iterator[RunDir | None]:
+    """The run folder (None without one), made where missing and locked while the run writes it
+    (with ``lock_token``: joined, for the process holding its lock)."""
     if run_dir is None:
-        with contextlib.ExitStack() as cleanup:  # what the run opens is closed however it ends
-            args = (cfg, None, resume, sources, on_round, stop_after, executor_factory)
-            return _run(cleanup, *args)
+        yield None
+        return
     rd = RunDir(Path(run_dir))
     # the folders this call makes (the run's and any missing above it, as --out): removed again
     # while empty, so a run refused before it wrote anything leaves nothing on disk
@@ -139,9 +154,7 @@ def run_experiment(
         raise
     try:
         rd.remove_stale_temps()  # a killed run's half-written files; the lock is ours now
-        with contextlib.ExitStack() as cleanup:
-            args = (cfg, rd, resume, sources, on_round, stop_after, executor_factory)
-            return _run(cleanup, *args)
+        yield rd
     finally:
         rd.release_lock()
         _remove_empty(made)
@@ -538,16 +551,8 @@ def aggregate_stream(
             local_mean.update(res.client, weights + res.delta)
 
     def take(res: ClientResult) -> None:
-        reason = check_update(res, exp.space)
+        reason = screen(exp, round, res)
         if reason is not None:
-            if is_divergence(reason) and cfg.on_divergence == "stop":
-                raise DivergenceError(
-                    f"training diverged in round {round}: client {res.client}'s update has "
-                    f"{reason}; {divergence_hint(cfg)}",
-                    round,
-                    res.client,
-                    reason,
-                )
             dropped.append({"client": res.client, "reason": reason})
             return
         sent = res.uploaded if cfg.upload == "partial" else shared_mask
@@ -575,6 +580,21 @@ def aggregate_stream(
 
 
 _EMPTY = torch.empty(0)
+
+
+def screen(exp: Experiment, round: int, res: ClientResult) -> str | None:
+    """Why the update ``res`` is dropped (None: it is valid). A non-finite one stops the run
+    (:class:`~fedbug.errors.DivergenceError`) unless ``on_divergence: skip_client``."""
+    reason = check_update(res, exp.space)
+    if reason is not None and is_divergence(reason) and exp.cfg.on_divergence == "stop":
+        raise DivergenceError(
+            f"training diverged in round {round}: client {res.client}'s update has "
+            f"{reason}; {divergence_hint(exp.cfg)}",
+            round,
+            res.client,
+            reason,
+        )
+    return reason
 
 
 def check_weights(exp: Experiment, round: int, weights: Tensor) -> None:
