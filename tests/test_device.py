@@ -69,7 +69,7 @@ def test_local_training_never_leaves_the_configured_device(algorithm):
     with pytest.raises(RuntimeError, match="meta") as info:
         train_client(w, task, exp.client_data(0), state, rt)
     ours = [f for f in traceback.extract_tb(info.tb) if "/fedbug/" in f.filename]
-    assert ours[-1].name == "train_client" and "float(loss_sum)" in ours[-1].line
+    assert ours[-1].name == "result" and "float(self.loss_sum)" in ours[-1].line
     ev = Evaluator(exp.template, exp.space, exp.dataset, 64, device=torch.device("meta"))
     assert ev.flat.device.type == "meta"
     assert {p.device.type for p in ev.model.parameters()} == {"meta"}

@@ -162,168 +162,226 @@ def train_client(
     The algorithm's and the policy's per-client halves (:meth:`Algorithm.start_client`,
     :meth:`FreezePolicy.start_client`) are opened here and hold whatever this client needs; the
     result's typed fields come from this loop, then from the policy's and the algorithm's
-    ``finish``."""
-    rt, settings, space, alg = runtime, runtime.settings, runtime.space, runtime.algorithm
-    dev = rt.device
-    host = weights.device
-    # on the device: the received weights, the client's state and the round's payload; its
-    # data too, unless augmentation (drawn on the CPU) comes first (then batch by batch)
-    weights = weights.to(dev)
-    state = to_device(state, dev)
-    if task.payload is not None:
-        task = dataclasses.replace(task, payload=to_device(task.payload, dev))
-    xs, ys = (data.x, data.y) if rt.augment is not None else (data.x.to(dev), data.y.to(dev))
-    rt.model.train()
-    rt.flat.copy_(weights)
-    load_local_parts(rt.flat, state, space)
-    n = len(data)
-    gen = torch_generator(task.seed, "client", task.round, task.client)
-    scaler = torch.amp.GradScaler(dev.type) if rt.precision == "fp16" else None
-    session = alg.start_client(task, data.y, rt, gen)
-    policy = rt.policy.start_client(task)
-    local_steps, per_epoch = session.local_step_count(n, settings)
-    opt = rt.make_optimizer(task.lr)
-    trained = [False] * space.num_units
-    unit_steps = [0] * space.num_units
-    current: tuple[int, ...] | None = None
-    regions: list[slice] = []
-    ctx: LocalCtx | None = None
-    loss_sum = torch.zeros((), device=dev)
-    idle = 0
-    flops = 0
-    probe_steps = 0
-    probe_flops = 0
-    perm = torch.empty(0, dtype=torch.long)
-    k = 0
-    while k < local_steps:
-        k += 1
-        pos = (k - 1) % per_epoch
-        if pos == 0:  # drawn on the CPU, moved once an epoch (not a copy, and a wait, a step)
-            perm = torch.randperm(n, generator=gen).to(xs.device)
-        idx = perm[pos * settings.batch_size : (pos + 1) * settings.batch_size]
-        x, y = xs[idx], ys[idx]  # a client's samples and labels live on one device
-        if rt.augment is not None:
-            x = rt.augment(x, gen)
-            x, y = x.to(dev), y.to(dev)
-        x = rt.prepare(x)
-        step = StepCtx(k, local_steps, rt.policy_units, task.round, task.client, task.rounds)
-        units = step_units(policy, session, step, per_epoch, rt.extra_units)
-        if not units:  # the policy and the algorithm leave nothing to train: an idle step
-            idle += 1
-            continue
-        if units != current:
-            current = units
-            regions = rt.set_trainable(units)
-            for u in units:
-                trained[u] = True
-            ctx = LocalCtx(
-                space=space,
-                weights=rt.flat,
-                grads=rt.grad,
-                received=weights,
-                regions=regions,
-                state=state,
-                num_samples=n,
-                mean_samples=task.mean_samples,
-                payload=task.payload,
-                lr=task.lr,
+    ``finish``. The steps are :class:`LocalRound`'s."""
+    local = LocalRound(weights, task, data, state, runtime)
+    local.train()
+    return local.result()
+
+
+class LocalRound:
+    """One client's local training in one round, in named steps: opened on the device
+    (``__init__``), trained (:meth:`train`: a batch, the step's units, :meth:`step`, the policy's
+    :meth:`end_of_epoch`), closed into a :class:`ClientResult` (:meth:`result`).
+
+    The algorithm's :class:`LocalCtx` is built once, when the client opens; the regions it
+    names follow the step's trainable units, and :meth:`result` views the whole vector."""
+
+    def __init__(
+        self,
+        weights: Tensor,
+        task: ClientTask,
+        data: ClientData,
+        state: dict[str, Tensor],
+        runtime: ClientRuntime,
+    ) -> None:
+        rt = self.rt = runtime
+        dev = rt.device
+        self.host = weights.device
+        # on the device: the received weights, the client's state and the round's payload; its
+        # data too, unless augmentation (drawn on the CPU) comes first (then batch by batch)
+        self.received = weights.to(dev)
+        self.state = to_device(state, dev)
+        if task.payload is not None:
+            task = dataclasses.replace(task, payload=to_device(task.payload, dev))
+        self.task = task
+        self.xs, self.ys = (
+            (data.x, data.y) if rt.augment is not None else (data.x.to(dev), data.y.to(dev))
+        )
+        rt.model.train()
+        rt.flat.copy_(self.received)
+        load_local_parts(rt.flat, self.state, rt.space)
+        self.n = len(data)
+        self.gen = torch_generator(task.seed, "client", task.round, task.client)
+        self.scaler = torch.amp.GradScaler(dev.type) if rt.precision == "fp16" else None
+        self.session = rt.algorithm.start_client(task, data.y, rt, self.gen)
+        self.policy = rt.policy.start_client(task)
+        self.local_steps, self.per_epoch = self.session.local_step_count(self.n, rt.settings)
+        self.ctx = LocalCtx(
+            space=rt.space,
+            weights=rt.flat,
+            grads=rt.grad,
+            received=self.received,
+            regions=[],
+            state=self.state,
+            num_samples=self.n,
+            mean_samples=task.mean_samples,
+            payload=task.payload,
+            lr=task.lr,
+        )
+        self.loss_sum = torch.zeros((), device=dev)
+        self.idle = self.flops = self.probe_steps = self.probe_flops = 0
+        self.perm = torch.empty(0, dtype=torch.long)
+        self.begin()
+
+    def begin(self) -> None:
+        """A fresh optimiser and no unit trained yet (at the start, and when a policy restarts
+        the round)."""
+        m = self.rt.space.num_units
+        self.opt = self.rt.make_optimizer(self.task.lr)
+        self.trained = [False] * m
+        self.unit_steps = [0] * m
+        self.current: tuple[int, ...] | None = None
+
+    def train(self) -> None:
+        """The local steps; a step the policy and the algorithm leave nothing to train is idle,
+        and a policy's end-of-epoch answer may send ``k`` back to 0 (a restart)."""
+        rt, task = self.rt, self.task
+        k = 0
+        while k < self.local_steps:
+            k += 1
+            x, y = self.batch(k)
+            step = StepCtx(
+                k, self.local_steps, rt.policy_units, task.round, task.client, task.rounds
             )
+            units = step_units(self.policy, self.session, step, self.per_epoch, rt.extra_units)
+            if not units:
+                self.idle += 1
+                continue
+            self.step(units, x, y)
+            if k % self.per_epoch == 0 and k < self.local_steps:
+                k = self.end_of_epoch(k)
+
+    def batch(self, k: int) -> tuple[Tensor, Tensor]:
+        """Step ``k``'s batch: a slice of the epoch's permutation (drawn on the CPU, moved once
+        an epoch), augmented and moved where augmentation comes first, then prepared."""
+        rt, bs = self.rt, self.rt.settings.batch_size
+        pos = (k - 1) % self.per_epoch
+        if pos == 0:
+            self.perm = torch.randperm(self.n, generator=self.gen).to(self.xs.device)
+        idx = self.perm[pos * bs : (pos + 1) * bs]
+        x, y = self.xs[idx], self.ys[idx]  # a client's samples and labels live on one device
+        if rt.augment is not None:
+            x = rt.augment(x, self.gen)
+            x, y = x.to(rt.device), y.to(rt.device)
+        return rt.prepare(x), y
+
+    def step(self, units: tuple[int, ...], x: Tensor, y: Tensor) -> None:
+        """One optimiser step on ``units``: the loss and the algorithm's terms, backward, the
+        closed-form gradient terms, clipping, the step (fp16: through the grad scaler)."""
+        rt, alg, ctx, session, scaler = (
+            self.rt,
+            self.rt.algorithm,
+            self.ctx,
+            self.session,
+            self.scaler,
+        )
+        if units != self.current:
+            self.current = units
+            ctx.regions = rt.set_trainable(units)
+            for u in units:
+                self.trained[u] = True
         for u in units:
-            unit_steps[u] += 1
+            self.unit_steps[u] += 1
         session.before_step(x, y)
-        for r in regions:
+        for r in ctx.regions:
             rt.grad[r].zero_()
-        with autocast(dev, rt.precision):
+        with autocast(rt.device, rt.precision):
             loss = session.loss(rt.model(x), y)
-            loss_sum += loss.detach().float()
+            self.loss_sum += loss.detach().float()
             loss = alg.extra_loss(ctx, loss, rt._features)
         if scaler is not None:
             scaler.scale(loss).backward()
-            scaler.unscale_(opt)  # the algorithm's terms and clipping see true gradients
+            scaler.unscale_(self.opt)  # the algorithm's terms and clipping see true gradients
         else:
             loss.backward()
         alg.adjust_grads(ctx)
-        if settings.clip_grad_norm:
-            norm = torch.stack([rt.grad[r].norm() for r in regions]).norm()
-            scale = (settings.clip_grad_norm / (norm + 1e-6)).clamp(max=1.0)
-            for r in regions:
-                rt.grad[r].mul_(scale)
+        if rt.settings.clip_grad_norm:
+            clip_grad_norm(rt.grad, ctx.regions, rt.settings.clip_grad_norm)
         alg.adjust_grads_after_clipping(ctx)
         if scaler is not None:
-            scaler.step(opt)  # skipped where fp16 overflowed
+            scaler.step(self.opt)  # skipped where fp16 overflowed
             scaler.update()
         else:
-            opt.step()
+            self.opt.step()
         session.after_step()
-        if settings.count_flops:
-            flops += rt.flops(units, x, y, session.loss)
-        if k % per_epoch == 0 and k < local_steps:
-            action = policy.end_of_epoch(
-                EpochCtx(k // per_epoch, local_steps // per_epoch, task, space, rt.flat, weights)
-            )
-            if action is not None and action.restart:
-                # start the round over from the received weights (the probe is not kept)
-                probe_steps += k
-                probe_flops = flops
-                rt.flat.copy_(weights)
-                load_local_parts(rt.flat, state, space)
-                opt = rt.make_optimizer(task.lr)
-                trained = [False] * space.num_units
-                unit_steps = [0] * space.num_units
-                current = None
-                k = 0
-            elif action is not None:
-                for u in action.restore:  # back to the received weights, optimiser state kept
-                    rt.flat[space.unit_slices[u]] = weights[space.unit_slices[u]]
-                    trained[u] = False
-                    unit_steps[u] = 0
-                current = None
-    rt._features = None
-    delta = rt.flat - weights
-    full_ctx = LocalCtx(
-        space=space,
-        weights=rt.flat,
-        grads=rt.grad,
-        received=weights,
-        regions=[slice(0, space.total)],
-        state=state,
-        num_samples=n,
-        mean_samples=task.mean_samples,
-        payload=task.payload,
-        lr=task.lr,
-        unit_steps=unit_steps,
-    )
-    finished = alg.finish_client(full_ctx, delta)
-    extras = alg.client_extras(full_ctx, state, finished)
-    new_state = save_local_parts(finished, rt.flat, alg, space)
-    uploaded = [t and shared for t, shared in zip(trained, alg.shared_mask(space.num_units))]
-    result = ClientResult(
-        client=task.client,
-        num_samples=n,
-        delta=delta,
-        trained=trained,
-        state=new_state,
-        train_loss=float(loss_sum) / max(1, local_steps + probe_steps - idle),
-        steps=local_steps,
-        flops=flops,
-        probe_flops=probe_flops,
-        probe_steps=probe_steps,
-        trained_params=sum(c for c, t in zip(space.unit_param_numel, trained) if t),
-        bytes_up=space.bytes_of(uploaded),
-        extras=extras,
-        uploaded=uploaded,
-    )
-    policy.finish(result)
-    session.finish(result)
-    if dev != host:  # what is aggregated or stored goes back to the host
-        result = dataclasses.replace(
-            result,
-            delta=result.delta.to(host),
-            state=to_device(result.state, host),
-            extras=to_device(result.extras, host),
-            entries=to_device(result.entries, host),
+        if rt.settings.count_flops:
+            self.flops += rt.flops(units, x, y, session.loss)
+
+    def end_of_epoch(self, k: int) -> int:
+        """The policy's answer after an epoch that is not the last: restore units to the received
+        weights (optimiser state kept), or start the round over (the probe is not kept: ``k``
+        goes back to 0). Returns the step count to go on from."""
+        rt, space, pe = self.rt, self.rt.space, self.per_epoch
+        ctx = EpochCtx(k // pe, self.local_steps // pe, self.task, space, rt.flat, self.received)
+        action = self.policy.end_of_epoch(ctx)
+        if action is None:
+            return k
+        if action.restart:
+            self.probe_steps += k
+            self.probe_flops = self.flops
+            rt.flat.copy_(self.received)
+            load_local_parts(rt.flat, self.state, space)
+            self.begin()
+            return 0
+        for u in action.restore:
+            rt.flat[space.unit_slices[u]] = self.received[space.unit_slices[u]]
+            self.trained[u] = False
+            self.unit_steps[u] = 0
+        self.current = None
+        return k
+
+    def result(self) -> ClientResult:
+        """The update, the new client state and the costs; then the policy's and the
+        algorithm's ``finish``; back on the host."""
+        rt, alg, space = self.rt, self.rt.algorithm, self.rt.space
+        rt._features = None
+        delta = rt.flat - self.received
+        whole = dataclasses.replace(
+            self.ctx, regions=[slice(0, space.total)], unit_steps=self.unit_steps
         )
-    return result
+        finished = alg.finish_client(whole, delta)
+        extras = alg.client_extras(whole, self.state, finished)
+        uploaded = [t and s for t, s in zip(self.trained, alg.shared_mask(space.num_units))]
+        result = ClientResult(
+            client=self.task.client,
+            num_samples=self.n,
+            delta=delta,
+            trained=self.trained,
+            state=save_local_parts(finished, rt.flat, alg, space),
+            train_loss=float(self.loss_sum)
+            / max(1, self.local_steps + self.probe_steps - self.idle),
+            steps=self.local_steps,
+            flops=self.flops,
+            probe_flops=self.probe_flops,
+            probe_steps=self.probe_steps,
+            trained_params=sum(c for c, t in zip(space.unit_param_numel, self.trained) if t),
+            bytes_up=space.bytes_of(uploaded),
+            extras=extras,
+            uploaded=uploaded,
+        )
+        self.policy.finish(result)
+        self.session.finish(result)
+        return to_host(result, self.host) if rt.device != self.host else result
+
+
+def clip_grad_norm(grad: Tensor, regions: list[slice], max_norm: float) -> None:
+    """Scale the gradient of the trainable regions to norm at most ``max_norm`` (their joint
+    norm), in place."""
+    norm = torch.stack([grad[r].norm() for r in regions]).norm()
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for r in regions:
+        grad[r].mul_(scale)
+
+
+def to_host(result: ClientResult, host: torch.device) -> ClientResult:
+    """What is aggregated or stored, moved back to the host."""
+    return dataclasses.replace(
+        result,
+        delta=result.delta.to(host),
+        state=to_device(result.state, host),
+        extras=to_device(result.extras, host),
+        entries=to_device(result.entries, host),
+    )
 
 
 def step_units(
