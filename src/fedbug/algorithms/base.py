@@ -29,7 +29,11 @@ from fedbug.tasks import Classification, Task
 from fedbug.units import ParamSpace
 
 if TYPE_CHECKING:
-    from fedbug.protocol import ClientResult, ClientTask
+    from fedbug.aggregate import Aggregate
+    from fedbug.client import ClientRuntime
+    from fedbug.config import BaseConfig
+    from fedbug.protocol import ClientResult, ClientTask, TrainSettings
+    from fedbug.system import SystemModel
 
 
 class Params(BaseModel):
@@ -91,7 +95,7 @@ class ClientSession:
         self.task = task
         self.labels = labels
 
-    def local_step_count(self, num_samples: int, settings: Any) -> tuple[int, int]:
+    def local_step_count(self, num_samples: int, settings: TrainSettings) -> tuple[int, int]:
         """(K, steps per epoch) of this client's local training."""
         return self.alg.local_step_count(num_samples, settings)
 
@@ -141,7 +145,7 @@ class Algorithm:
     extra_modules: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def check_config(cls, cfg: Any) -> str | None:
+    def check_config(cls, cfg: BaseConfig) -> str | None:
         """Why ``cfg`` cannot run this algorithm (one sentence naming the fix), or None."""
         return None
 
@@ -179,7 +183,7 @@ class Algorithm:
         this with the freeze policy (FedBABU: never the head; FedRep: head, then base)."""
         return None
 
-    def local_step_count(self, num_samples: int, settings: Any) -> tuple[int, int]:
+    def local_step_count(self, num_samples: int, settings: TrainSettings) -> tuple[int, int]:
         """(K, steps per epoch) of local training; FedRep adds its head epochs."""
         per_epoch = max(1, -(-num_samples // settings.batch_size))
         k = settings.local_steps if settings.local_steps else settings.local_epochs * per_epoch
@@ -189,7 +193,7 @@ class Algorithm:
         self,
         task: ClientTask,
         labels: Tensor,
-        runtime: Any = None,
+        runtime: ClientRuntime | None = None,
         gen: torch.Generator | None = None,
     ) -> ClientSession:
         """This algorithm's half of one client's round (``labels``: the client's training
@@ -197,12 +201,14 @@ class Algorithm:
         client's generator, addressed by (seed, round, client))."""
         return ClientSession(self, task, labels)
 
-    def client_config(self, client: int, system: Any) -> dict[str, Any]:
+    def client_config(self, client: int, system: SystemModel | None) -> dict[str, Any]:
         """What client ``client`` is sent with the weights this round (its ``task.extra``;
         Fjord: its width). ``system``: the simulated devices, or None."""
         return {}
 
-    def setup_system(self, system: Any, model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Any]:
+    def setup_system(
+        self, system: SystemModel, model: nn.Module, x: Tensor, y: Tensor
+    ) -> dict[str, Any]:
         """Called once with the simulated system and an example batch (an algorithm that
         trains sub-models: their per-sample FLOPs); returns figures for the summary's
         ``clients`` block (JSON-ready), none by default."""
@@ -235,7 +241,12 @@ class Algorithm:
         return {}
 
     def server_update(
-        self, weights: Tensor, agg: Any, state: dict[str, Tensor], round: int, num_clients: int
+        self,
+        weights: Tensor,
+        agg: Aggregate,
+        state: dict[str, Tensor],
+        round: int,
+        num_clients: int,
     ) -> ServerStep:
         """theta <- theta + eta_g * mean_i Delta_i (per unit, over the clients that trained it)."""
         new = weights + self.global_lr * agg.mean_delta()

@@ -35,7 +35,9 @@ from torch import Tensor
 from fedbug.registry import Registry
 
 if TYPE_CHECKING:
+    from fedbug.config import BaseConfig
     from fedbug.protocol import ClientResult, ClientTask
+    from fedbug.system import SystemModel
     from fedbug.units import ParamSpace
 
 
@@ -119,7 +121,7 @@ class FreezePolicy:
         return f"{type(self).__name__}({self.params!r})" if self.params else type(self).__name__
 
     @classmethod
-    def check_config(cls, cfg: Any) -> str | None:
+    def check_config(cls, cfg: BaseConfig) -> str | None:
         """Why ``cfg`` cannot run this policy, or None."""
         return None
 
@@ -134,7 +136,7 @@ class FreezePolicy:
         return PolicySession(self, task)
 
     # -- server half -------------------------------------------------------------------
-    def setup_server(self, system: Any, cfg: Any) -> None:
+    def setup_server(self, system: SystemModel | None, cfg: BaseConfig) -> None:
         """Called once the simulated system (None without a ``system:`` block) is built."""
         return None
 
@@ -170,7 +172,9 @@ class FreezePolicy:
 
 
 class _IntersectionSession(PolicySession):
-    def __init__(self, policy: Intersection, sessions: list[PolicySession], task: Any) -> None:
+    def __init__(
+        self, policy: Intersection, sessions: list[PolicySession], task: ClientTask
+    ) -> None:
         super().__init__(policy, task)
         self.sessions = sessions
 
@@ -215,7 +219,7 @@ class Intersection(FreezePolicy):
     def start_client(self, task: ClientTask) -> PolicySession:
         return _IntersectionSession(self, [p.start_client(task) for p in self.policies], task)
 
-    def setup_server(self, system: Any, cfg: Any) -> None:
+    def setup_server(self, system: SystemModel | None, cfg: BaseConfig) -> None:
         for p in self.policies:
             p.setup_server(system, cfg)
 

@@ -13,6 +13,8 @@ from fedbug.registry import Registry
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from fedbug.config import BaseConfig
+    from fedbug.system import SystemModel
     from fedbug.units import ParamSpace
 
 
@@ -67,12 +69,12 @@ class Selection:
     needs_local_deltas: ClassVar[bool] = False
 
     @classmethod
-    def check_config(cls, cfg: Any) -> str | None:
+    def check_config(cls, cfg: BaseConfig) -> str | None:
         """Why ``cfg`` cannot use this selection, or None."""
         return None
 
     @classmethod
-    def build(cls, cfg: Any, num_clients: int, system: Any) -> Selection:
+    def build(cls, cfg: BaseConfig, num_clients: int, system: SystemModel | None) -> Selection:
         """The selection for a run (``system``: the simulated devices, or None)."""
         raise NotImplementedError
 
