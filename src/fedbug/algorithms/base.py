@@ -11,10 +11,15 @@ Per-client values (FedROD's class counts, FedRep's head steps, Fjord's width) li
 algorithm object every client shares. Extra tensors a client sends (SCAFFOLD's control-variate
 change) go in :meth:`Algorithm.client_extras`; the server reads their per-key sums from the
 round's aggregate (:meth:`fedbug.aggregate.Aggregate.extra_sum`).
+
+A flag that goes with a hook is never set apart from it: ``stateful_clients`` and
+``needs_features`` follow from whether a class overrides their hooks, and ``has_global_model`` and
+``extra_modules`` are checked against theirs, when the class is defined (:func:`check_flags`).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -132,17 +137,42 @@ class Algorithm:
     ``finish_client`` (new client state), ``client_extras`` (extra tensors sent).
     Server half: ``client_config`` and ``payload`` (what clients are sent), ``server_update``
     from the aggregate of the round's updates, ``setup_system`` (the simulated devices).
+
+    Flags (class attributes the engine reads; see :func:`check_flags`): ``stateful_clients``
+    and ``needs_features`` are computed from the hooks, the others are declared.
     """
 
     name: ClassVar[str] = "base"
     params_cls: ClassVar[type[Params] | None] = None
-    needs_features: ClassVar[bool] = False
+    #: computed: whether each client's state is kept between rounds (the class overrides
+    #: ``init_client_state`` or ``finish_client``)
     stateful_clients: ClassVar[bool] = False
+    #: computed: whether ``extra_loss`` is given the classifier's input (the class overrides
+    #: ``extra_loss``; None otherwise)
+    needs_features: ClassVar[bool] = False
+    #: False: the server's weights alone are no model to evaluate, some units living only on the
+    #: clients (needs ``local_units``); evaluation must then be personalized
     has_global_model: ClassVar[bool] = True
     #: whether the algorithm treats the model's last units as a head apart from its base
-    #: (personalized methods); then the model needs at least one base unit and one head unit
+    #: (personalized methods, set by ``BodyHead``); then the model needs at least one base unit
+    #: and one head unit
     splits_body_head: ClassVar[bool] = False
+    #: the top-level modules ``wrap_model`` adds (FedROD's personal head): their units are the
+    #: algorithm's, not the freeze policy's (needs ``wrap_model``)
     extra_modules: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_flags(cls)
+
+    @classmethod
+    def overrides(cls, *hooks: str) -> bool:
+        """Whether this class overrides any of ``hooks`` of :class:`Algorithm` (itself or
+        through a base class)."""
+        return any(
+            inspect.getattr_static(cls, h) is not inspect.getattr_static(Algorithm, h)
+            for h in hooks
+        )
 
     @classmethod
     def check_config(cls, cfg: BaseConfig) -> str | None:
@@ -282,6 +312,46 @@ class Algorithm:
         the server sums per key over the round's clients (SCAFFOLD's Delta c_i); none by
         default."""
         return {}
+
+
+#: flags a hook implies: True exactly when the class overrides one of the hooks, and why it matters
+IMPLIED_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "stateful_clients": (
+        ("init_client_state", "finish_client"),
+        "without it the state a client returns is dropped after every round",
+    ),
+    "needs_features": (("extra_loss",), "without it extra_loss is given features=None"),
+}
+
+
+def check_flags(cls: type[Algorithm]) -> None:
+    """Set ``cls``'s computed flags from its hooks, and refuse (TypeError naming the class, the
+    flag and the hook) a flag its class body sets against them or a declared flag without the
+    hook it needs. Called when a subclass is defined, so before it can be registered."""
+    who = cls.__qualname__
+    for flag, (hooks, why) in IMPLIED_FLAGS.items():
+        implied = cls.overrides(*hooks)
+        if flag in vars(cls) and vars(cls)[flag] != implied:
+            has = [h for h in hooks if cls.overrides(h)]
+            which = f"overrides {has[0]}" if has else f"overrides none of {', '.join(hooks)}"
+            raise TypeError(
+                f"algorithm class {who} sets {flag} = {vars(cls)[flag]!r} but {which}: {flag} "
+                f"is true exactly when a class overrides {' or '.join(hooks)} ({why}); remove "
+                f"the {flag} line"
+            )
+        setattr(cls, flag, implied)
+    if cls.extra_modules and not cls.overrides("wrap_model"):
+        raise TypeError(
+            f"algorithm class {who} sets extra_modules = {cls.extra_modules!r} but does not "
+            "override wrap_model, the hook that adds those modules; override wrap_model or "
+            "remove extra_modules"
+        )
+    if not cls.has_global_model and not cls.overrides("local_units"):
+        raise TypeError(
+            f"algorithm class {who} sets has_global_model = False but does not override "
+            "local_units: every unit is then shared and the server's weights are the global "
+            "model; override local_units (the units each client keeps) or remove the line"
+        )
 
 
 def build_algorithm(

@@ -13,9 +13,9 @@ from fedbug.layout import Layout
 
 
 class BodyHead(FedAvg):
-    splits_body_head = True
-
     """FedAvg with the layout's base, head and extra units at hand."""
+
+    splits_body_head = True
 
     @property
     def split(self) -> Layout:

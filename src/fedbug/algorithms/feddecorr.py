@@ -35,7 +35,6 @@ def decorrelation_loss(z: Tensor) -> Tensor:
 class FedDecorr(FedAvg):
     name = "feddecorr"
     params_cls = FedDecorrParams
-    needs_features = True
 
     def __init__(self, global_lr: float = 1.0, params: FedDecorrParams | None = None) -> None:
         super().__init__(global_lr, params)

@@ -40,7 +40,6 @@ class FedDynParams(Params):
 class FedDyn(FedAvg):
     name = "feddyn"
     params_cls = FedDynParams
-    stateful_clients = True
 
     def init_server_state(self, weights: Tensor, num_clients: int) -> dict[str, Tensor]:
         return {"lambda_sum": weights.new_zeros(weights.shape)}

@@ -45,7 +45,6 @@ class ScaffoldParams(Params):
 class Scaffold(FedAvg):
     name = "scaffold"
     params_cls = ScaffoldParams
-    stateful_clients = True
 
     # -- server half ---------------------------------------------------------------------
     def init_server_state(self, weights: Tensor, num_clients: int) -> dict[str, Tensor]:

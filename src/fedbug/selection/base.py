@@ -3,6 +3,7 @@ and what it learns from each round."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -65,8 +66,19 @@ class Selection:
     name: ClassVar[str] = "base"
     params_cls: ClassVar[type[BaseModel] | None] = None
     #: whether ``update`` reads ``feedback.local_deltas`` (the round then keeps every client's
-    #: update until it ends, instead of dropping each once aggregated)
+    #: update until it ends, instead of dropping each once aggregated; without it they are
+    #: empty): needs ``update``, checked when the class is defined
     needs_local_deltas: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own_update = inspect.getattr_static(cls, "update") is not Selection.__dict__["update"]
+        if cls.needs_local_deltas and not own_update:
+            raise TypeError(
+                f"selection class {cls.__qualname__} sets needs_local_deltas = True but does not "
+                "override update, the hook that reads feedback.local_deltas; override update or "
+                "remove the line"
+            )
 
     @classmethod
     def check_config(cls, cfg: BaseConfig) -> str | None:
