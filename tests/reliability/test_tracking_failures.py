@@ -262,3 +262,21 @@ def test_a_malformed_tracking_uri_is_refused_when_the_config_is_read():
 
     with pytest.raises(ConfigError, match="has no host"):
         fedbug.config(tracking_uri="http://:80")
+
+
+def test_a_tracker_that_fails_as_a_new_run_starts_leaves_no_half_made_folder(
+    tmp_path, needs_mlflow
+):
+    """The run folder held config.yaml and partition.* after the failure, so the same command
+    given again (once the store was fixed) was refused as "already holds a run"."""
+    import fedbug
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mlruns").write_text("a file where the store's folder goes")
+    cfg = tiny_config(tracking=["mlflow"], rounds=1)
+    with pytest.raises(FedbugError, match="MLflow"):
+        fedbug.run(cfg, out / "run")
+    assert not (out / "run").exists()
+    (out / "mlruns").unlink()
+    assert fedbug.run(cfg, out / "run").summary["status"] == "completed"
