@@ -13,8 +13,8 @@ from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedbug.flower.launch import processes_with_env  # noqa: F401  (for the tests)
-from fedbug.flower.loopback import Deployment  # noqa: F401  (for the tests)
+from fedbug.integrations.flower.launch import processes_with_env  # noqa: F401  (for the tests)
+from fedbug.integrations.flower.loopback import Deployment  # noqa: F401  (for the tests)
 
 SERVER_NODE = 1
 

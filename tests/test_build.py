@@ -9,9 +9,9 @@ import pytest
 from tiny import tiny_config
 
 import fedbug
-from fedbug.cost import cost_report
 from fedbug.engine import Experiment
 from fedbug.errors import ConfigError
+from fedbug.report.cost import cost_report
 
 UNITS = ["conv1", "conv2", "fc1", "fc2", "fc3"]  # digits_cnn's layers, listed by name
 

@@ -5,7 +5,7 @@ import torch
 from handcalc import W0, ce_grad
 from tiny import TwoLayer, data, runtime, set_weights, task
 
-from fedbug.client import TrainSettings, train_client
+from fedbug.engine.client import TrainSettings, train_client
 
 
 def _model() -> TwoLayer:

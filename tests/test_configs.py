@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from fedbug.config import read_config_doc, validate
-from fedbug.sweep import expand
+from fedbug.sweeps.sweep import expand
 
 DEMO = Path(__file__).parent.parent / "configs" / "digits-demo.yaml"
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))

@@ -14,11 +14,11 @@ import yaml
 from torch import nn
 
 from fedbug.config import load_config
-from fedbug.cost import cost_report, format_cost_report, round_phases
-from fedbug.flops import FlopCache, training_flops
+from fedbug.core.flops import FlopCache, training_flops
+from fedbug.core.units import ParamSpace, find_units
 from fedbug.policies.schedule import RoundSchedule
+from fedbug.report.cost import cost_report, format_cost_report, round_phases
 from fedbug.system import freeze_rows
-from fedbug.units import ParamSpace, find_units
 
 ROOT = Path(__file__).parent.parent
 FEDSEQ = ROOT / "configs" / "paper" / "fedseq-cost.yaml"

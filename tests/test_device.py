@@ -16,13 +16,13 @@ from tiny import TINY_DOC, tiny_config
 import fedbug
 from fedbug.algorithms import ALGORITHMS
 from fedbug.cli import main
-from fedbug.client import train_client
 from fedbug.config import config_hash
+from fedbug.core.protocol import ClientTask
 from fedbug.engine import Experiment
+from fedbug.engine.client import train_client
+from fedbug.engine.evaluate import Evaluator
 from fedbug.engine.simulation import Simulation
 from fedbug.errors import ConfigError
-from fedbug.evaluate import Evaluator
-from fedbug.protocol import ClientTask
 
 #: Each registered algorithm's smallest config: a system block for those that need one
 #: (Fjord), personalized evaluation for those without a global model or with their own (FedROD).
@@ -93,7 +93,7 @@ print(json.dumps(out))
 
 
 def test_personalized_evaluation_and_fine_tuning_follow_the_device():
-    from fedbug.pfl import FinetuneSettings, PersonalizedEvaluator
+    from fedbug.engine.pfl import FinetuneSettings, PersonalizedEvaluator
 
     exp = Experiment(tiny_config(algorithm="fedper", evaluation="personalized"))
     meta = torch.device("meta")
@@ -129,7 +129,7 @@ def test_bf16_on_the_cpu_trains_and_evaluates_near_fp32():
 
 
 def test_a_cpu_that_cannot_run_bf16_is_one_config_error(monkeypatch):
-    import fedbug.device as device
+    import fedbug.core.device as device
 
     monkeypatch.setattr(device, "cpu_bf16_problem", lambda: "it dies (a test's stand-in)")
     with pytest.raises(ConfigError, match="bf16 cannot run on this CPU: it dies"):
@@ -196,7 +196,7 @@ def test_the_run_records_where_its_data_lived_and_the_share_is_not_hashed():
 @pytest.fixture
 def kernel_flags(monkeypatch):
     """torch's process-wide kernel flags, put back after the test; CUBLAS_WORKSPACE_CONFIG unset."""
-    from fedbug.device import process_settings_kept
+    from fedbug.core.device import process_settings_kept
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     with process_settings_kept():
@@ -207,7 +207,7 @@ def test_a_gpu_run_gets_ieee_fp32_and_deterministic_kernels(kernel_flags):
     """The flags are torch's own and settable without a GPU: what a CUDA run is given."""
     import os
 
-    from fedbug.device import CUBLAS_DETERMINISTIC, configure_kernels
+    from fedbug.core.device import CUBLAS_DETERMINISTIC, configure_kernels
 
     torch.backends.cudnn.allow_tf32 = True  # PyTorch's default for convolutions
     got = configure_kernels(torch.device("cuda"), "fp32", deterministic=True)
@@ -228,7 +228,7 @@ def test_a_gpu_run_gets_ieee_fp32_and_deterministic_kernels(kernel_flags):
 def test_a_cpu_run_leaves_torchs_flags_alone(kernel_flags):
     import os
 
-    from fedbug.device import configure_kernels
+    from fedbug.core.device import configure_kernels
 
     torch.backends.cudnn.benchmark = True
     assert configure_kernels(torch.device("cpu"), "fp32", deterministic=True) == {}
@@ -261,7 +261,7 @@ def test_a_run_puts_torchs_process_settings_back(kernel_flags, monkeypatch):
     import os
 
     import fedbug.engine.experiment as experiment
-    from fedbug.device import configure_kernels
+    from fedbug.core.device import configure_kernels
 
     def as_on_a_gpu(device, precision, deterministic):
         return configure_kernels(torch.device("cuda"), "tf32", deterministic)

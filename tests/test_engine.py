@@ -203,8 +203,8 @@ def test_natural_clients_subset_cuts_the_test_set_to_their_samples():
 
 def test_full_aggregation_counts_unsent_units_as_unchanged():
     """FreezeFL Fig. 5: layerwise averages a unit over its senders; full over everyone."""
-    from fedbug.aggregate import Aggregate
     from fedbug.engine import Experiment
+    from fedbug.engine.aggregate import Aggregate
 
     space = Experiment(tiny_config()).space
     d1 = torch.ones(space.total)

@@ -4,7 +4,7 @@ import torch
 from handcalc import W0
 from tiny import TwoLayer, data, runtime, set_weights, task
 
-from fedbug.client import EpochAction, TrainSettings, train_client
+from fedbug.engine.client import EpochAction, TrainSettings, train_client
 from fedbug.policies import FreezePolicy, PolicySession, StepCtx
 
 

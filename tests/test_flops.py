@@ -4,9 +4,9 @@ and width; the counts worked by hand (a matmul of (m x k)(k x n) is 2mkn FLOPs).
 import torch
 from torch import nn
 
-import fedbug.flops
-from fedbug.flops import FlopCache
-from fedbug.units import find_units
+import fedbug.core.flops
+from fedbug.core.flops import FlopCache
+from fedbug.core.units import find_units
 
 
 def _ce(out, y):
@@ -15,13 +15,13 @@ def _ce(out, y):
 
 def test_flop_cache_counts_each_key_once(monkeypatch):
     calls = []
-    real = fedbug.flops.training_flops
+    real = fedbug.core.flops.training_flops
 
     def counting(model, trainable, x, y, loss_fn):
         calls.append(sorted(trainable))
         return real(model, trainable, x, y, loss_fn)
 
-    monkeypatch.setattr(fedbug.flops, "training_flops", counting)
+    monkeypatch.setattr(fedbug.core.flops, "training_flops", counting)
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     x, y = torch.randn(5, 4), torch.tensor([0, 1, 0, 1, 1])
     wide = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))

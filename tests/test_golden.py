@@ -35,9 +35,9 @@ import pytest
 import torch
 from tiny import without_timing
 
-from fedbug.client import to_channels_last
 from fedbug.config import load_config
 from fedbug.engine import run_experiment, weights_sha256
+from fedbug.engine.client import to_channels_last
 from fedbug.engine.experiment import ClientSide
 from fedbug.models import DigitsCNN
 from fedbug.results import cpu_name

@@ -20,11 +20,11 @@ from tiny import TwoLayer, data, task
 import fedbug
 from fedbug.algorithms import ALGORITHMS, Algorithm, ClientSession, LocalCtx
 from fedbug.algorithms.fedavg import FedAvg
-from fedbug.client import ClientRuntime, TrainSettings, train_client
+from fedbug.core.units import ParamSpace, find_units
+from fedbug.engine.client import ClientRuntime, TrainSettings, train_client
 from fedbug.policies import POLICIES, build_policy
 from fedbug.policies.base import FreezePolicy, PolicySession
 from fedbug.selection.base import SELECTIONS, Selection
-from fedbug.units import ParamSpace, find_units
 
 #: what each client's ``finish_client`` found in its state: the rounds it had trained before
 SEEN: list[float] = []

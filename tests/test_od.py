@@ -1,10 +1,11 @@
-"""Ordered dropout's sub-models (fedbug.od): sizes by hand, masks, the narrow network, refusals."""
+"""Ordered dropout's sub-models (fedbug.algorithms.fjord.od): sizes by hand, masks, the narrow
+network, refusals."""
 
 import pytest
 import torch
 from torch import nn
 
-from fedbug import od
+from fedbug.algorithms.fjord import od
 from fedbug.errors import ConfigError
 from fedbug.models import MLP, FreezeFLCNN, ShakespeareLSTM
 from fedbug.models.resnet import resnet18
@@ -155,7 +156,7 @@ def test_equal_widths_registered_out_of_order_follow_the_forward_pass():
         def forward(self, x):
             return self.fc(torch.relu(self.b(torch.relu(self.a(x)))))
 
-    from fedbug.units import traced_module_order
+    from fedbug.core.units import traced_module_order
 
     m = Late()
     order = traced_module_order(m, torch.randn(2, 8))
@@ -192,7 +193,7 @@ def test_unsupported_models_are_refused():
 
 
 def test_flat_mask_follows_the_space():
-    from fedbug.units import ParamSpace, find_units
+    from fedbug.core.units import ParamSpace, find_units
 
     m = MLP((4,), 2, hidden=(4,))
     plan = od.plan(m, "classifier")

@@ -6,9 +6,9 @@ from tiny import tiny_config
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.engine import Experiment, run_experiment
+from fedbug.engine.pfl import ClientScore, FinetuneSettings, summarise
 from fedbug.engine.states import ClientStates
 from fedbug.errors import ConfigError
-from fedbug.pfl import ClientScore, FinetuneSettings, summarise
 from fedbug.policies.freezefl import charged_times
 
 PFL = {"evaluation": "personalized", "partition": "dirichlet_classwise", "finetune_epochs": 1}
@@ -109,24 +109,24 @@ def test_measured_costs_travel_in_the_checkpoint():
 
 def _spy_train_client(monkeypatch) -> list:
     """Record (task, runtime, result) of every train_client call fine-tuning makes."""
-    import fedbug.pfl
+    import fedbug.engine.pfl
 
     seen = []
-    real = fedbug.pfl.train_client
+    real = fedbug.engine.pfl.train_client
 
     def spy(weights, task, data, state, runtime):
         result = real(weights, task, data, state, runtime)
         seen.append((task, runtime, result))
         return result
 
-    monkeypatch.setattr(fedbug.pfl, "train_client", spy)
+    monkeypatch.setattr(fedbug.engine.pfl, "train_client", spy)
     return seen
 
 
 def test_finetuning_is_local_training_of_the_whole_fedbabu_model(monkeypatch):
     """REFERENCE.md: FedBABU fine-tunes the WHOLE model, the head it never trained in FL too;
     through train_client, in the run's memory format, on the fine-tuning round's generator."""
-    from fedbug.pfl import FINETUNE_ROUND
+    from fedbug.engine.pfl import FINETUNE_ROUND
 
     cfg = tiny_config(
         algorithm="fedbabu", model="digits_cnn", num_clients=4, memory_format="channels_last", **PFL

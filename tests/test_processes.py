@@ -6,9 +6,9 @@ import pytest
 import torch
 from tiny import tiny_config, without_timing
 
-from fedbug.client import ClientTask
 from fedbug.config import resolve
 from fedbug.engine import Experiment, run_experiment
+from fedbug.engine.client import ClientTask
 from fedbug.engine.executors.processes import AHEAD, ProcessExecutor, WorkerError, WorkerSpec
 
 

@@ -14,11 +14,11 @@ import torch
 import yaml
 from tiny import TINY_DOC, TwoLayer, runtime, tiny_config
 
-from fedbug.checks import check_update, is_divergence
 from fedbug.cli import main
-from fedbug.client import ClientResult
 from fedbug.config import config_hash
 from fedbug.engine import run_experiment
+from fedbug.engine.checks import check_update, is_divergence
+from fedbug.engine.client import ClientResult
 from fedbug.engine.executors import SequentialExecutor
 from fedbug.errors import DivergenceError, RunFolderBusy
 from fedbug.results import RunDir

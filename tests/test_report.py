@@ -8,7 +8,7 @@ from tiny import tiny_config
 from fedbug.cli import main
 from fedbug.engine import run_experiment
 from fedbug.errors import ConfigError
-from fedbug.sweep import report
+from fedbug.sweeps.sweep import report
 
 
 def test_report_groups_by_varied_keys_and_pools_seeds(tmp_path, capsys):

@@ -8,8 +8,8 @@ import pytest
 
 from fedbug.cli import main
 from fedbug.errors import ConfigError
-from fedbug.report import freezefl_report, parse_target, participation_groups
-from fedbug.sweep import collect_runs
+from fedbug.report.runs import freezefl_report, parse_target, participation_groups
+from fedbug.sweeps.sweep import collect_runs
 
 PNG = b"\x89PNG\r\n\x1a\n"
 METHODS = {
@@ -213,8 +213,8 @@ def test_parse_target():
 
 
 def test_labels_show_only_where_a_group_departs_from_its_method():
-    from fedbug.report import group_labels
-    from fedbug.sweep import Cell
+    from fedbug.report.runs import group_labels
+    from fedbug.sweeps.sweep import Cell
 
     def group(method: str, **freezefl: str) -> tuple:
         values = {"method": method, "freezefl": {"probe": "rollback", "importance": "l1"}}

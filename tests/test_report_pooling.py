@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedbug.cli import main
-from fedbug.sweep import collect_runs, report
+from fedbug.sweeps.sweep import collect_runs, report
 
 CONFIG = """\
 dataset: digits

@@ -11,10 +11,10 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
+from fedbug.core.units import ParamSpace, find_units
 from fedbug.errors import CheckpointError, ConfigError
 from fedbug.selection import SELECTIONS, SelectionFeedback
 from fedbug.selection.reputation import Reputation, ReputationParams
-from fedbug.units import ParamSpace, find_units
 
 
 def three_unit_space() -> ParamSpace:

@@ -23,7 +23,7 @@ import fedbug
 from fedbug.cli import finished_run, main
 from fedbug.errors import ResultsError
 from fedbug.results import CRC_KEY, RunDir, read_summary, record_crc
-from fedbug.sweep import collect_runs
+from fedbug.sweeps.sweep import collect_runs
 
 ROUNDS = 4
 EXAMPLES = int(os.environ.get("FEDBUG_FUZZ_EXAMPLES", "0"))

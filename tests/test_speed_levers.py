@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 from tiny import tiny_config
 
-from fedbug.client import ClientTask, train_client
+from fedbug.core.seeding import torch_generator
 from fedbug.engine import Experiment, run_experiment
+from fedbug.engine.client import ClientTask, train_client
 from fedbug.engine.states import ClientStates
 from fedbug.models import build_model
-from fedbug.seeding import torch_generator
 
 CNN = {"model": "digits_cnn", "weight_decay": 1e-3, "count_flops": False, "threads": 1}
 

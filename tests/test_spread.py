@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from fedbug.spread import mean_std, pm
-from fedbug.sweep import Cell, format_table, summarise
+from fedbug.report.spread import mean_std, pm
+from fedbug.sweeps.sweep import Cell, format_table, summarise
 
 
 def test_mean_std_is_the_sample_standard_deviation():

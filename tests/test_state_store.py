@@ -6,9 +6,9 @@ from tiny import tiny_config, without_timing
 
 import fedbug.engine.rounds as engine
 from fedbug.engine import Experiment, run_experiment
+from fedbug.engine.state_store import StateStore
 from fedbug.engine.states import ClientStates
 from fedbug.results import RunDir
-from fedbug.state_store import StateStore
 
 
 def _state(v: float) -> dict[str, torch.Tensor]:

@@ -20,6 +20,7 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
+from fedbug.core.units import ParamSpace, find_units
 from fedbug.policies.freezefl import SoftDeadline, charged_times
 from fedbug.system import (
     Clock,
@@ -31,7 +32,6 @@ from fedbug.system import (
     per_sample_costs,
     round_length,
 )
-from fedbug.units import ParamSpace, find_units
 
 FLOPS = [84.0, 48.0]  # per sample, n = 0, 1 frozen
 FULL_BYTES = 92

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from fedbug.errors import ConfigError
-from fedbug.sweep import Cell, format_table
-from fedbug.table4 import format_pfl_table, place, ranked_clients, round_curve, views, write_figures
+from fedbug.report.table4 import (
+    format_pfl_table,
+    place,
+    ranked_clients,
+    round_curve,
+    views,
+    write_figures,
+)
+from fedbug.sweeps.sweep import Cell, format_table
 
 
 def row(method: str, dataset: str, before: float, after: float) -> dict:

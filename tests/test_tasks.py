@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import fedbug
+from fedbug.core.tasks import Classification, CustomTask, MultiLabel, NextToken, Regression
 from fedbug.errors import ConfigError
-from fedbug.tasks import Classification, CustomTask, MultiLabel, NextToken, Regression
 
 
 def _sums(task, output, y):

@@ -1,4 +1,5 @@
-"""Tests for fedbug.theory: measured contraction ratios of FedAvg / FedBug (paper Section 4)."""
+"""Tests for fedbug.report.theory: measured contraction ratios of FedAvg / FedBug (paper Section
+4)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedbug.errors import ConfigError
-from fedbug.theory import (
+from fedbug.report.theory import (
     contraction_ratio,
     discrepancy,
     format_theory_report,

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
+from fedbug.core.units import ParamSpace, find_units
 from fedbug.errors import ConfigError
 from fedbug.models import build_model
-from fedbug.units import ParamSpace, find_units
 
 
 class DeclaredOutOfOrder(nn.Module):

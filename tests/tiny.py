@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from fedbug.algorithms import ALGORITHMS
-from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings
 from fedbug.config import load_config
+from fedbug.core.units import ParamSpace, find_units
 from fedbug.data import FederatedDataset
+from fedbug.engine.client import ClientData, ClientRuntime, ClientTask, TrainSettings
 from fedbug.policies import build_policy
-from fedbug.units import ParamSpace, find_units
 
 
 class TwoLayer(nn.Module):

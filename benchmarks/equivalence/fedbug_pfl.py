@@ -2,8 +2,9 @@
 
 :func:`run_rounds` builds the run as the engine does (``fedbug.engine.experiment.Experiment``:
 the model wrapped by the algorithm, its units, the base/head layout, the client runtime) and
-runs a hand-built round loop over :func:`fedbug.client.train_client`,
-:class:`~fedbug.aggregate.Aggregate` and the algorithm's ``server_update``, every client every
+runs a hand-built round loop over :func:`fedbug.engine.client.train_client`,
+:class:`~fedbug.engine.aggregate.Aggregate` and the algorithm's ``server_update``, every client
+every
 round or the clients the engine's selection draws, keeping each client's state (its personal
 units, ``local.<unit>``). After each round it returns the global weights and each client's local
 model (a participant: the received weights plus its update, personal units included; any other
@@ -26,11 +27,11 @@ from torch import Tensor
 
 import fedbug
 from benchmarks.equivalence.pfl_scenario import PflScenario, build_model, client_data
-from fedbug.aggregate import Aggregate
-from fedbug.client import ClientTask, load_local_parts, train_client
+from fedbug.core.units import ParamSpace
+from fedbug.engine.aggregate import Aggregate
+from fedbug.engine.client import ClientTask, load_local_parts, train_client
 from fedbug.engine.experiment import Experiment
-from fedbug.pfl import FINETUNE_ROUND, FinetuneSettings
-from fedbug.units import ParamSpace
+from fedbug.engine.pfl import FINETUNE_ROUND, FinetuneSettings
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """fedbug's side of a comparison: its public pieces driven on a scenario's inputs.
 
 :func:`run_rounds` is a hand-built round loop (as ``tests/algorithms/test_scaffold.py``):
-every client trains with :func:`fedbug.client.train_client` on one
-:class:`~fedbug.client.ClientRuntime`, the server averages with
-:class:`~fedbug.aggregate.Aggregate` and moves with the algorithm's ``server_update``; it returns
+every client trains with :func:`fedbug.engine.client.train_client` on one
+:class:`~fedbug.engine.client.ClientRuntime`, the server averages with
+:class:`~fedbug.engine.aggregate.Aggregate` and moves with the algorithm's ``server_update``; it
+returns
 the global weights after every round. :func:`run_engine` runs the same case through
 ``fedbug.run`` (``partition: natural``, every client every round) and returns the final weights,
 so the harness also checks that the engine does what the hand-built loop does.
@@ -20,11 +21,11 @@ from torch import Tensor
 
 import fedbug
 from benchmarks.equivalence.scenario import INPUT_SHAPE, Scenario, build_model, client_data
-from fedbug.aggregate import Aggregate
 from fedbug.algorithms import ALGORITHMS
-from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client
+from fedbug.core.units import ParamSpace, find_units
+from fedbug.engine.aggregate import Aggregate
+from fedbug.engine.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client
 from fedbug.policies import build_policy
-from fedbug.units import ParamSpace, find_units
 
 
 @dataclass

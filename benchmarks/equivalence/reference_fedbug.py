@@ -16,7 +16,8 @@ What is replaced, each the least that lets the comparison run (RESULTS.md lists 
 1. ``torchvision``: the stand-in of :mod:`shims`.
 2. Batch order: ``utils_general.data`` (its ``torch.utils.data``) is handed a ``DataLoader`` that
    replays fedbug's order: client i in round r draws one permutation an epoch from fedbug's
-   generator for (seed, "client", r, i), as ``fedbug.client.train_client`` does, and the loader
+   generator for (seed, "client", r, i), as ``fedbug.engine.client.train_client`` does, and the
+   loader
    yields the reference's own ``Dataset`` items in that order, collated by torch's
    ``default_collate``. With full batches the order only decides float summation order, but
    at lr 0.1 the local dynamics amplify one rounding difference (a ReLU or max-pool near a tie)
@@ -60,7 +61,7 @@ import torch
 
 from benchmarks.equivalence import shims
 from benchmarks.equivalence.scenario import Scenario, build_model, client_data, smooth_twin
-from fedbug.seeding import torch_generator
+from fedbug.core.seeding import torch_generator
 
 MODES = ("fedavg", "fedprox", "feddyn", "fedexp", "scaffold")
 GU_UNIT = {"standard_cnn": "L", "stage": "M", "block": "B"}

@@ -34,7 +34,7 @@ What is replaced, each the least that lets the comparison run (RESULTS.md lists 
    parameters are fedbug's, in fedbug's order (shapes checked).
 4. Batch order: the client worker's ``trainloader`` (a ``DataLoader(shuffle=True)``) becomes the
    PFLlib harness's replay loader: one permutation an epoch drawn from fedbug's generator for
-   (seed, "client", round, client), as ``fedbug.client.train_client`` draws it (fine-tuning:
+   (seed, "client", round, client), as ``fedbug.engine.client.train_client`` draws it (fine-tuning:
    round 0); ``default_collate``, nothing dropped (FL-bench's loader keeps a last partial batch
    and its loops skip a batch of one sample).
 5. Selection: ``client_sample_stream`` (FL-bench's per-round draws, made with ``random.sample``

@@ -24,7 +24,7 @@ What is replaced, each the least that lets the comparison run (RESULTS.md lists 
    call, with ``shuffle=True``) becomes a loader that, while a client's ``train`` or
    ``fine_tune`` runs, yields the batches of one permutation an epoch drawn from fedbug's
    generator for (seed, "client", round, client) (fine-tuning: round 0), as
-   ``fedbug.client.train_client`` draws them; batches are collated by torch's
+   ``fedbug.engine.client.train_client`` draws them; batches are collated by torch's
    ``default_collate`` and a last partial batch is dropped (PFLlib's ``drop_last=True``). Outside
    training (the evaluation, FedROD's class count) it yields the samples in order.
 4. Selection (only when fewer than all clients take part): ``server.select_clients`` draws as
@@ -63,7 +63,7 @@ from torch import nn
 from benchmarks.equivalence import shims
 from benchmarks.equivalence.pfl_scenario import PFLLIB_NAME, PflScenario, build_model, client_data
 from benchmarks.equivalence.scenario import smooth_twin
-from fedbug.seeding import torch_generator
+from fedbug.core.seeding import torch_generator
 
 SERVER = {  # fedbug method -> (module, class) under system/flcore/servers
     "fedper": ("serverper", "FedPer"),

@@ -6,12 +6,14 @@
 Starts a SuperLink and 2 SuperNodes on loopback (insecure), runs the smoke config (2 clients,
 all in every round) in-process, then on a fresh deployment for each variant:
 - ``cache``: Flower's default ``--isolation subprocess``, which starts a ClientApp process for
-  every message, with the nodes' cache of the built client side (``fedbug.flower.node_cache``,
+  every message, with the nodes' cache of the built client side
+  (``fedbug.integrations.flower.node_cache``,
   a fresh folder: the first message of each node builds, the rest load);
 - ``no-cache``: the same with the cache off (``cache-dir='off'``: every ClientApp process loads
   the data set, partitions it and builds the model);
 - ``warm``: SuperNodes in ``--isolation process``, each served by one ``fedbug flower worker``
-  process (``fedbug.flower.worker``) that keeps torch and the built client side in memory.
+  process (``fedbug.integrations.flower.worker``) that keeps torch and the built client side in
+  memory.
 
 Reports per variant the median seconds a round (round 1 left out), the overhead over the
 in-process round, and whether the final weights equal the in-process run's.
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from benchmarks.common import command, machine_info
 from fedbug.cli import main as fedbug_main
-from fedbug.flower.loopback import Deployment
+from fedbug.integrations.flower.loopback import Deployment
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "flower-smoke.yaml"
 

@@ -1,6 +1,7 @@
 """GU ratio vs per-batch local-training time: the FedBug paper's Figure 6 on our code.
 
-Times :func:`fedbug.client.train_client` (the library's real client path: forward, backward and
+Times :func:`fedbug.engine.client.train_client` (the library's real client path: forward, backward
+and
 optimiser step for K local steps) on the paper's standard CNN with CIFAR-100-shaped random data,
 for GU ratio P = 0, 0.1, ..., 1.0 with the bottom-up (FedBug) policy, and optionally the top-down
 policy at the same P values and the fixed-head policy (``--policies``). Every configuration
@@ -36,11 +37,11 @@ import torch
 
 from benchmarks.common import command, machine_info
 from fedbug.algorithms import build_algorithm
-from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client
+from fedbug.core.units import ParamSpace, find_units
 from fedbug.data import FederatedDataset
+from fedbug.engine.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client
 from fedbug.models import build_model
 from fedbug.policies import StepCtx, build_policy
-from fedbug.units import ParamSpace, find_units
 
 P_VALUES = [round(0.1 * i, 1) for i in range(11)]
 P_GRID02 = [round(0.2 * i, 1) for i in range(6)]

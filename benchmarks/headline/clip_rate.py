@@ -30,7 +30,7 @@ from fedbug.algorithms import ALGORITHMS
 from fedbug.algorithms.base import LocalCtx
 from fedbug.config import read_config_doc, resolve
 from fedbug.engine import run_experiment
-from fedbug.sweep import expand
+from fedbug.sweeps.sweep import expand
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("vanilla", "FedBug 40%")
@@ -39,7 +39,8 @@ VARIANTS = ("vanilla", "FedBug 40%")
 def cell_config(
     partition: str, algorithm: str, variant: str, seed: int, rounds: int, feddyn_clip: str = "all"
 ) -> Any:
-    """The sweep's config of that cell and seed (``fedbug.sweep.expand``, seed = base + seed),
+    """The sweep's config of that cell and seed (``fedbug.sweeps.sweep.expand``, seed = base +
+    seed),
     with ``rounds`` and evaluation only at the last round."""
     doc = read_config_doc(HERE / "fedbug-headline.yaml")
     grid = doc.pop("grid")

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ResultsError
+from fedbug.report.spread import mean_std, pm
 from fedbug.results import RunDir
-from fedbug.spread import mean_std, pm
-from fedbug.sweep import headline_value
+from fedbug.sweeps.sweep import headline_value
 
 ALGORITHMS = {"fedavg": "FedAvg", "feddyn": "FedDyn", "fedexp": "FedExP"}
 PARTITIONS = {"iid": "IID", "dirichlet": "Dirichlet 0.3"}

@@ -59,11 +59,11 @@ import torch.nn.functional as F
 import fedbug.engine.experiment as experiment
 import fedbug.engine.rounds as engine
 from benchmarks.common import command, machine_info, rss_mb
-from fedbug.aggregate import Aggregate
-from fedbug.client import train_client
 from fedbug.config import load_config
+from fedbug.core.device import resolve_device
 from fedbug.data import FederatedDataset
-from fedbug.device import resolve_device
+from fedbug.engine.aggregate import Aggregate
+from fedbug.engine.client import train_client
 from fedbug.models import build_model
 
 SHAPES = {"cifar": (3, 32, 32), "fmnist": (1, 28, 28)}
@@ -368,11 +368,11 @@ def _timed(fn: Any) -> float:
 
 def levers(args: argparse.Namespace) -> dict[str, Any]:
     """Paired t(off) / t(on) of each lever, alternating within this process."""
-    from fedbug.client import ClientTask
     from fedbug.engine import Experiment
+    from fedbug.engine.client import ClientTask
+    from fedbug.engine.evaluate import Evaluator
     from fedbug.engine.executors import SequentialExecutor
     from fedbug.engine.executors.processes import ProcessExecutor, WorkerSpec
-    from fedbug.evaluate import Evaluator
 
     reps = args.reps or (3 if args.quick else 5)
     ds = make_dataset(args.shape, args.classes, args.seed)

@@ -4,10 +4,10 @@ from typing import Any
 
 from fedbug.api import run  # in-process, or on Flower when the config's executor says so
 from fedbug.config import Config, load_config
+from fedbug.core.tasks import TASKS, CustomTask, Task
 from fedbug.data import FederatedDataset, load_dataset
 from fedbug.engine import Experiment, RepairReport, RunResult, repair_run, run_experiment
 from fedbug.errors import ConfigError, DataError, FedbugError
-from fedbug.tasks import TASKS, CustomTask, Task
 from fedbug.version import __version__
 
 

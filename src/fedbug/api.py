@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedbug.config import BaseConfig
+from fedbug.core.tasks import LossFn, Task
 from fedbug.data import FederatedDataset
 from fedbug.engine import RunResult, run_experiment
 from fedbug.engine.experiment import ModelSource
 from fedbug.engine.rounds import RoundCallback
 from fedbug.errors import ConfigError
-from fedbug.tasks import LossFn, Task
 
 
 def run(
@@ -39,7 +39,7 @@ def run(
             "least 1), or leave it out to run every round"
         )
     if str(cfg.executor).startswith("flower"):
-        from fedbug.flower.launch import run_flower_experiment
+        from fedbug.integrations.flower.launch import run_flower_experiment
 
         named = task if isinstance(task, str) else None  # a task object cannot travel
         objects = {"dataset": dataset, "model": model, "loss": loss, "metrics": metrics}

@@ -170,7 +170,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedbug.config import parse_override as parse_set
     from fedbug.data import check_present
     from fedbug.results import check_writable
-    from fedbug.sweep import (
+    from fedbug.sweeps.sweep import (
         check_seeds,
         check_sweep_size,
         expand,
@@ -183,7 +183,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if workers < 1:
         raise FedbugError(f"--jobs must be at least 1; got {args.jobs}")
     if args.ray is not None:
-        from fedbug.ray_jobs import require_ray
+        from fedbug.integrations.ray import require_ray
 
         if args.jobs is not None:
             raise FedbugError(
@@ -248,7 +248,7 @@ def _run_parallel(
     """The sweep's runs on ``workers`` processes, a progress bar per run as it goes. Under
     ``resume`` the finished runs are read back here; no more workers start than there are runs
     left, and more of them than this process's cores is one warning line."""
-    from fedbug.jobs import available_cores, pool_size, run_jobs
+    from fedbug.sweeps.jobs import available_cores, pool_size, run_jobs
 
     done: dict[int, dict[str, Any]] = {}
     for i, (cfg, run_dir) in enumerate(jobs):
@@ -295,7 +295,7 @@ def _run_on_ray(
     task resumes whatever its folder holds (a retried task, the checkpoint its killed attempt
     left), so without ``--resume`` a folder that holds a run is refused here, before any task."""
     from fedbug.errors import RunFolderHoldsRun
-    from fedbug.ray_jobs import run_ray_jobs
+    from fedbug.integrations.ray import run_ray_jobs
     from fedbug.results import RunDir
 
     if not resume:
@@ -368,13 +368,13 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from fedbug.report import cmd_report as run_report
+    from fedbug.report.runs import cmd_report as run_report
 
     return run_report(args)
 
 
 def cmd_theory(args: argparse.Namespace) -> int:
-    from fedbug.theory import format_theory_report, theory_report
+    from fedbug.report.theory import format_theory_report, theory_report
 
     report = theory_report(etas=args.eta, clients=args.clients, rounds=args.rounds)
     if args.json:
@@ -444,14 +444,14 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-    from fedbug.cost import cmd_cost as run_cost
+    from fedbug.report.cost import cmd_cost as run_cost
 
     return run_cost(args)
 
 
 def cmd_flower_app(args: argparse.Namespace) -> int:
-    from fedbug.flower import require_flower
-    from fedbug.flower.launch import write_app
+    from fedbug.integrations.flower import require_flower
+    from fedbug.integrations.flower.launch import write_app
 
     require_flower("fedbug flower app")
     app = write_app(Path(args.dir))
@@ -461,10 +461,10 @@ def cmd_flower_app(args: argparse.Namespace) -> int:
 
 
 def cmd_flower_worker(args: argparse.Namespace) -> int:
-    from fedbug.flower import require_flower
+    from fedbug.integrations.flower import require_flower
 
     require_flower("fedbug flower worker")
-    from fedbug.flower.worker import serve
+    from fedbug.integrations.flower.worker import serve
 
     certificates = None
     if args.root_certificates:

@@ -3,8 +3,8 @@
 import torch
 from tiny import TwoLayer, runtime
 
-from fedbug.aggregate import Aggregate
 from fedbug.algorithms.fedavg import FedAvg
+from fedbug.engine.aggregate import Aggregate
 
 
 def test_server_step_by_hand_with_partial_units():

@@ -9,11 +9,11 @@ from handcalc import W0, ce_grad
 from tiny import TwoLayer, data, runtime, set_weights, task, tiny_config
 from torch import nn
 
-from fedbug.aggregate import Aggregate
 from fedbug.algorithms.feddyn import FedDyn, FedDynParams
-from fedbug.client import TrainSettings, train_client
+from fedbug.core.tasks import CustomTask
 from fedbug.engine import run_experiment
-from fedbug.tasks import CustomTask
+from fedbug.engine.aggregate import Aggregate
+from fedbug.engine.client import TrainSettings, train_client
 
 
 def test_client_step_by_hand():

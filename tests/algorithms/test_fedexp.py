@@ -5,8 +5,8 @@ import pytest
 import torch
 from tiny import TwoLayer, runtime
 
-from fedbug.aggregate import Aggregate
 from fedbug.algorithms.fedexp import FedExp, FedExpParams
+from fedbug.engine.aggregate import Aggregate
 from fedbug.errors import ConfigError
 
 

@@ -5,8 +5,8 @@ import torch
 from handcalc import W0, ce_grad
 from tiny import TwoLayer, data, runtime, set_weights, task, tiny_config
 
-from fedbug.client import TrainSettings, train_client
 from fedbug.engine import run_experiment
+from fedbug.engine.client import TrainSettings, train_client
 
 
 def test_two_steps_by_hand():

@@ -5,15 +5,15 @@ import torch
 from test_od import ChainCNN
 from tiny import TwoLayer, tiny_config
 
-from fedbug.aggregate import Aggregate
 from fedbug.algorithms.fjord import Fjord, FjordClient, FjordParams, assign_widths
-from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client
 from fedbug.config import load_config
+from fedbug.core.units import ParamSpace, find_units, traced_module_order
 from fedbug.engine import Experiment, run_experiment
+from fedbug.engine.aggregate import Aggregate
+from fedbug.engine.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client
 from fedbug.errors import ConfigError
 from fedbug.models import ShakespeareLSTM
 from fedbug.policies import build_policy
-from fedbug.units import ParamSpace, find_units, traced_module_order
 
 SYSTEM = {"abilities": "uniform", "ability_min": 0.5, "ability_max": 3.0}
 
@@ -427,7 +427,7 @@ def test_table4_configs_mirror_table3(kind, dataset):
     from pathlib import Path
 
     from fedbug.config import read_config_doc, validate
-    from fedbug.sweep import expand
+    from fedbug.sweeps.sweep import expand
 
     root = Path(__file__).parent.parent.parent / "configs" / kind
     t3 = read_config_doc(root / f"freezefl-{dataset}-table3.yaml")

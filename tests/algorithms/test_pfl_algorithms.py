@@ -12,12 +12,12 @@ from tiny import TwoLayer, data, set_weights, task, tiny_config
 from fedbug.algorithms import ALGORITHMS
 from fedbug.algorithms.fedrep import head_steps
 from fedbug.algorithms.fedrod import balanced_softmax_loss
-from fedbug.client import ClientRuntime, TrainSettings, train_client
+from fedbug.core.layout import build_layout
+from fedbug.core.units import ParamSpace, find_units
 from fedbug.engine import Experiment, run_experiment
+from fedbug.engine.client import ClientRuntime, TrainSettings, train_client
 from fedbug.errors import ConfigError
-from fedbug.layout import build_layout
 from fedbug.policies import build_policy
-from fedbug.units import ParamSpace, find_units
 
 BASE, HEAD, PERSONAL = slice(0, 6), slice(6, 12), slice(12, 18)
 X, Y = [1.0, 2.0], 0
@@ -251,7 +251,7 @@ def test_fedrod_model_units_and_prediction():
 
 
 def test_extra_units_must_come_last():
-    from fedbug.layout import Layout
+    from fedbug.core.layout import Layout
 
     assert Layout(3, (0,), (1,), ((0,),), (2,)).policy_units == 2
     with pytest.raises(ValueError, match="must come last"):

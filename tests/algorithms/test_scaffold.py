@@ -7,13 +7,13 @@ import pytest
 import torch
 from tiny import TwoLayer, data, runtime, set_weights
 
-from fedbug.aggregate import Aggregate
 from fedbug.algorithms import ALGORITHMS
 from fedbug.algorithms.fedavg import FedAvg
 from fedbug.algorithms.scaffold import Scaffold
-from fedbug.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client
+from fedbug.core.units import ParamSpace, find_units
+from fedbug.engine.aggregate import Aggregate
+from fedbug.engine.client import ClientData, ClientRuntime, ClientTask, TrainSettings, train_client
 from fedbug.policies import build_policy
-from fedbug.units import ParamSpace, find_units
 
 
 def test_registered_with_its_block():

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from fedbug.config import load_config
+from fedbug.core.seeding import derive_seed
 from fedbug.data import load_dataset
 from fedbug.data.synthetic import CLASSES, DIM, client_sizes, generate
 from fedbug.engine import run_experiment
 from fedbug.errors import ConfigError
-from fedbug.seeding import derive_seed
 
 
 def test_shapes_and_per_client_sizes_follow_the_definition():

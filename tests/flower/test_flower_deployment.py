@@ -19,7 +19,7 @@ from flowergrid import Deployment, only_run, run_records  # noqa: E402
 from tlscerts import make_certificates, make_node_key  # noqa: E402
 
 from fedbug.cli import main  # noqa: E402
-from fedbug.flower.launch import CONNECTION, flower_env, write_connection  # noqa: E402
+from fedbug.integrations.flower.launch import CONNECTION, flower_env, write_connection  # noqa: E402
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "flower-smoke.yaml"
 

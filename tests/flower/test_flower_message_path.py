@@ -16,8 +16,8 @@ from tiny import tiny_config, without_timing  # noqa: E402
 from fedbug.algorithms import ALGORITHMS  # noqa: E402
 from fedbug.engine import run_experiment  # noqa: E402
 from fedbug.errors import ConfigError, ShortRoundError  # noqa: E402
-from fedbug.flower.clientapp import app as client_app  # noqa: E402
-from fedbug.flower.executor import FlowerExecutor  # noqa: E402
+from fedbug.integrations.flower.clientapp import app as client_app  # noqa: E402
+from fedbug.integrations.flower.executor import FlowerExecutor  # noqa: E402
 from fedbug.policies import POLICIES  # noqa: E402
 
 
@@ -188,17 +188,19 @@ def test_a_pool_of_fewer_nodes_than_clients_trains_every_client_as_in_process(tm
     assert torch.equal(there.weights, here.weights)
     trained_on = {s.metadata.dst_node_id for s in grid.sent if s.metadata.message_type == "train"}
     assert trained_on == {100, 101}
-    strict = LoopbackGrid(client_app, 2, {"config": text})
+    # without the pool a round may find none of its clients held: skip such rounds to see why
+    skipping = cfg.model_copy(update={"on_short_round": "skip"})
+    strict = LoopbackGrid(client_app, 2, {"config": json.dumps(skipping.model_dump(mode="json"))})
     with task_identity():
         alone = run_experiment(
-            cfg, executor_factory=lambda e: FlowerExecutor(strict, e, map_once=True)
+            skipping, executor_factory=lambda e: FlowerExecutor(strict, e, map_once=True)
         )
     dropped = {d["client"] for r in alone.records for d in r.get("dropped", [])}
     assert dropped and dropped <= {2, 3, 4}
 
 
 def exp_task(exp, client):
-    from fedbug.client import ClientTask
+    from fedbug.engine.client import ClientTask
 
     return ClientTask(1, client, exp.cfg.seed, exp.cfg.lr, exp.mean_samples, {}, 1, {})
 

@@ -30,5 +30,5 @@ def test_flower_app_writes_a_pyproject(tmp_path):
     pytest.importorskip("flwr")
     assert main(["flower", "app", str(tmp_path / "app")]) == 0
     text = (tmp_path / "app" / "pyproject.toml").read_text()
-    assert 'serverapp = "fedbug.flower.serverapp:app"' in text
-    assert 'clientapp = "fedbug.flower.clientapp:app"' in text
+    assert 'serverapp = "fedbug.integrations.flower.serverapp:app"' in text
+    assert 'clientapp = "fedbug.integrations.flower.clientapp:app"' in text

@@ -10,10 +10,10 @@ pytest.importorskip("flwr")
 from flwr.app import ArrayRecord  # noqa: E402
 from tiny import TwoLayer  # noqa: E402
 
-from fedbug.checks import check_update  # noqa: E402
-from fedbug.client import ClientResult  # noqa: E402
-from fedbug.flower.messages import ReplyError, decode_reply, encode_reply  # noqa: E402
-from fedbug.units import ParamSpace, find_units  # noqa: E402
+from fedbug.core.units import ParamSpace, find_units  # noqa: E402
+from fedbug.engine.checks import check_update  # noqa: E402
+from fedbug.engine.client import ClientResult  # noqa: E402
+from fedbug.integrations.flower.messages import ReplyError, decode_reply, encode_reply  # noqa: E402
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ pytest.importorskip("flwr")
 
 from tiny import tiny_config  # noqa: E402
 
-from fedbug.flower.launch import RAY_TMP_OWNER, _ray_tmp, client_cpus  # noqa: E402
+from fedbug.integrations.flower.launch import RAY_TMP_OWNER, _ray_tmp, client_cpus  # noqa: E402
 
 
 def test_an_orphaned_ray_folder_is_removed_by_the_next_launcher(tmp_path):

@@ -1,4 +1,5 @@
-"""A Flower node's built client side on its disk (:mod:`fedbug.flower.node_cache`): the next
+"""A Flower node's built client side on its disk (:mod:`fedbug.integrations.flower.node_cache`):
+the next
 ClientApp process loads it instead of rebuilding, trains to the same numbers, and never reads
 an entry of another config, data folder or device."""
 
@@ -13,16 +14,16 @@ pytest.importorskip("flwr")
 
 from tiny import tiny_config  # noqa: E402
 
-import fedbug.flower.clientapp as clientapp  # noqa: E402
-from fedbug.client import train_client  # noqa: E402
-from fedbug.flower.node_cache import (  # noqa: E402
+import fedbug.integrations.flower.clientapp as clientapp  # noqa: E402
+from fedbug.core.protocol import ClientTask  # noqa: E402
+from fedbug.engine.client import train_client  # noqa: E402
+from fedbug.integrations.flower.node_cache import (  # noqa: E402
     SUFFIX,
     cache_dir,
     entry_path,
     load_or_build,
     source_fingerprint,
 )
-from fedbug.protocol import ClientTask  # noqa: E402
 
 
 def test_built_once_then_loaded(tmp_path):

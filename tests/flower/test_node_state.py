@@ -1,4 +1,5 @@
-"""A node's versions of a client's state (fedbug.flower.node_state): training in round r starts
+"""A node's versions of a client's state (fedbug.integrations.flower.node_state): training in round
+r starts
 from the newest version before r, versions of redone rounds are dropped, and every version a
 resume can need is kept."""
 
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from fedbug.flower.node_state import NodeStates
+from fedbug.integrations.flower.node_state import NodeStates
 
 
 def _state(x: float) -> dict[str, torch.Tensor]:

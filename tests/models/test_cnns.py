@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from fedbug.core.units import find_units
 from fedbug.models.tiny_cnn import FedSeqCNN, TinyImageNetCNN
-from fedbug.units import find_units
 
 
 def conv(cin: int, cout: int, k: int = 5) -> int:

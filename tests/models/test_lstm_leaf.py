@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedbug.core.units import ParamSpace, find_units
 from fedbug.models.leaf_cnn import FreezeFLCNN, LeafFemnistCNN
 from fedbug.models.lstm import ShakespeareLSTM
-from fedbug.units import ParamSpace, find_units
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ keeps these tests fast on a CPU; a few real forward passes check the numbers flo
 import pytest
 import torch
 
+from fedbug.core.units import ParamSpace, find_units
 from fedbug.models.resnet import resnet18, resnet34
-from fedbug.units import ParamSpace, find_units
 
 BLOCKS = {"resnet18": (2, 2, 2, 2), "resnet34": (3, 4, 6, 3)}
 BUILDERS = {"resnet18": resnet18, "resnet34": resnet34}

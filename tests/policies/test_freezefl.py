@@ -9,12 +9,12 @@ from pydantic import ValidationError
 from tiny import TwoLayer, data, runtime, set_weights
 from torch import nn
 
-from fedbug.client import ClientTask, EpochAction, TrainSettings, train_client
+from fedbug.core.units import ParamSpace, find_units
+from fedbug.engine.client import ClientTask, EpochAction, TrainSettings, train_client
 from fedbug.policies import POLICIES, StepCtx, build_policy
 from fedbug.policies.base import FreezePolicy, Intersection, PolicySession
 from fedbug.policies.freezefl import FreezeFL, FreezeFLParams, choose_frozen, importance
 from fedbug.policies.vanilla import Vanilla
-from fedbug.units import ParamSpace, find_units
 
 # -- Eq. 2 ----------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ import torch
 from tiny import data, runtime, task
 from torch import nn
 
-from fedbug.client import TrainSettings, train_client
+from fedbug.engine.client import TrainSettings, train_client
 from fedbug.policies import BottomUp, StepCtx, TopDown
 from fedbug.policies.base import FreezePolicy, Intersection
 

@@ -88,7 +88,7 @@ def test_bernoulli_redraws_a_bounded_number_of_times(monkeypatch):
 
 
 def test_bernoulli_draws_are_unchanged_where_they_were_fine():
-    from fedbug.seeding import numpy_rng
+    from fedbug.core.seeding import numpy_rng
     from fedbug.selection.uniform import Bernoulli
 
     rng = numpy_rng(7, "select", 3)
@@ -116,7 +116,7 @@ def spy_run_jobs(monkeypatch) -> dict:
         seen.update(workers=workers, jobs=[d.name for _, d in jobs])
         raise Reached
 
-    monkeypatch.setattr("fedbug.jobs.run_jobs", fake)
+    monkeypatch.setattr("fedbug.sweeps.jobs.run_jobs", fake)
     return seen
 
 
@@ -141,7 +141,7 @@ def test_jobs_are_capped_at_the_runs_left_to_do_on_resume(tmp_path, monkeypatch,
 def test_run_jobs_never_starts_more_workers_than_runs(monkeypatch):
     import multiprocessing as mp
 
-    from fedbug import jobs
+    from fedbug.sweeps import jobs
 
     sizes = []
     real = mp.get_context
@@ -164,7 +164,7 @@ def test_run_jobs_never_starts_more_workers_than_runs(monkeypatch):
 
 
 def test_jobs_above_the_cores_warn_in_one_line(tmp_path, monkeypatch, capsys):
-    from fedbug import jobs
+    from fedbug.sweeps import jobs
 
     seen = spy_run_jobs(monkeypatch)
     monkeypatch.setattr(jobs, "available_cores", lambda: 1)
@@ -180,7 +180,7 @@ def test_jobs_above_the_cores_warn_in_one_line(tmp_path, monkeypatch, capsys):
 def test_available_cores_is_this_process_affinity():
     import os
 
-    from fedbug.jobs import available_cores
+    from fedbug.sweeps.jobs import available_cores
 
     want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert available_cores() == want
@@ -193,15 +193,15 @@ def test_cli_seeds_are_checked_as_the_config_checks_them_before_any_expansion(
     def reached(*a, **k):
         raise Reached
 
-    monkeypatch.setattr("fedbug.sweep.run_sweep", reached)
-    monkeypatch.setattr("fedbug.sweep.expand", reached)
+    monkeypatch.setattr("fedbug.sweeps.sweep.run_sweep", reached)
+    monkeypatch.setattr("fedbug.sweeps.sweep.expand", reached)
     cfg = write_config(tmp_path, grid=GRID)
     rc = main(["sweep", str(cfg), "--out", str(tmp_path), "-q", "--seeds", seeds])
     one_error_line(rc, capsys.readouterr().err, "--seeds", seeds, "1000")
 
 
 def test_run_sweep_refuses_seeds_past_the_config_bound(tmp_path):
-    from fedbug.sweep import run_sweep
+    from fedbug.sweeps.sweep import run_sweep
 
     def reached(*a):
         raise Reached
@@ -211,7 +211,7 @@ def test_run_sweep_refuses_seeds_past_the_config_bound(tmp_path):
 
 
 def test_a_sweep_past_the_run_bound_is_refused_before_its_cells_are_built(tmp_path, monkeypatch):
-    from fedbug import sweep
+    from fedbug.sweeps import sweep
 
     def reached(*a):
         raise Reached
@@ -242,7 +242,7 @@ def test_theory_sizes_are_capped_in_one_line(capsys, argv, words):
 
 
 def test_theory_checks_every_value_before_computing(monkeypatch):
-    from fedbug import theory
+    from fedbug.report import theory
 
     def reached(*a, **k):
         raise Reached
@@ -360,7 +360,7 @@ def test_an_archive_whose_members_expand_past_the_cap_is_refused(tmp_path, monke
 
 
 def test_grid_values_that_share_a_folder_name_are_refused_naming_both():
-    from fedbug.sweep import expand
+    from fedbug.sweeps.sweep import expand
 
     with pytest.raises(ConfigError) as e:
         expand(dict(TINY_DOC), {"data_dir": ["/d/a b", "/d/a-b"]})
@@ -372,7 +372,7 @@ def test_grid_values_that_share_a_folder_name_are_refused_naming_both():
 
 
 def test_a_value_listed_twice_is_still_appears_twice():
-    from fedbug.sweep import expand
+    from fedbug.sweeps.sweep import expand
 
     with pytest.raises(ConfigError, match="appears twice; list each value once"):
         expand(dict(TINY_DOC), {"lr": [0.1, 0.1]})

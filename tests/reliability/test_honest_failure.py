@@ -170,8 +170,8 @@ def test_flower_clients_that_miss_the_timeout_stop_the_run():
     pytest.importorskip("flwr")
     from flowergrid import LoopbackGrid, task_identity
 
-    from fedbug.flower.clientapp import app as client_app
-    from fedbug.flower.executor import FlowerExecutor
+    from fedbug.integrations.flower.clientapp import app as client_app
+    from fedbug.integrations.flower.executor import FlowerExecutor
 
     cfg = tiny_config(
         rounds=1,

@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from fedbug.flower import node_cache
-from fedbug.flower.node_cache import SUFFIX, entry_path, load_or_build, user_key
+from fedbug.integrations.flower import node_cache
+from fedbug.integrations.flower.node_cache import SUFFIX, entry_path, load_or_build, user_key
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
 
@@ -128,7 +128,7 @@ def test_a_planted_entry_in_a_received_run_folder_never_runs_in_a_client_app(tmp
     pytest.importorskip("flwr")
     from tiny import tiny_config
 
-    import fedbug.flower.clientapp as clientapp
+    import fedbug.integrations.flower.clientapp as clientapp
 
     cfg = tiny_config(threads=1)
     text = json.dumps(cfg.model_dump(mode="json"))

@@ -23,7 +23,7 @@ from fedbug.cli import main, run_dir_for
 from fedbug.engine import run_experiment
 from fedbug.errors import ResultsError
 from fedbug.results import read_summary, with_crc
-from fedbug.sweep import collect_runs
+from fedbug.sweeps.sweep import collect_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the headline sweep's committed run folders (wherever benchmarks/ keeps them)
@@ -161,7 +161,7 @@ def test_the_files_repair_kept_aside_are_not_a_run(runs, capsys):
 def test_runs_from_before_on_short_round_pool_with_runs_after(runs, capsys):
     """A summary written before the key existed (its config has no on_short_round) and one
     after are the same method: one row of two seeds, not two rows of one."""
-    from fedbug.sweep import group_runs
+    from fedbug.sweeps.sweep import group_runs
 
     root, s0, s1 = runs
     rewrite_summary(s1, lambda s: s["config"].pop("on_short_round"))

@@ -117,7 +117,7 @@ def test_sigkill_of_the_sweep_takes_its_workers_along(tmp_path):
 def test_a_worker_whose_parent_is_gone_before_it_starts_exits(monkeypatch):
     """The race the parent-death signal cannot cover: the parent died before the worker asked
     for the signal. The worker compares its parent with the one that started it."""
-    from fedbug import jobs
+    from fedbug.sweeps import jobs
 
     exits, asked = [], []
     # never in the test's own process: it would die with the shell that started pytest

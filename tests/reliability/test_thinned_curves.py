@@ -17,9 +17,9 @@ from tiny import tiny_config
 import fedbug
 from fedbug.cli import main as cli_main
 from fedbug.errors import ConfigError, ResultsError
+from fedbug.report.thin import check_thinned, main, thin_runs, thinned_curve
 from fedbug.results import RunDir, record_crc, thinned_rounds, with_crc
-from fedbug.sweep import collect_runs, folder_disagreement
-from fedbug.thin import check_thinned, main, thin_runs, thinned_curve
+from fedbug.sweeps.sweep import collect_runs, folder_disagreement
 
 ROUNDS = 7  # evaluated at 2, 4, 6 and 7 (the last); thinned to every 2nd: 2, 4, 6, 7
 
@@ -143,7 +143,7 @@ def test_damage_to_a_thinned_curve_is_refused_with_one_line(run, damage):
         rd.read_run()
     msg = str(e.value)
     assert len(msg.splitlines()) == 1 and str(rd.thin_path) in msg, msg
-    assert where in msg and what in msg and "python -m fedbug.thin" in msg, msg
+    assert where in msg and what in msg and "python -m fedbug.report.thin" in msg, msg
 
 
 def test_a_torn_or_cut_thinned_curve_is_refused(run):

@@ -47,7 +47,8 @@ def needs_mlflow():
 
 
 def test_tracking_json_round_trips_and_is_written_atomically(tmp_path, monkeypatch):
-    from fedbug import results, tracking
+    from fedbug import results
+    from fedbug.integrations import tracking
 
     tracking.save_state(tmp_path, {"mlflow_run_id": "abc", "uri": "file:///x"})
     assert tracking.load_state(tmp_path) == {"mlflow_run_id": "abc", "uri": "file:///x"}
@@ -65,14 +66,14 @@ def test_tracking_json_round_trips_and_is_written_atomically(tmp_path, monkeypat
 
 
 def test_a_missing_tracking_json_is_an_empty_state(tmp_path):
-    from fedbug.tracking import load_state
+    from fedbug.integrations.tracking import load_state
 
     assert load_state(tmp_path) == {}
 
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"mlflow_run_id": 5}', "\ufffd\0"])
 def test_a_damaged_tracking_json_is_one_line_naming_it_and_the_fix(tmp_path, text):
-    from fedbug.tracking import load_state
+    from fedbug.integrations.tracking import load_state
 
     (tmp_path / "tracking.json").write_text(text)
     with pytest.raises(FedbugError) as e:
@@ -92,7 +93,7 @@ def test_a_damaged_tracking_json_is_one_line_naming_it_and_the_fix(tmp_path, tex
     ],
 )
 def test_a_malformed_tracking_uri_is_refused_in_one_line(uri, problem):
-    from fedbug.tracking import check_tracking_uri
+    from fedbug.integrations.tracking import check_tracking_uri
 
     with pytest.raises(FedbugError) as e:
         check_tracking_uri(uri)
@@ -103,13 +104,13 @@ def test_a_malformed_tracking_uri_is_refused_in_one_line(uri, problem):
     "uri", ["file:///tmp/mlruns", "/tmp/mlruns", "http://127.0.0.1:5000", "sqlite:///m.db"]
 )
 def test_well_formed_tracking_uris_pass(uri):
-    from fedbug.tracking import check_tracking_uri
+    from fedbug.integrations.tracking import check_tracking_uri
 
     check_tracking_uri(uri)
 
 
 def test_mlflow_timeouts_are_bounded_unless_the_user_set_them(monkeypatch):
-    from fedbug import tracking
+    from fedbug.integrations import tracking
 
     for name in tracking.MLFLOW_BOUNDS:
         monkeypatch.delenv(name, raising=False)
@@ -125,7 +126,7 @@ def test_mlflow_timeouts_are_bounded_unless_the_user_set_them(monkeypatch):
 
 def test_a_failing_tracker_mid_run_is_one_line(tmp_path):
     """A tracker that fails after the run began (the server went away, the disk is full)."""
-    from fedbug.tracking import Trackers
+    from fedbug.integrations.tracking import Trackers
 
     class Broken:
         def log_batch(self, *a, **k):
@@ -154,7 +155,7 @@ sys.path.insert(0, {tests!r})
 from pathlib import Path
 from tiny import tiny_config
 from fedbug.errors import FedbugError
-from fedbug.tracking import Trackers
+from fedbug.integrations.tracking import Trackers
 cfg = tiny_config(tracking=["mlflow"], tracking_uri={uri!r})
 t = time.monotonic()
 try:
@@ -183,7 +184,7 @@ def test_an_unreachable_mlflow_server_fails_in_seconds_in_one_line(tmp_path, nee
 
 
 def test_an_unknown_uri_scheme_is_one_line(tmp_path, needs_mlflow):
-    from fedbug.tracking import Trackers
+    from fedbug.integrations.tracking import Trackers
 
     cfg = tiny_config(tracking=["mlflow"], tracking_uri="nosuch://x")
     with pytest.raises(FedbugError) as e:
@@ -192,7 +193,7 @@ def test_an_unknown_uri_scheme_is_one_line(tmp_path, needs_mlflow):
 
 
 def test_mlruns_that_cannot_be_written_is_one_line(tmp_path, needs_mlflow):
-    from fedbug.tracking import Trackers
+    from fedbug.integrations.tracking import Trackers
 
     run = tmp_path / "out" / "run"
     run.mkdir(parents=True)
@@ -204,7 +205,7 @@ def test_mlruns_that_cannot_be_written_is_one_line(tmp_path, needs_mlflow):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
 def test_a_read_only_mlruns_is_one_line(tmp_path, needs_mlflow):
-    from fedbug.tracking import Trackers
+    from fedbug.integrations.tracking import Trackers
 
     run = tmp_path / "out" / "run"
     run.mkdir(parents=True)
@@ -221,7 +222,7 @@ def test_a_read_only_mlruns_is_one_line(tmp_path, needs_mlflow):
 def test_resume_after_mlruns_was_deleted_is_one_line(tmp_path, needs_mlflow):
     import shutil
 
-    from fedbug.tracking import Trackers
+    from fedbug.integrations.tracking import Trackers
 
     run = tmp_path / "out" / "run"
     run.mkdir(parents=True)
@@ -236,7 +237,7 @@ def test_resume_after_mlruns_was_deleted_is_one_line(tmp_path, needs_mlflow):
 
 def test_a_tensorboard_folder_that_cannot_be_made_is_one_line(tmp_path):
     pytest.importorskip("tensorboard")
-    from fedbug.tracking import Trackers
+    from fedbug.integrations.tracking import Trackers
 
     (tmp_path / "tensorboard").write_text("a file where the event folder goes")
     with pytest.raises(FedbugError) as e:

@@ -10,7 +10,7 @@ from fedbug.algorithms.base import (
     ServerStep,
     build_algorithm,
 )
-from fedbug.registry import register_all
+from fedbug.core.registry import register_all
 
 register_all(__name__, __path__)
 

@@ -10,7 +10,7 @@ Per-client values (FedROD's class counts, FedRep's head steps, Fjord's width) li
 :class:`ClientSession`, one per client and round (:meth:`Algorithm.start_client`), never on the
 algorithm object every client shares. Extra tensors a client sends (SCAFFOLD's control-variate
 change) go in :meth:`Algorithm.client_extras`; the server reads their per-key sums from the
-round's aggregate (:meth:`fedbug.aggregate.Aggregate.extra_sum`).
+round's aggregate (:meth:`fedbug.engine.aggregate.Aggregate.extra_sum`).
 
 A flag that goes with a hook is never set apart from it: ``stateful_clients`` and
 ``needs_features`` follow from whether a class overrides their hooks, and ``has_global_model`` and
@@ -28,16 +28,16 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
 
-from fedbug.layout import Layout
-from fedbug.registry import Registry
-from fedbug.tasks import Classification, Task
-from fedbug.units import ParamSpace
+from fedbug.core.layout import Layout
+from fedbug.core.registry import Registry
+from fedbug.core.tasks import Classification, Task
+from fedbug.core.units import ParamSpace
 
 if TYPE_CHECKING:
-    from fedbug.aggregate import Aggregate
-    from fedbug.client import ClientRuntime
     from fedbug.config import BaseConfig
-    from fedbug.protocol import ClientResult, ClientTask, TrainSettings
+    from fedbug.core.protocol import ClientResult, ClientTask, TrainSettings
+    from fedbug.engine.aggregate import Aggregate
+    from fedbug.engine.client import ClientRuntime
     from fedbug.system import SystemModel
 
 
@@ -227,7 +227,7 @@ class Algorithm:
         gen: torch.Generator | None = None,
     ) -> ClientSession:
         """This algorithm's half of one client's round (``labels``: the client's training
-        labels; ``runtime``: the worker's :class:`~fedbug.client.ClientRuntime`; ``gen``: the
+        labels; ``runtime``: the worker's :class:`~fedbug.engine.client.ClientRuntime`; ``gen``: the
         client's generator, addressed by (seed, round, client))."""
         return ClientSession(self, task, labels)
 

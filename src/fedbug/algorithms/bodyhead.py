@@ -9,7 +9,7 @@ too (``alg.setup(build_layout(units, ...))``).
 from __future__ import annotations
 
 from fedbug.algorithms.fedavg import FedAvg
-from fedbug.layout import Layout
+from fedbug.core.layout import Layout
 
 
 class BodyHead(FedAvg):

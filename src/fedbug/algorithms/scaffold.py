@@ -29,7 +29,7 @@ from torch import Tensor
 
 from fedbug.algorithms.base import ALGORITHMS, LocalCtx, Params, ServerStep, zeros_like_space
 from fedbug.algorithms.fedavg import FedAvg
-from fedbug.units import ParamSpace
+from fedbug.core.units import ParamSpace
 
 
 class ScaffoldParams(Params):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from fedbug.registry import Registry
+from fedbug.core.registry import Registry
 
 Augmentation = Callable[[Tensor, torch.Generator], Tensor]
 AUGMENTATIONS: Registry[Augmentation | None] = Registry("augmentation")

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, TensorDataset
 
+from fedbug.core.registry import Registry
 from fedbug.errors import DataError
-from fedbug.registry import Registry
 
 # elements per block when counting non-finite inputs (bounds the temporary mask's memory)
 _FINITE_BLOCK = 1 << 24

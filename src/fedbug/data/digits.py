@@ -4,7 +4,7 @@ Always available (it ships inside scikit-learn), so it is the default for demos 
 end-to-end tests. Pixels are integers 0..16, kept as uint8 [N,1,8,8] and scaled by 16.
 
 The train/test split is fixed and independent of the run seed: per class, the samples are
-shuffled with ``fedbug.seeding.numpy_rng(SPLIT_SEED, "digits-split")`` (``SPLIT_SEED = 0``) and
+shuffled with ``fedbug.core.seeding.numpy_rng(SPLIT_SEED, "digits-split")`` (``SPLIT_SEED = 0``) and
 ``floor(0.25 * n_class + 0.5)`` go to the test set, giving 1,346 train and 451 test images.
 ``MEAN``/``STD`` were computed once from that training split (after scaling by 16).
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedbug.core.seeding import numpy_rng
 from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
-from fedbug.seeding import numpy_rng
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.25

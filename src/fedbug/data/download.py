@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from fedbug.core.registry import unknown_name_message
 from fedbug.data.cifar import CIFAR10_SUBDIR, CIFAR10_URL, CIFAR100_SUBDIR, CIFAR100_URL
 from fedbug.data.locate import cache_root
 from fedbug.data.mnist import MIRRORS as MNIST_MIRRORS
 from fedbug.data.tiny_imagenet import SUBDIR as TINY_SUBDIR
 from fedbug.data.tiny_imagenet import URL as TINY_URL
 from fedbug.errors import ConfigError, DataError
-from fedbug.registry import unknown_name_message
 
 Action = Literal["extract", "place"]
 CHUNK = 1 << 20

@@ -21,7 +21,7 @@ Dealing is simulated exactly but in blocks: the client sequence is an i.i.d. uni
 draws for full clients discarded, generated a block at a time; between two class exhaustions
 the class draws are i.i.d. given the client, so each block of them is drawn at once and cut at
 the first exhaustion (at most ``C`` blocks). All randomness comes from
-``fedbug.seeding.numpy_rng(seed, "partition")``.
+``fedbug.core.seeding.numpy_rng(seed, "partition")``.
 
 :func:`client_test_split` gives each client its own test set for personalized evaluation
 (``matched``: the official test set dealt after the clients' train distributions; ``holdout``:
@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedbug.core.seeding import numpy_rng
 from fedbug.errors import ConfigError
-from fedbug.seeding import numpy_rng
 
 Scheme = Literal["iid", "dirichlet", "dirichlet_classwise"]
 SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "dirichlet_classwise")

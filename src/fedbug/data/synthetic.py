@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedbug.core.seeding import numpy_rng
 from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
 from fedbug.errors import ConfigError
-from fedbug.seeding import numpy_rng
 
 DIM = 60
 CLASSES = 10

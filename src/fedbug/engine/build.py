@@ -20,12 +20,12 @@ from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm
 from fedbug.config import BaseConfig
+from fedbug.core.layout import Layout, build_layout, extra_units
+from fedbug.core.units import ParamSpace, Unit, check_traced, find_units, traced_module_order
 from fedbug.errors import ConfigError
-from fedbug.layout import Layout, build_layout, extra_units
 from fedbug.policies import FreezePolicy, StepCtx, build_policy
 from fedbug.policies.base import Intersection
 from fedbug.policies.schedule import RoundSchedule
-from fedbug.units import ParamSpace, Unit, check_traced, find_units, traced_module_order
 
 UnitNames = Sequence[str | Sequence[str]]
 
@@ -126,7 +126,7 @@ def build_freezing(cfg: BaseConfig, layout: Layout) -> tuple[FreezePolicy, Round
 def classifier_of(model: nn.Module, example: Tensor, units: UnitNames | None = None) -> str:
     """The model's classifier: the last parameter-owning layer its forward pass calls. A
     forward pass that reads a layer's weights without calling it is refused
-    (:func:`~fedbug.units.check_traced`) unless the units are listed (``units:`` or
+    (:func:`~fedbug.core.units.check_traced`) unless the units are listed (``units:`` or
     ``fedbug_units()``); if it then calls no such layer, the last listed unit's last layer."""
     order = traced_module_order(model, example)
     if not units:

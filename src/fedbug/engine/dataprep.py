@@ -11,11 +11,11 @@ import torch
 from torch import Tensor
 
 from fedbug.config import BaseConfig
+from fedbug.core.device import memory_bytes
+from fedbug.core.seeding import numpy_rng
 from fedbug.data import FederatedDataset
 from fedbug.data.partition import client_test_split
-from fedbug.device import memory_bytes
 from fedbug.errors import ConfigError
-from fedbug.seeding import numpy_rng
 
 
 def subsample(ds: FederatedDataset, share: float) -> FederatedDataset:

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from fedbug.pfl import (
+from fedbug.engine.pfl import (
     FinetuneSettings,
     clients_csv,
     pfl_summary,
     plot_clients,
 )
-from fedbug.pfl import summarise as summarise_scores
+from fedbug.engine.pfl import summarise as summarise_scores
 from fedbug.results import RunDir, atomic_write_text
 
 if TYPE_CHECKING:

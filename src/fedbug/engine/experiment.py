@@ -13,34 +13,34 @@ import torch
 from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm, build_algorithm
-from fedbug.client import (
+from fedbug.config import BaseConfig, resolve
+from fedbug.core.device import check_precision, configure_kernels, resolve_device
+from fedbug.core.seeding import derive_seed
+from fedbug.core.tasks import Task, build_task
+from fedbug.data import FederatedDataset, load_dataset, partition
+from fedbug.data.augment import AUGMENTATIONS
+from fedbug.engine.build import build_parts
+from fedbug.engine.client import (
     ClientData,
     ClientRuntime,
     TrainSettings,
     with_memory_format,
 )
-from fedbug.config import BaseConfig, resolve
-from fedbug.data import FederatedDataset, load_dataset, partition
-from fedbug.data.augment import AUGMENTATIONS
-from fedbug.device import check_precision, configure_kernels, resolve_device
-from fedbug.engine.build import build_parts
 from fedbug.engine.dataprep import (
     natural_clients,
     personal_test_sets,
     place_on_device,
     subsample,
 )
+from fedbug.engine.evaluate import Evaluator
 from fedbug.engine.model_fit import check_model_fits
-from fedbug.errors import ConfigError
-from fedbug.evaluate import Evaluator
-from fedbug.models import build_model
-from fedbug.pfl import (
+from fedbug.engine.pfl import (
     PersonalizedEvaluator,
 )
-from fedbug.seeding import derive_seed
+from fedbug.errors import ConfigError
+from fedbug.models import build_model
 from fedbug.selection import SELECTIONS
 from fedbug.system import SystemModel, per_sample_costs
-from fedbug.tasks import Task, build_task
 
 ModelSource = nn.Module | Callable[[], nn.Module] | None
 
@@ -354,6 +354,6 @@ def check_labels(task: Task, ds: FederatedDataset, cfg: BaseConfig) -> None:
 
 def claim_process(device: torch.device, cfg: BaseConfig) -> dict[str, Any]:
     """Set what clients compute under in this process: torch's thread count and, on a GPU, its
-    kernel flags (:func:`~fedbug.device.configure_kernels`, whose record is returned)."""
+    kernel flags (:func:`~fedbug.core.device.configure_kernels`, whose record is returned)."""
     torch.set_num_threads(cfg.threads)
     return configure_kernels(device, cfg.precision, cfg.deterministic)

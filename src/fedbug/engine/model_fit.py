@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedbug.core.tasks import Task
 from fedbug.data import FederatedDataset
 from fedbug.errors import ConfigError, FedbugError
-from fedbug.tasks import Task
 
 
 def check_model_fits(
@@ -21,7 +21,7 @@ def check_model_fits(
     batch ``x`` (prepared samples; labels ``y``), in eval mode without gradients and with the
     global random state put back. A layer that fails on its input is named with the sizes it
     takes and gets and the fix; an output the task cannot use (a class count other than the
-    data set's) is named by the task (:meth:`~fedbug.tasks.Task.output_problem`)."""
+    data set's) is named by the task (:meth:`~fedbug.core.tasks.Task.output_problem`)."""
     what = f"model {type(model).__name__} does not fit data set {ds.name!r}"
     if not any(True for _ in model.parameters()):
         raise ConfigError(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fedbug.client import ClientResult
+from fedbug.engine.client import ClientResult
 
 
 @dataclass

@@ -23,13 +23,13 @@ from typing import Any
 import torch
 
 from fedbug.config import BaseConfig, config_class, config_hash, load_config, read_config_doc
+from fedbug.core.tasks import Task
 from fedbug.data import FederatedDataset
 from fedbug.engine.experiment import ModelSource
 from fedbug.engine.rounds import run_experiment
 from fedbug.engine.run_folder import folder_disagreement
 from fedbug.errors import CheckpointError, ConfigError, ResultsError
 from fedbug.results import RunDir
-from fedbug.tasks import Task
 
 #: the wall-clock keys of a round record: the only ones a rerun may change
 TIMING = frozenset({"time_train", "time_eval", "wall_time"})

@@ -7,7 +7,7 @@ update -> the simulated system's figures -> evaluate -> one record
 (:class:`~fedbug.engine.record.RoundRecord`) -> ``metrics.jsonl``, a checkpoint every N rounds,
 the trackers, ``on_round``.
 
-Every update passes :func:`fedbug.checks.check_update` before aggregation: a malformed one is
+Every update passes :func:`fedbug.engine.checks.check_update` before aggregation: a malformed one is
 dropped (``dropped`` in the round's record), a non-finite one stops the run with a
 :class:`~fedbug.errors.DivergenceError` (or is dropped with ``on_divergence: skip_client``). A
 round with fewer than ``min_results`` valid updates (clients dropped, lost to a timeout or an
@@ -33,16 +33,17 @@ from typing import Any, NoReturn
 import torch
 from torch import Tensor
 
-from fedbug.aggregate import Aggregate
 from fedbug.algorithms.base import ServerStep
-from fedbug.checks import check_update, divergence_hint, is_divergence
-from fedbug.client import (
+from fedbug.config import BaseConfig, config_hash
+from fedbug.core.device import process_settings_kept
+from fedbug.core.tasks import CustomTask, LossFn, Task
+from fedbug.data import FederatedDataset
+from fedbug.engine.aggregate import Aggregate
+from fedbug.engine.checks import check_update, divergence_hint, is_divergence
+from fedbug.engine.client import (
     ClientResult,
     ClientTask,
 )
-from fedbug.config import BaseConfig, config_hash
-from fedbug.data import FederatedDataset
-from fedbug.device import process_settings_kept
 from fedbug.engine.evaluation import (
     evaluate_round,
     personalize,
@@ -59,9 +60,8 @@ from fedbug.engine.simulation import Simulation
 from fedbug.engine.states import STATE_STORE_MIN_BYTES, ClientStates, LocalModelMean
 from fedbug.engine.summary import make_summary, stopped_fields
 from fedbug.errors import ConfigError, DivergenceError, FedbugError, ShortRoundError
+from fedbug.integrations.tracking import Trackers
 from fedbug.results import RunDir
-from fedbug.tasks import CustomTask, LossFn, Task
-from fedbug.tracking import Trackers
 
 RoundCallback = Callable[[dict[str, Any]], None]
 ExecutorFactory = Callable[["Experiment"], Executor]
@@ -93,9 +93,9 @@ def run_experiment(
     """Run (or resume) one experiment; write its run folder when ``run_dir`` is given.
 
     ``dataset`` and ``model`` replace the config's (a :class:`FederatedDataset`; a module, class
-    or factory); ``task`` the config's task (a name or a :class:`~fedbug.tasks.Task`), or
+    or factory); ``task`` the config's task (a name or a :class:`~fedbug.core.tasks.Task`), or
     ``loss`` (a function of (output, y)) with optional ``metrics`` (name -> a function giving
-    one batch's sum) a :class:`~fedbug.tasks.CustomTask`.
+    one batch's sum) a :class:`~fedbug.core.tasks.CustomTask`.
 
     ``executor_factory`` builds the executor from the experiment (default: the one the config
     names); the Flower ServerApp passes one that sends clients to its grid.

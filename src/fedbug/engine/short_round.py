@@ -7,8 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fedbug.checks import is_divergence
 from fedbug.config import BaseConfig
+from fedbug.engine.checks import is_divergence
 from fedbug.errors import ShortRoundError
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fedbug.client import (
+from fedbug.engine.client import (
     ClientResult,
 )
 from fedbug.selection import SelectionFeedback

@@ -8,9 +8,9 @@ from typing import Any
 from torch import Tensor
 
 from fedbug.algorithms import Algorithm
+from fedbug.core.units import ParamSpace
+from fedbug.engine.state_store import StateStore
 from fedbug.errors import CheckpointError
-from fedbug.state_store import StateStore
-from fedbug.units import ParamSpace
 
 #: Client state is kept in a memory-mapped store under the run folder when N full models of it
 #: would take more than this (smaller runs keep it in memory and in the checkpoint).
@@ -22,7 +22,8 @@ class ClientStates:
 
     With ``store_dir`` and ``num_clients`` (a run folder, and N full models of state over
     :data:`STATE_STORE_MIN_BYTES`), states live in a memory-mapped
-    :class:`~fedbug.state_store.StateStore` in ``<run>/client_states`` and the checkpoint holds
+    :class:`~fedbug.engine.state_store.StateStore` in ``<run>/client_states`` and the checkpoint
+    holds
     only its generation; a state the store's layout does not fit stays in memory. Without, all
     states are in memory and in the checkpoint."""
 

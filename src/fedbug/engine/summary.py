@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from fedbug.config import BaseConfig
-from fedbug.device import describe
+from fedbug.core.device import describe
 from fedbug.errors import DivergenceError, ShortRoundError
 from fedbug.results import environment
 

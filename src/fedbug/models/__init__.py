@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedbug.core.registry import Registry
+from fedbug.core.seeding import derive_seed
 from fedbug.errors import ConfigError
 from fedbug.models.cnn import DigitsCNN, StandardCNN
 from fedbug.models.leaf_cnn import FreezeFLCNN, LeafFemnistCNN
@@ -34,8 +36,6 @@ from fedbug.models.lstm import ShakespeareLSTM
 from fedbug.models.mlp import MLP
 from fedbug.models.resnet import resnet18, resnet34
 from fedbug.models.tiny_cnn import FedSeqCNN, TinyImageNetCNN
-from fedbug.registry import Registry
-from fedbug.seeding import derive_seed
 
 ModelBuilder = Callable[..., nn.Module]
 MODELS: Registry[ModelBuilder] = Registry("model")

@@ -1,6 +1,7 @@
 """Freeze policies, a file per family; importing this package registers them all: every module
 in it is imported, so a new one is a new file."""
 
+from fedbug.core.registry import register_all
 from fedbug.policies.base import (
     POLICIES,
     EpochAction,
@@ -15,7 +16,6 @@ from fedbug.policies.base import (
 from fedbug.policies.fixed import FixedTop
 from fedbug.policies.gradual import BottomUp, TopDown, unfrozen_count
 from fedbug.policies.vanilla import Vanilla
-from fedbug.registry import register_all
 
 __all__ = [
     "POLICIES",

@@ -20,7 +20,7 @@ server half
 
 Options come from ``params_cls``, a block named after the policy in a config
 (``bottom_up: {gu_ratio: 0.4}``); :meth:`check_config` returns why a config cannot run the
-policy (``None``: it can), gathered in :func:`fedbug.compat.check_compatible`.
+policy (``None``: it can), gathered in :func:`fedbug.config.compat.check_compatible`.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
-from fedbug.registry import Registry
+from fedbug.core.registry import Registry
 
 if TYPE_CHECKING:
     from fedbug.config import BaseConfig
-    from fedbug.protocol import ClientResult, ClientTask
+    from fedbug.core.protocol import ClientResult, ClientTask
+    from fedbug.core.units import ParamSpace
     from fedbug.system import SystemModel
-    from fedbug.units import ParamSpace
 
 
 class PolicyParams(BaseModel):

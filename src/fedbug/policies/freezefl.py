@@ -43,9 +43,9 @@ from fedbug.policies.base import (
 )
 
 if TYPE_CHECKING:
-    from fedbug.protocol import ClientResult, ClientTask
+    from fedbug.core.protocol import ClientResult, ClientTask
+    from fedbug.core.units import ParamSpace
     from fedbug.system import SystemModel
-    from fedbug.units import ParamSpace
 
 
 PROBES: tuple[str, ...] = ("rollback", "restart")

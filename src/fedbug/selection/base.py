@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
 
-from fedbug.registry import Registry
+from fedbug.core.registry import Registry
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from fedbug.config import BaseConfig
+    from fedbug.core.units import ParamSpace
     from fedbug.system import SystemModel
-    from fedbug.units import ParamSpace
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,9 +28,9 @@ class SelectionFeedback:
     ``times``).
 
     ``local_deltas[k]`` is w^k_{r+1} - w_r and ``global_delta`` w_{r+1} - w_r, full flat vectors
-    of the :class:`~fedbug.units.ParamSpace`; ``trained[k][l]`` says whether client k trained
+    of the :class:`~fedbug.core.units.ParamSpace`; ``trained[k][l]`` says whether client k trained
     unit l; ``figures[k]`` the per-client figures its methods reported
-    (:attr:`~fedbug.protocol.ClientResult.figures`, e.g. how many units its policy froze);
+    (:attr:`~fedbug.core.protocol.ClientResult.figures`, e.g. how many units its policy froze);
     ``times[k]`` its full-model time tau_k.
     """
 

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from fedbug.core.seeding import numpy_rng
 from fedbug.errors import CheckpointError, ConfigError
-from fedbug.seeding import numpy_rng
 from fedbug.selection.base import SELECTIONS, Selection, SelectionFeedback
 
 UTILITY_FLOOR = 1e-5

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fedbug.core.seeding import numpy_rng
 from fedbug.errors import ConfigError
-from fedbug.seeding import numpy_rng
 from fedbug.selection.base import SELECTIONS, Selection
 
 #: Bernoulli draws a round may take before one client is drawn uniformly instead. An empty draw

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import Tensor
 
-from fedbug.protocol import ClientResult, ClientTask
+from fedbug.core.protocol import ClientResult, ClientTask
 
 
 class Executor:

@@ -3,12 +3,13 @@
 Each worker is started once per run (``spawn``), builds its own
 :class:`~fedbug.engine.experiment.ClientSide` (never the round loop) from the run's config and
 data (the data set's tensors travel once, in shared memory), sets
-``torch.set_num_threads(threads)`` and keeps one :class:`~fedbug.client.ClientRuntime` for the
+``torch.set_num_threads(threads)`` and keeps one :class:`~fedbug.engine.client.ClientRuntime` for
+the
 whole run. A round's tasks go to the
 workers one at a time, in client id order, each to the first worker free, and each update comes
 back as soon as it is trained: the server aggregates it (in client id order) and lets it go, so
 a round holds at most a few updates (:data:`AHEAD` a worker) whatever its number of clients.
-Each worker runs :func:`~fedbug.client.train_client` exactly as the sequential executor does,
+Each worker runs :func:`~fedbug.engine.client.train_client` exactly as the sequential executor does,
 so with randomness addressed by (seed, round, client) the results are bitwise those of
 :class:`~fedbug.engine.executors.sequential.SequentialExecutor` (at the same thread count), and
 which worker trains a client changes no number.
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedbug.client import ClientResult, ClientTask, train_client
+from fedbug.engine.client import ClientResult, ClientTask, train_client
 from fedbug.engine.executors.base import Executor
 from fedbug.engine.experiment import ClientSide
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from torch import Tensor
 
-from fedbug.client import ClientData, ClientResult, ClientRuntime, ClientTask, train_client
+from fedbug.engine.client import ClientData, ClientResult, ClientRuntime, ClientTask, train_client
 from fedbug.engine.executors.base import Executor
 
 

@@ -1,0 +1,102 @@
+"""The one place that refuses a config whose pieces cannot run together, each refusal saying why.
+
+Every piece answers for itself (``check_config`` on the algorithm, the freeze policy and the
+selection, see their bases); this module asks them in order and adds what concerns the config as
+a whole: an options block of a method the config does not use, set to anything but its defaults,
+has no effect, which is refused naming the method that would use it (a block at its defaults is
+harmless: a resolved config, which lists every block, reads back). A config with a ``grid`` is a
+sweep's base: it may hold the blocks of every method its cells use (the sweep checks them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any
+
+from fedbug.algorithms import ALGORITHMS
+from fedbug.policies import POLICIES
+from fedbug.selection import SELECTIONS
+
+#: Blocks other runs of the same sweep use: set while a sweep validates its cells, so a base
+#: config may hold the options of every method its grid compares.
+_USED_ELSEWHERE: ContextVar[frozenset[str]] = ContextVar("used_elsewhere", default=frozenset())
+
+
+@contextlib.contextmanager
+def blocks_used_elsewhere(names: frozenset[str]) -> Iterator[None]:
+    """Within this block, options blocks named in ``names`` are not refused as unused."""
+    token = _USED_ELSEWHERE.set(names)
+    try:
+        yield
+    finally:
+        _USED_ELSEWHERE.reset(token)
+
+
+def owners() -> dict[str, tuple[str, str]]:
+    """Every options block: its name -> (kind, method) of the one method that uses it."""
+    out: dict[str, tuple[str, str]] = {}
+    for kind, registry in (
+        ("algorithm", ALGORITHMS),
+        ("policy", POLICIES),
+        ("selection", SELECTIONS),
+    ):
+        for name, cls in registry.items():
+            if cls.params_cls is not None:
+                out[name] = (kind, name)
+    return out
+
+
+def used_blocks(cfg: Any) -> set[str]:
+    """The options blocks that the methods ``cfg`` chooses read."""
+    return {cfg.algorithm, cfg.policy, cfg.resolved_selection()}
+
+
+def incompatibility(cfg: Any) -> str | None:
+    """Why ``cfg`` cannot run, or None: the first reason found."""
+    if cfg.executor.startswith("flower") and cfg.evaluation == "personalized":
+        return (
+            f"executor {cfg.executor} keeps personal model parts on the nodes, so the server "
+            "cannot run evaluation: personalized; use executor: sequential"
+        )
+    if cfg.system is not None and not cfg.count_flops:
+        return "a system: block times clients from their FLOPs; keep count_flops"
+    for piece in (
+        ALGORITHMS.get(cfg.algorithm),
+        POLICIES.get(cfg.policy),
+        SELECTIONS.get(cfg.resolved_selection()),
+    ):
+        reason = piece.check_config(cfg)
+        if reason is not None:
+            return reason
+    if cfg.evaluation == "personalized" and cfg.task != "classification":
+        return (
+            f"evaluation: personalized scores each client's accuracy on class labels, which task "
+            f"{cfg.task} does not give; use evaluation: global (or mean_of_local_models)"
+        )
+    used = used_blocks(cfg) | _USED_ELSEWHERE.get()
+    chosen = {"algorithm": cfg.algorithm, "policy": cfg.policy}
+    chosen["selection"] = cfg.resolved_selection()
+    for block, (kind, method) in sorted(owners().items()):
+        value = cfg.options(block)
+        if block not in used and value is not None and value != type(value)():
+            return (
+                f"{block}: has no effect under {kind}: {chosen[kind]}; it holds the options of "
+                f"{kind} {method} (remove the block, set {kind}: {method}, or compare methods "
+                f"with fedbug sweep -g {kind}=...)"
+            )
+    fixed_count = cfg.clients_per_round is not None and cfg.resolved_selection() != "bernoulli"
+    if fixed_count and cfg.participation != type(cfg).model_fields["participation"].default:
+        return (
+            "participation has no effect when clients_per_round picks a fixed number of "
+            "clients; remove one of them"
+        )
+    return None
+
+
+def check_compatible(cfg: Any) -> None:
+    """Raise ``ValueError`` (the config's one-line message) when ``cfg`` cannot run."""
+    reason = incompatibility(cfg)
+    if reason is not None:
+        raise ValueError(reason)

@@ -1,0 +1,2 @@
+"""The core below the methods: units, layouts, tasks, FLOPs, the client protocol, devices, seeds
+and registries."""

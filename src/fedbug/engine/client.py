@@ -1,0 +1,422 @@
+"""The client side: one function of (global weights, round config, client data, client state).
+
+:func:`train_client` returns (update, metrics, new state) and reads everything from its
+arguments, with all randomness drawn from a generator addressed by (seed, round, client), so any
+executor (in-process, worker processes, Flower) runs the same code and gets the same numbers.
+The model, optimiser buffers and FLOP counts it needs are built once per worker in a
+:class:`ClientRuntime` and reused for every client.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from fedbug.algorithms import Algorithm, ClientSession, LocalCtx
+from fedbug.core.device import autocast, to_device
+from fedbug.core.flops import FlopCache, LossFn
+from fedbug.core.protocol import ClientData, ClientResult, ClientTask, TrainSettings
+from fedbug.core.seeding import torch_generator
+from fedbug.core.units import ParamSpace
+from fedbug.policies import FreezePolicy, StepCtx
+from fedbug.policies.base import EpochAction, EpochCtx, PolicySession
+
+__all__ = [
+    "ClientData",
+    "ClientResult",
+    "ClientRuntime",
+    "ClientTask",
+    "EpochAction",
+    "EpochCtx",
+    "TrainSettings",
+    "train_client",
+]
+
+
+def to_channels_last(x: Tensor) -> Tensor:
+    """A 4-D batch with NHWC strides (``memory_format: channels_last``); other tensors as they
+    are. One channel gets the strides explicitly (``contiguous(channels_last)`` would keep it
+    NCHW, which is equally "contiguous" there), so oneDNN still runs the layers after it NHWC."""
+    if x.dim() != 4:
+        return x
+    if x.shape[1] == 1:
+        n, _, h, w = x.shape
+        return x.contiguous().as_strided(x.shape, (h * w, 1, w, 1))
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def with_memory_format(
+    prepare: Callable[[Tensor], Tensor], memory_format: str
+) -> Callable[[Tensor], Tensor]:
+    """``prepare`` followed, for ``channels_last``, by an NHWC copy of 4-D batches. The weights
+    stay contiguous (they are views into the flat vector): oneDNN takes the layout from the
+    input, so convolutions and pooling then run in NHWC."""
+    if memory_format != "channels_last":
+        return prepare
+    return functools.partial(_prepare_channels_last, prepare)
+
+
+def _prepare_channels_last(prepare: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    return to_channels_last(prepare(x))
+
+
+class ClientRuntime:
+    """A reusable local model (weights bound to one flat vector), built once per worker."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        space: ParamSpace,
+        policy: FreezePolicy,
+        algorithm: Algorithm,
+        settings: TrainSettings,
+        prepare: Callable[[Tensor], Tensor],
+        augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+        classifier: str | None = None,
+        *,
+        device: torch.device | None = None,
+        precision: str = "fp32",
+    ) -> None:
+        self.flop_model = copy.deepcopy(model)  # before hooks and binding: a plain copy (CPU)
+        self.device = device if device is not None else torch.device("cpu")
+        self.precision = precision
+        self.model = model.to(self.device)
+        self.space = space
+        self.policy = policy
+        self.algorithm = algorithm
+        self.settings = settings
+        self.prepare = prepare
+        self.augment = augment
+        self.flat = space.bind(model)
+        layout = algorithm.layout  # None: a runtime built by hand, every unit the model's own
+        self.extra_units: tuple[int, ...] = layout.extra if layout is not None else ()
+        self.policy_units = layout.policy_units if layout is not None else space.num_units
+        self.grad = torch.zeros(space.total, device=self.device)
+        self.unit_params: list[list[tuple[nn.Parameter, Tensor]]] = [[] for _ in space.units]
+        for name, is_param, off, n, shape, u in zip(
+            space.names, space.is_param, space.offsets, space.numels, space.shapes, space.unit_of
+        ):
+            if is_param:
+                p = model.get_parameter(name)
+                self.unit_params[u].append((p, self.grad[off : off + n].view(shape)))
+        self._features: Tensor | None = None
+        if algorithm.needs_features:
+            # the representation before the classifier: the input of the last layer the forward
+            # pass calls (the engine passes its name; by default the last unit's last layer)
+            head = model.get_submodule(classifier or space.units[-1].modules[-1])
+            head.register_forward_pre_hook(self._capture)
+        self.flop_count = FlopCache(self.flop_model, algorithm.loss)
+
+    def _capture(self, _m: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+        self._features = inputs[0]
+
+    def set_trainable(self, units: tuple[int, ...]) -> list[slice]:
+        """requires_grad and a gradient view on the given units, None elsewhere; their slices
+        (one per run of consecutive units)."""
+        if not units:
+            raise ValueError("a freeze policy returned no trainable unit")
+        on = set(units)
+        for u, params in enumerate(self.unit_params):
+            for p, g in params:
+                p.requires_grad_(u in on)
+                p.grad = g if u in on else None
+        sl = self.space.unit_slices
+        regions: list[slice] = []
+        for u in units:
+            if regions and regions[-1].stop == sl[u].start:
+                regions[-1] = slice(regions[-1].start, sl[u].stop)
+            else:
+                regions.append(slice(sl[u].start, sl[u].stop))
+        return regions
+
+    def flops(
+        self, units: tuple[int, ...] | range, x: Tensor, y: Tensor, loss: LossFn | None = None
+    ) -> int:
+        """FLOPs of one forward+backward with ``units`` trainable, counted once and cached (on
+        the CPU copy of the model: the count does not depend on the device; the batch goes to
+        the CPU only when a count is new, so a GPU step is not held up by a copy back)."""
+        return self.flop_count.units(self.space.units, units, x, y, loss)
+
+    def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        s = self.settings
+        params = list(self.model.parameters())
+        if s.optimizer == "adam":
+            return torch.optim.Adam(params, lr=lr, weight_decay=s.weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=s.momentum, weight_decay=s.weight_decay)
+
+
+def train_client(
+    weights: Tensor,
+    task: ClientTask,
+    data: ClientData,
+    state: dict[str, Tensor],
+    runtime: ClientRuntime,
+) -> ClientResult:
+    """Local training of one client for one round (FedBug Algorithm 3, lines 5-11).
+
+    The algorithm's and the policy's per-client halves (:meth:`Algorithm.start_client`,
+    :meth:`FreezePolicy.start_client`) are opened here and hold whatever this client needs; the
+    result's typed fields come from this loop, then from the policy's and the algorithm's
+    ``finish``. The steps are :class:`LocalRound`'s."""
+    local = LocalRound(weights, task, data, state, runtime)
+    local.train()
+    return local.result()
+
+
+class LocalRound:
+    """One client's local training in one round, in named steps: opened on the device
+    (``__init__``), trained (:meth:`train`: a batch, the step's units, :meth:`step`, the policy's
+    :meth:`end_of_epoch`), closed into a :class:`ClientResult` (:meth:`result`).
+
+    The algorithm's :class:`LocalCtx` is built once, when the client opens; the regions it
+    names follow the step's trainable units, and :meth:`result` views the whole vector."""
+
+    def __init__(
+        self,
+        weights: Tensor,
+        task: ClientTask,
+        data: ClientData,
+        state: dict[str, Tensor],
+        runtime: ClientRuntime,
+    ) -> None:
+        rt = self.rt = runtime
+        dev = rt.device
+        self.host = weights.device
+        # on the device: the received weights, the client's state and the round's payload; its
+        # data too, unless augmentation (drawn on the CPU) comes first (then batch by batch)
+        self.received = weights.to(dev)
+        self.state = to_device(state, dev)
+        if task.payload is not None:
+            task = dataclasses.replace(task, payload=to_device(task.payload, dev))
+        self.task = task
+        self.xs, self.ys = (
+            (data.x, data.y) if rt.augment is not None else (data.x.to(dev), data.y.to(dev))
+        )
+        rt.model.train()
+        rt.flat.copy_(self.received)
+        load_local_parts(rt.flat, self.state, rt.space)
+        self.n = len(data)
+        self.gen = torch_generator(task.seed, "client", task.round, task.client)
+        self.scaler = torch.amp.GradScaler(dev.type) if rt.precision == "fp16" else None
+        self.session = rt.algorithm.start_client(task, data.y, rt, self.gen)
+        self.policy = rt.policy.start_client(task)
+        self.local_steps, self.per_epoch = self.session.local_step_count(self.n, rt.settings)
+        self.ctx = LocalCtx(
+            space=rt.space,
+            weights=rt.flat,
+            grads=rt.grad,
+            received=self.received,
+            regions=[],
+            state=self.state,
+            num_samples=self.n,
+            mean_samples=task.mean_samples,
+            payload=task.payload,
+            lr=task.lr,
+        )
+        self.loss_sum = torch.zeros((), device=dev)
+        self.idle = self.flops = self.probe_steps = self.probe_flops = 0
+        self.perm = torch.empty(0, dtype=torch.long)
+        self.begin()
+
+    def begin(self) -> None:
+        """A fresh optimiser and no unit trained yet (at the start, and when a policy restarts
+        the round)."""
+        m = self.rt.space.num_units
+        self.opt = self.rt.make_optimizer(self.task.lr)
+        self.trained = [False] * m
+        self.unit_steps = [0] * m
+        self.current: tuple[int, ...] | None = None
+
+    def train(self) -> None:
+        """The local steps; a step the policy and the algorithm leave nothing to train is idle,
+        and a policy's end-of-epoch answer may send ``k`` back to 0 (a restart)."""
+        rt, task = self.rt, self.task
+        k = 0
+        while k < self.local_steps:
+            k += 1
+            x, y = self.batch(k)
+            step = StepCtx(
+                k, self.local_steps, rt.policy_units, task.round, task.client, task.rounds
+            )
+            units = step_units(self.policy, self.session, step, self.per_epoch, rt.extra_units)
+            if not units:
+                self.idle += 1
+                continue
+            self.step(units, x, y)
+            if k % self.per_epoch == 0 and k < self.local_steps:
+                k = self.end_of_epoch(k)
+
+    def batch(self, k: int) -> tuple[Tensor, Tensor]:
+        """Step ``k``'s batch: a slice of the epoch's permutation (drawn on the CPU, moved once
+        an epoch), augmented and moved where augmentation comes first, then prepared."""
+        rt, bs = self.rt, self.rt.settings.batch_size
+        pos = (k - 1) % self.per_epoch
+        if pos == 0:
+            self.perm = torch.randperm(self.n, generator=self.gen).to(self.xs.device)
+        idx = self.perm[pos * bs : (pos + 1) * bs]
+        x, y = self.xs[idx], self.ys[idx]  # a client's samples and labels live on one device
+        if rt.augment is not None:
+            x = rt.augment(x, self.gen)
+            x, y = x.to(rt.device), y.to(rt.device)
+        return rt.prepare(x), y
+
+    def step(self, units: tuple[int, ...], x: Tensor, y: Tensor) -> None:
+        """One optimiser step on ``units``: the loss and the algorithm's terms, backward, the
+        closed-form gradient terms, clipping, the step (fp16: through the grad scaler)."""
+        rt, alg, ctx, session, scaler = (
+            self.rt,
+            self.rt.algorithm,
+            self.ctx,
+            self.session,
+            self.scaler,
+        )
+        if units != self.current:
+            self.current = units
+            ctx.regions = rt.set_trainable(units)
+            for u in units:
+                self.trained[u] = True
+        for u in units:
+            self.unit_steps[u] += 1
+        session.before_step(x, y)
+        for r in ctx.regions:
+            rt.grad[r].zero_()
+        with autocast(rt.device, rt.precision):
+            loss = session.loss(rt.model(x), y)
+            self.loss_sum += loss.detach().float()
+            loss = alg.extra_loss(ctx, loss, rt._features)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(self.opt)  # the algorithm's terms and clipping see true gradients
+        else:
+            loss.backward()
+        alg.adjust_grads(ctx)
+        if rt.settings.clip_grad_norm:
+            clip_grad_norm(rt.grad, ctx.regions, rt.settings.clip_grad_norm)
+        alg.adjust_grads_after_clipping(ctx)
+        if scaler is not None:
+            scaler.step(self.opt)  # skipped where fp16 overflowed
+            scaler.update()
+        else:
+            self.opt.step()
+        session.after_step()
+        if rt.settings.count_flops:
+            self.flops += rt.flops(units, x, y, session.loss)
+
+    def end_of_epoch(self, k: int) -> int:
+        """The policy's answer after an epoch that is not the last: restore units to the received
+        weights (optimiser state kept), or start the round over (the probe is not kept: ``k``
+        goes back to 0). Returns the step count to go on from."""
+        rt, space, pe = self.rt, self.rt.space, self.per_epoch
+        ctx = EpochCtx(k // pe, self.local_steps // pe, self.task, space, rt.flat, self.received)
+        action = self.policy.end_of_epoch(ctx)
+        if action is None:
+            return k
+        if action.restart:
+            self.probe_steps += k
+            self.probe_flops = self.flops
+            rt.flat.copy_(self.received)
+            load_local_parts(rt.flat, self.state, space)
+            self.begin()
+            return 0
+        for u in action.restore:
+            rt.flat[space.unit_slices[u]] = self.received[space.unit_slices[u]]
+            self.trained[u] = False
+            self.unit_steps[u] = 0
+        self.current = None
+        return k
+
+    def result(self) -> ClientResult:
+        """The update, the new client state and the costs; then the policy's and the
+        algorithm's ``finish``; back on the host."""
+        rt, alg, space = self.rt, self.rt.algorithm, self.rt.space
+        rt._features = None
+        delta = rt.flat - self.received
+        whole = dataclasses.replace(
+            self.ctx, regions=[slice(0, space.total)], unit_steps=self.unit_steps
+        )
+        finished = alg.finish_client(whole, delta)
+        extras = alg.client_extras(whole, self.state, finished)
+        uploaded = [t and s for t, s in zip(self.trained, alg.shared_mask(space.num_units))]
+        result = ClientResult(
+            client=self.task.client,
+            num_samples=self.n,
+            delta=delta,
+            trained=self.trained,
+            state=save_local_parts(finished, rt.flat, alg, space),
+            train_loss=float(self.loss_sum)
+            / max(1, self.local_steps + self.probe_steps - self.idle),
+            steps=self.local_steps,
+            flops=self.flops,
+            probe_flops=self.probe_flops,
+            probe_steps=self.probe_steps,
+            trained_params=sum(c for c, t in zip(space.unit_param_numel, self.trained) if t),
+            bytes_up=space.bytes_of(uploaded),
+            extras=extras,
+            uploaded=uploaded,
+        )
+        self.policy.finish(result)
+        self.session.finish(result)
+        return to_host(result, self.host) if rt.device != self.host else result
+
+
+def clip_grad_norm(grad: Tensor, regions: list[slice], max_norm: float) -> None:
+    """Scale the gradient of the trainable regions to norm at most ``max_norm`` (their joint
+    norm), in place."""
+    norm = torch.stack([grad[r].norm() for r in regions]).norm()
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for r in regions:
+        grad[r].mul_(scale)
+
+
+def to_host(result: ClientResult, host: torch.device) -> ClientResult:
+    """What is aggregated or stored, moved back to the host."""
+    return dataclasses.replace(
+        result,
+        delta=result.delta.to(host),
+        state=to_device(result.state, host),
+        extras=to_device(result.extras, host),
+        entries=to_device(result.entries, host),
+    )
+
+
+def step_units(
+    policy: PolicySession,
+    session: ClientSession,
+    step: StepCtx,
+    per_epoch: int,
+    extra_units: tuple[int, ...] = (),
+) -> tuple[int, ...]:
+    """The units that train at a local step: the freeze policy's (it sees the model's own
+    units, ``step.num_units`` of them) and the units an algorithm adds (FedROD's personal head,
+    traced last: the algorithm's to freeze), less those the algorithm does not allow."""
+    units = tuple(policy.trainable_units(step)) + extra_units
+    allowed = session.allowed_units(step.step, step.local_steps, per_epoch)
+    if allowed is None:
+        return units
+    keep = set(allowed)
+    return tuple(u for u in units if u in keep)
+
+
+def load_local_parts(flat: Tensor, state: dict[str, Tensor], space: ParamSpace) -> None:
+    """Overwrite the client's own units (``local.<unit>`` in its state) in ``flat``."""
+    for key, value in state.items():
+        if key.startswith("local."):
+            flat[space.unit_slices[int(key[6:])]] = value
+
+
+def save_local_parts(
+    state: dict[str, Tensor], flat: Tensor, alg: Algorithm, space: ParamSpace
+) -> dict[str, Tensor]:
+    """The state with the algorithm's local units' current values as ``local.<unit>``."""
+    local = alg.local_units(space.num_units)
+    if not local:
+        return state
+    out = dict(state)
+    for u in local:
+        out[f"local.{u}"] = flat[space.unit_slices[u]].clone()
+    return out

@@ -1,0 +1,153 @@
+"""Many runs at once: ``fedbug sweep --jobs N`` runs its (cell, seed) runs on N worker
+processes, each a whole ``fedbug run`` with its own run folder, lock and checkpoints.
+
+A job's torch threads are the config's ``threads`` where it sets them, else the machine's cores
+divided among the jobs. A run's numbers depend on its thread count (CPU kernels split sums by
+thread), so a parallel sweep gives bit for bit the numbers of the sequential sweep run with the
+same ``threads`` (set ``threads`` in the config to have both). Workers are spawned (never
+forked from a process that has started torch's thread pools). Ctrl-C stops every worker; each
+run folder keeps its last checkpoint, and ``--resume`` continues. A worker dies with the sweep
+however the sweep ends (SIGKILL too: Linux's parent-death signal, and a check at its start for
+a parent already gone), so no orphan goes on training and holding its run folder's lock.
+
+A sweep starts no more workers than it has runs (:func:`pool_size`); more workers than cores
+(:func:`available_cores`) share them, which the command line warns about.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedbug.config import BaseConfig
+from fedbug.errors import FedbugError
+from fedbug.integrations.flower.launch import _die_with_parent
+
+#: run_one(cfg, run_dir, on_round) -> the run as ``{"run_dir", "records", "summary"}``
+RunOne = Callable[[BaseConfig, Path, Callable[[dict[str, Any]], None] | None], dict[str, Any]]
+#: on_round(job index, round record) in the parent, for progress
+OnJobRound = Callable[[int, dict[str, Any]], None]
+
+_QUEUE: Any = None
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one: a container's
+    or ``taskset``'s share, not the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def pool_size(workers: int, runs: int) -> int:
+    """The worker processes to start for ``runs`` runs when ``workers`` were asked for: never
+    more than the runs (a worker with nothing to run costs a Python with torch, ~0.25 GB)."""
+    return max(1, min(workers, runs))
+
+
+def job_config(cfg: BaseConfig, jobs: int) -> BaseConfig:
+    """``cfg`` as one of ``jobs`` parallel jobs runs it: its own ``threads``, else the cores
+    divided among the jobs."""
+    if cfg.threads is not None:
+        return cfg
+    return cfg.model_copy(update={"threads": max(1, available_cores() // jobs)})
+
+
+class JobError(FedbugError):
+    """A job's run failed with a fedbug error: its message and exit code, from the worker."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _init(q: Any, parent: int) -> None:
+    """A pool worker's start: die with the sweep (``parent``, its pid), and keep its queue."""
+    global _QUEUE
+    if sys.platform == "linux":
+        _die_with_parent()
+    if os.getppid() != parent:  # the sweep died before the signal was asked for: nothing to do
+        os._exit(1)
+    _QUEUE = q
+
+
+def run_job(run_one: RunOne, index: int, cfg: BaseConfig, run_dir: Path) -> tuple[str, Any, int]:
+    """In a worker (a pool's process or a Ray task): one run; its result, or its error as
+    plain, picklable values (:func:`job_result` reads them back). In a pool's process each
+    round goes to the parent through the pool's queue."""
+
+    def on_round(rec: dict[str, Any]) -> None:
+        keep = ("round", "test_acc", "test_loss")
+        _QUEUE.put((index, {k: rec[k] for k in keep if k in rec}))
+
+    try:
+        return "ok", run_one(cfg, run_dir, on_round if _QUEUE is not None else None), 0
+    except FedbugError as e:
+        return "fedbug", e.cli_message or str(e), e.exit_code
+    except Exception:
+        return "bug", traceback.format_exc(), 1
+
+
+def job_result(outcome: tuple[str, Any, int], run_dir: Path) -> dict[str, Any]:
+    """A worker's outcome (:func:`run_job`) as the run, or its error raised: a fedbug error as
+    :class:`JobError` naming the run folder, anything else with the worker's traceback."""
+    kind, value, code = outcome
+    if kind == "fedbug":
+        raise JobError(f"{run_dir}: {value}", code)
+    if kind == "bug":
+        raise RuntimeError(f"run {run_dir} failed:\n{value}")
+    return value
+
+
+def run_jobs(
+    run_one: RunOne,
+    jobs: list[tuple[BaseConfig, Path]],
+    workers: int,
+    on_round: OnJobRound | None = None,
+    on_done: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every ``(cfg, run_dir)`` through ``run_one`` (a module-level function, or a
+    ``functools.partial`` of one: it is sent to the workers) on ``workers`` processes; the
+    results in the order of ``jobs``. The first failed run stops the rest and raises. No more
+    workers start than there are jobs."""
+    workers = pool_size(workers, len(jobs))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set():
+            try:
+                index, rec = q.get(timeout=0.2)
+            except queue_mod.Empty:
+                continue
+            if on_round is not None:
+                on_round(index, rec)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    pool = ctx.Pool(workers, initializer=_init, initargs=(q, os.getpid()))
+    try:
+        pending = [
+            pool.apply_async(run_job, (run_one, i, job_config(cfg, workers), run_dir))
+            for i, (cfg, run_dir) in enumerate(jobs)
+        ]
+        results = []
+        for i, p in enumerate(pending):
+            results.append(job_result(p.get(), jobs[i][1]))
+            if on_done is not None:
+                on_done(i)
+        pool.close()
+        return results
+    finally:
+        pool.terminate()  # Ctrl-C or a failed run: stop every worker (checkpoints stay)
+        pool.join()
+        stop.set()
+        reader.join(timeout=2)

@@ -1,0 +1,516 @@
+"""Grids of runs: every cell of a key -> values grid, over several seeds; a table and a plot."""
+
+from __future__ import annotations
+
+import copy
+import io
+import itertools
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedbug.config import BaseConfig, config_class, set_dotted, validate
+from fedbug.config.compat import blocks_used_elsewhere, owners, used_blocks
+from fedbug.engine.run_folder import folder_disagreement
+from fedbug.errors import ConfigError
+from fedbug.report.spread import mean_std, row_pm
+from fedbug.report.table4 import cell_text, format_pfl_table, write_figures
+from fedbug.results import atomic_write_bytes, atomic_write_text, check_no_links
+
+
+@dataclass
+class Cell:
+    """One point of the grid: its overrides and a short label."""
+
+    values: dict[str, Any]
+
+    def items(self) -> list[tuple[str, Any]]:
+        """(key, value) pairs, a variant group's keys in place of the group (its ``label``, a
+        name for the reader, left out)."""
+        out: list[tuple[str, Any]] = []
+        for k, v in self.values.items():
+            if is_variant_group(k, v):
+                out += [(kk, vv) for kk, vv in v.items() if kk != LABEL]
+            else:
+                out.append((k, v))
+        return out
+
+    @property
+    def names(self) -> list[str]:
+        """The ``label`` of each variant group entry that has one (``FedBug 50%``)."""
+        return [
+            str(v[LABEL]) for k, v in self.values.items() if is_variant_group(k, v) and LABEL in v
+        ]
+
+    @property
+    def label(self) -> str:
+        keys = ", ".join(f"{k}={v}" for k, v in self.items())
+        names = ", ".join(self.names)
+        if names:
+            return f"{names} ({keys})" if keys else names
+        return keys or "base"
+
+    @property
+    def slug(self) -> str:
+        text = "_".join(f"{k.split('.')[-1]}-{v}" for k, v in self.items()) or "base"
+        return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:100]
+
+
+#: A variant group entry's name for the reader (not a config key): ``{label: FedAvg, ...}``.
+LABEL = "label"
+
+
+def is_variant_group(key: str, value: Any) -> bool:
+    """A grid key that is not a config key and whose value is a mapping sets several keys at
+    once: ``grid: {data: [{dataset: digits}, {dataset: fashion_mnist, subsample: 0.1}]}``."""
+    return isinstance(value, dict) and key.split(".")[0] not in config_class().model_fields
+
+
+def parse_grid_arg(text: str) -> tuple[str, list[Any]]:
+    """``key=v1,v2,...`` -> (key, [v1, v2, ...]) with values read as YAML scalars."""
+    from fedbug.config import parse_value
+
+    key, sep, values = text.partition("=")
+    if not sep or not key.strip() or not values.strip():
+        raise ConfigError(f"grid {text!r} is not key=v1,v2,... (e.g. -g gu_ratio=0,0.5)")
+    return key.strip(), [parse_value(v) for v in values.split(",")]
+
+
+def merge_dotted(doc: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``key`` as :func:`set_dotted` does, except that a mapping given for a block the doc
+    already has is merged into it key by key: a grid cell ``{freezefl: {probe: restart}}`` keeps
+    the base's ``freezefl.beta``."""
+    node: Any = doc
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(value, dict) and value and isinstance(node, dict):
+        for k, v in value.items():
+            merge_dotted(doc, f"{key}.{k}", v)
+    else:
+        set_dotted(doc, key, value)
+
+
+#: runs (cells x seeds) one sweep may have: each is a whole run with its own folder, and a grid
+#: multiplies fast (20 keys of two values are a million cells), so the count is checked before
+#: any cell is built
+MAX_SWEEP_RUNS = 10_000
+
+
+def seeds_range() -> tuple[int, int]:
+    """The seeds a sweep may ask for: the bounds of the config's own ``seeds``."""
+    meta = BaseConfig.model_fields["seeds"].metadata
+    low = next(int(m.ge) for m in meta if getattr(m, "ge", None) is not None)
+    high = next(int(m.le) for m in meta if getattr(m, "le", None) is not None)
+    return low, high
+
+
+def check_seeds(seeds: int) -> None:
+    """Refuse a seed count outside the config's bounds on ``seeds`` (``--seeds``), before any
+    run is laid out."""
+    low, high = seeds_range()
+    if not low <= seeds <= high:
+        raise ConfigError(
+            f"--seeds must be between {low} and {high} (as a config's seeds); got {seeds}"
+        )
+
+
+def grid_cells(grid: dict[str, list[Any]]) -> int:
+    """The cells of ``grid`` (the product of its value counts), each key's values checked to be
+    a non-empty list."""
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"grid key {key!r} needs a non-empty list of values")
+    return math.prod(len(values) for values in grid.values())
+
+
+def check_sweep_size(grid: dict[str, list[Any]], seeds: int = 1) -> None:
+    """Refuse a sweep of more than :data:`MAX_SWEEP_RUNS` runs (cells x seeds), counted
+    without building a cell."""
+    cells = grid_cells(grid)
+    runs = cells * seeds
+    if runs > MAX_SWEEP_RUNS:
+        per = f"{cells:,} cells x {seeds:,} seed{'s' * (seeds != 1)}"
+        raise ConfigError(
+            f"this sweep has {runs:,} runs ({per}), more than the {MAX_SWEEP_RUNS:,} one sweep "
+            "may have; list fewer values or seeds, or split the grid into several sweeps"
+        )
+
+
+def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[Cell, BaseConfig]]:
+    """Every cell's validated config (bad values are reported before anything runs)."""
+    check_sweep_size(grid)
+    keys = list(grid)
+    docs = []
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        doc = copy.deepcopy(base_doc)
+        doc.pop("grid", None)
+        values = dict(zip(keys, combo))
+        for k, v in Cell(values).items():
+            merge_dotted(doc, k, v)
+        docs.append((Cell(values), doc))
+    # A base may hold the options of every method its grid compares: each cell is validated
+    # allowing other methods' blocks, then a block no cell uses is refused.
+    cells = []
+    slugs: dict[str, Cell] = {}
+    used: set[str] = set()
+    with blocks_used_elsewhere(frozenset(owners())):
+        for cell, doc in docs:
+            try:
+                cfg = validate(doc)
+            except ConfigError as e:
+                raise ConfigError(f"grid cell {cell.label}: {e}") from None
+            same = slugs.get(cell.slug)
+            if same is not None and same.items() == cell.items():
+                raise ConfigError(f"grid cell {cell.label} appears twice; list each value once")
+            if same is not None:
+                raise ConfigError(
+                    f"grid cells {same.label} and {cell.label} map to the same run folder name "
+                    f"{cell.slug!r} (a folder name keeps letters, digits and ._-, turns other "
+                    "characters into -, and stops at 100 characters); change one of the values "
+                    "so that they differ there, or run them as two sweeps"
+                )
+            slugs[cell.slug] = cell
+            used |= used_blocks(cfg)
+            cells.append((cell, cfg))
+    unused = sorted(b for b in owners() if base_doc.get(b) and b not in used)
+    if unused:
+        kind, method = owners()[unused[0]]
+        raise ConfigError(
+            f"{unused[0]}: has no effect: no run of this sweep uses {kind} {method}; remove "
+            "the block or add that method to the grid"
+        )
+    return cells
+
+
+def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Per cell: mean +- std over seeds of final and best accuracy and of run time."""
+    rows = []
+    for cell, runs in cell_runs:
+        metric = headline(runs)
+        final = [x for r in runs if (x := headline_value(r["summary"], "final")) is not None]
+        best = [x for r in runs if (x := headline_value(r["summary"], "best")) is not None]
+        secs = [r["summary"]["seconds"] for r in runs]
+        fm, fs = mean_std(final)
+        bm, bs = mean_std(best)
+        row = {
+            "cell": cell.values,
+            "label": cell.label,
+            "seeds": [r["summary"]["seed"] for r in runs],
+            "metric": metric,
+            "final_acc_mean": fm,
+            "final_acc_std": fs,
+            "final_acc_n": len(final),
+            "best_acc_mean": bm,
+            "best_acc_std": bs,
+            "best_acc_n": len(best),
+            "seconds_mean": statistics.fmean(secs) if secs else math.nan,
+            "runs": [str(r["run_dir"]) for r in runs],
+        }
+        pfl = [r["summary"]["pfl"] for r in runs if "pfl" in r["summary"]]
+        for key in ("before_ft", "after_ft") if pfl else ():
+            # over seeds: the client mean (as FedSeq Table 4), and the spread over clients
+            means = [p[key]["mean"] for p in pfl if p[key]["mean"] is not None]
+            spreads = [p[key]["std"] for p in pfl if p[key]["std"] is not None]
+            m, sd = mean_std(means)
+            row[f"{key}_mean"], row[f"{key}_std"], row[f"{key}_n"] = m, sd, len(means)
+            row[f"{key}_client_std"] = statistics.fmean(spreads) if spreads else math.nan
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
+    """A Markdown table: cell, final accuracy mean +- std, best accuracy, seconds per run; for
+    personalized runs the client-mean accuracy before and after fine-tuning, mean +- std over
+    seeds with the std over clients in brackets, under FedSeq's Table 4 (methods x data sets,
+    see :func:`format_pfl_table`; ``ft`` picks its cells)."""
+    if any("before_ft_mean" in r for r in rows):
+        return format_pfl_table(rows, ft) + "\n\n" + _per_cell_pfl(rows)
+    return _per_cell(rows)
+
+
+def _per_cell_pfl(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| cell | seeds | before FT (%) | after FT (%) | s/run |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        cols = [
+            cell_text(r, k) if f"{k}_mean" in r else f"global {row_pm(r, 'final_acc', scale=100)}"
+            for k in ("before_ft", "after_ft")
+        ]
+        lines.append(
+            f"| {r['label']} | {len(r['seeds'])} | {cols[0]} | {cols[1]} | "
+            f"{r['seconds_mean']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _per_cell(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| cell | seeds | final {m} | best {m} | s/run |".format(m=_unit(rows)),
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        acc = r.get("metric", "acc") == "acc"
+        how = (".2f", 100.0, "") if acc else (".4g", 1.0, ".2g")  # fmt, scale, std_fmt
+        final, best = (row_pm(r, key, *how) for key in ("final_acc", "best_acc"))
+        lines.append(
+            f"| {r['label']} | {len(r['seeds'])} | {final} | {best} | {r['seconds_mean']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def headline(runs: list[dict[str, Any]]) -> str:
+    """The task's headline metric of these runs (``acc`` for classification and older runs)."""
+    return str(runs[0]["summary"].get("metric", "acc")) if runs else "acc"
+
+
+def headline_value(summary: dict[str, Any], which: str) -> float | None:
+    """A run's final or best headline figure (older summaries: final_acc / best_acc)."""
+    return summary.get(which, summary.get(f"{which}_acc"))
+
+
+def _unit(rows: list[dict[str, Any]]) -> str:
+    metric = rows[0].get("metric", "acc") if rows else "acc"
+    return "acc (%)" if metric == "acc" else metric
+
+
+def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, title: str) -> None:
+    """Accuracy vs round per cell: mean over seeds, shaded +- one std."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    metric = "acc"
+    for cell, runs in cell_runs:
+        metric = headline(runs)  # one task a sweep
+        key, scale = f"test_{metric}", 100 if metric == "acc" else 1
+        by_round: dict[int, list[float]] = {}
+        for run in runs:
+            for rec in run["records"]:
+                value = rec.get(key)
+                if value is not None:
+                    by_round.setdefault(rec["round"], []).append(scale * value)
+        rounds = sorted(by_round)
+        mean = np.array([np.mean(by_round[r]) for r in rounds])
+        std = np.array([np.std(by_round[r]) for r in rounds])
+        (line,) = ax.plot(rounds, mean, label=cell.label)
+        ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)" if metric == "acc" else f"test {metric}")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def run_sweep(
+    base_doc: dict[str, Any],
+    grid: dict[str, list[Any]],
+    seeds: int,
+    out: Path,
+    run_one: Callable[[BaseConfig, Path], dict[str, Any]] | None = None,
+    ft: str = "paper",
+    run_all: Callable[[list[tuple[BaseConfig, Path]]], list[dict[str, Any]]] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every cell x seed, one after another through ``run_one(cfg, run_dir)`` or all at
+    once through ``run_all([(cfg, run_dir), ...])`` (in order: ``fedbug sweep --jobs``); write
+    sweep.json/.md and a plot."""
+    check_seeds(seeds)
+    check_sweep_size(grid, seeds)
+    cells = expand(base_doc, grid)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [
+        (seeded, out / f"{cell.slug}-s{seeded.seed}")
+        for cell, cfg in cells
+        for seeded in (cfg.model_copy(update={"seed": cfg.seed + s}) for s in range(seeds))
+    ]
+    for _, run_dir in jobs:  # a received sweep folder's cell may be a link: never written through
+        check_no_links(out.parent, run_dir)
+    if run_all is not None:
+        done = run_all(jobs)
+    elif run_one is not None:
+        done = [run_one(cfg, run_dir) for cfg, run_dir in jobs]
+    else:
+        raise TypeError("run_sweep needs run_one or run_all")
+    cell_runs = [(cell, done[i * seeds : (i + 1) * seeds]) for i, (cell, _) in enumerate(cells)]
+    rows = summarise(cell_runs)
+    name = base_doc.get("name", "sweep")
+    atomic_write_text(out / "sweep.json", json.dumps({"name": name, "rows": rows}, indent=1))
+    write_markdown(cell_runs, rows, out / "sweep.md", name, ft)
+    return rows
+
+
+def write_markdown(
+    cell_runs: list[tuple[Cell, list[dict[str, Any]]]],
+    rows: list[dict[str, Any]],
+    path: Path,
+    name: str,
+    ft: str = "paper",
+    notes: list[str] | None = None,
+) -> None:
+    """``path`` (sweep.md, report.md): the table (and ``notes`` under it: runs left out), then
+    the figures drawn beside it in its folder (accuracy.png; for personalized runs FedSeq's
+    Figs. 4-7)."""
+    out = path.parent
+    plot_sweep(cell_runs, out / "accuracy.png", f"{name}: accuracy over rounds")
+    files = [out / "accuracy.png", *write_figures(cell_runs, out, ft)]
+    images = "\n".join(f"![{p.stem}]({p.name})" for p in files)
+    table = "\n\n".join([format_table(rows, ft), *notes]) if notes else format_table(rows, ft)
+    atomic_write_text(path, f"# {name}\n\n{table}\n\n{images}\n")
+
+
+class RunList(list[dict[str, Any]]):
+    """Finished runs read back for a report, with what was left out of them: ``damaged`` run
+    folders (each with why) and ``duplicates`` (a run ignored, the run kept in its place); and
+    the runs read from a thinned curve are named in :meth:`notes`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.damaged: list[tuple[Path, str]] = []
+        self.duplicates: list[tuple[Path, Path]] = []
+
+    def notes(self) -> list[str]:
+        """One line for the damaged runs skipped, one for the duplicates ignored and one for
+        the runs read from thinned curves, where there are any (printed under a report's
+        table)."""
+        lines = []
+        if self.damaged:
+            names = ", ".join(str(p) for p, _ in self.damaged)
+            lines.append(f"skipped: {len(self.damaged)} damaged run(s): {names}")
+        if self.duplicates:
+            pairs = ", ".join(f"{dup} (same as {kept})" for dup, kept in self.duplicates)
+            lines.append(
+                f"ignored: {len(self.duplicates)} duplicate run(s) (config hash and seed of a run "
+                f"already counted): {pairs}"
+            )
+        thinned = sorted({r["thinned"]["every"] for r in self if r.get("thinned")})
+        if thinned:
+            n = sum(bool(r.get("thinned")) for r in self)
+            lines.append(
+                f"thinned: {n} run(s) read from metrics.thin.jsonl (one round in "
+                f"{' or '.join(map(str, thinned))} and the last; final and best figures are "
+                "their summaries')"
+            )
+        return lines
+
+
+def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
+    """Every finished run folder (with summary.json) under the given folders, each counted once
+    per config hash and seed (a standalone run and a sweep's cell of the same config and seed
+    are one run: the first found is kept). A damaged run is skipped, with one warning line on
+    stderr naming it (``warn``); both are listed on the result (:class:`RunList`). Damaged
+    includes a summary.json that disagrees with its own folder (:func:`folder_disagreement`: a
+    summary copied from another run, checksum and all), checked before it is pooled, so the
+    run it was copied from is not taken for its duplicate."""
+    from fedbug.errors import ResultsError
+    from fedbug.results import RunDir
+
+    runs = RunList()
+    seen: dict[tuple[str, Any], Path] = {}
+    visited: set[Path] = set()
+    for d in dirs:
+        if not d.exists():
+            raise ConfigError(f"{str(d)!r} does not exist; give run or sweep folders")
+        for summary_path in sorted(d.rglob("summary.json")):
+            rd = RunDir(summary_path.parent)
+            if rd.path.resolve() in visited:
+                continue  # given twice (a folder and a folder inside it)
+            if rd.path.name.startswith("damaged-") and (rd.path.parent / "config.yaml").is_file():
+                continue  # what `fedbug repair` replaced, kept in RUN/damaged-TIME/: no run
+            visited.add(rd.path.resolve())
+            try:
+                run = rd.read_run()
+                what = folder_disagreement(run)
+                if what is not None:
+                    raise ResultsError(
+                        f"{str(rd.summary_path)!r} disagrees with its folder: {what}; run the "
+                        "config again, or restore the run's own summary.json from a copy"
+                    )
+            except ResultsError as e:
+                runs.damaged.append((rd.path, str(e)))
+                if warn:
+                    print(
+                        f"fedbug: warning: skipped damaged run {str(rd.path)!r}: {e}",
+                        file=sys.stderr,
+                    )
+                continue
+            summary = run["summary"]
+            chash = summary.get("config_hash")
+            if isinstance(chash, str):  # hand-made summaries may have none: never pooled
+                key = (chash, json.dumps(summary.get("seed")))
+                if key in seen:
+                    runs.duplicates.append((rd.path, seen[key]))
+                    continue
+                seen[key] = rd.path
+            runs.append(run)
+    if not runs:
+        damaged = f" ({len(runs.damaged)} damaged run(s) skipped)" if runs.damaged else ""
+        raise ConfigError(
+            f"no finished runs (summary.json) under {', '.join(map(str, dirs))}{damaged}"
+        )
+    return runs
+
+
+def flatten_blocks(config: dict[str, Any]) -> dict[str, Any]:
+    """A config with the options blocks of methods (``bottom_up: {gu_ratio: 0.5}``) as dotted
+    keys (``bottom_up.gu_ratio: 0.5``); other values as they are."""
+    blocks = owners()
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if k in blocks and isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
+def group_runs(runs: list[dict[str, Any]]) -> list[tuple[Cell, list[dict[str, Any]]]]:
+    """Runs grouped by the config keys that vary between them (seeds pooled)."""
+    # options blocks compared key by key: a group reads bottom_up.gu_ratio=0.5, not the block
+    configs = [flatten_blocks(r["summary"]["config"]) for r in runs]
+    # on_short_round: a run either stopped or completed with its skipped rounds listed; older
+    # summaries have no such key
+    ignore = {"seed", "name", "grid", "seeds", "threads", "count_flops", "on_short_round"}
+    keys = sorted(
+        k
+        for k in configs[0]
+        if k not in ignore and len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1
+    )
+    groups: dict[str, tuple[Cell, list[dict[str, Any]]]] = {}
+    for run, c in zip(runs, configs):
+        values = {k: c.get(k) for k in keys}
+        key = json.dumps(values, sort_keys=True)
+        groups.setdefault(key, (Cell(values), []))[1].append(run)
+    return list(groups.values())
+
+
+def report(
+    dirs: list[Path],
+    out: Path | None = None,
+    runs: list[dict[str, Any]] | None = None,
+    ft: str = "paper",
+) -> list[dict[str, Any]]:
+    """Re-print the comparison table of finished runs (``runs``, else those under ``dirs``);
+    with ``out``, write report.md, report.json and accuracy.png there."""
+    runs = runs if runs is not None else collect_runs(dirs)
+    cell_runs = group_runs(runs)
+    rows = summarise(cell_runs)
+    if out is not None:
+        notes = runs.notes() if isinstance(runs, RunList) else []
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "report.json", json.dumps({"rows": rows, "notes": notes}, indent=1))
+        write_markdown(cell_runs, rows, out / "report.md", "report", ft, notes)
+    return rows
