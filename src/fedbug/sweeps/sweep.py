@@ -83,8 +83,8 @@ def parse_grid_arg(text: str) -> tuple[str, list[Any]]:
 
 def merge_dotted(doc: dict[str, Any], key: str, value: Any) -> None:
     """Set ``key`` as :func:`set_dotted` does, except that a mapping given for a block the doc
-    already has is merged into it key by key: a grid cell ``{freezefl: {probe: restart}}`` keeps
-    the base's ``freezefl.beta``."""
+    already has is merged into it key by key: a grid cell ``{feddyn: {clip: loss}}`` keeps the
+    base's ``feddyn.alpha``."""
     node: Any = doc
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None

@@ -25,8 +25,8 @@ Unset speeds are *calibrated*: a client of ability 1 holding the mean number of 
 that trains the full model for E epochs and downloads and uploads the full model takes exactly
 one time unit, ``comm_share`` of it (0.5, as the authors' constants make it) communicating.
 
-The soft deadline of FreezeFL's Eq. 1 and the charged times tau_n of its Eq. 3 are the freezing
-policy's own (:mod:`fedbug.policies.freezefl`), computed from this model's
+The soft deadline of FreezeFL's Eq. 1 and the charged times tau_n of its Eq. 3 are that freezing
+policy's own (its module in ``fedbug.policies``), computed from this model's
 :meth:`SystemModel.train_cost`, :meth:`SystemModel.time` and upload bytes.
 """
 
