@@ -121,7 +121,7 @@ def test_a_worker_whose_parent_is_gone_before_it_starts_exits(monkeypatch):
 
     exits, asked = [], []
     # never in the test's own process: it would die with the shell that started pytest
-    monkeypatch.setattr(jobs, "_die_with_parent", lambda: asked.append(True), raising=False)
+    monkeypatch.setattr(jobs, "die_with_parent", lambda: asked.append(True))
     monkeypatch.setattr(jobs.os, "getppid", lambda: 1)
     monkeypatch.setattr(jobs.os, "_exit", lambda code: exits.append(code))
     jobs._init(None, os.getpid())

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.config import BaseConfig
+from fedbug.core.process import die_with_parent
 from fedbug.errors import FedbugError
-from fedbug.integrations.flower.launch import _die_with_parent
 
 #: run_one(cfg, run_dir, on_round) -> the run as ``{"run_dir", "records", "summary"}``
 RunOne = Callable[[BaseConfig, Path, Callable[[dict[str, Any]], None] | None], dict[str, Any]]
@@ -72,7 +72,7 @@ def _init(q: Any, parent: int) -> None:
     """A pool worker's start: die with the sweep (``parent``, its pid), and keep its queue."""
     global _QUEUE
     if sys.platform == "linux":
-        _die_with_parent()
+        die_with_parent()
     if os.getppid() != parent:  # the sweep died before the signal was asked for: nothing to do
         os._exit(1)
     _QUEUE = q

@@ -19,7 +19,6 @@ signal) and takes its ServerApp along (Flower's own parent monitor), and the nex
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from fedbug.core.process import die_with_parent
 from fedbug.errors import ConfigError, DivergenceError, FedbugError, ShortRoundError
 from fedbug.integrations.flower import require_flower
 from fedbug.models import import_root, is_import_path
@@ -171,12 +171,6 @@ def kill_with_env(name: str, value: str, grace: float = 10.0) -> None:
         time.sleep(0.2)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child, between fork and exec
-    """Linux: the child gets SIGKILL when the process that started it dies, however it dies."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class Processes:
     """Processes fedbug started (each dies with this process on Linux); :meth:`stop` ends them
     all (TERM, then KILL), by group, and then any process left that carries this run's
@@ -195,7 +189,7 @@ class Processes:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
         self.procs.append(p)
         return p
