@@ -1,0 +1,208 @@
+"""Reading a config: a YAML file's document (within the input limits), ``key=value`` overrides
+set into it, its ``method:`` preset filled in, and validation into the config class, a pydantic
+error read back as one line naming the key and the fix; and :func:`resolve`, which fills what
+defaults to the machine."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from fedbug.config.compat import blocks_used_elsewhere
+from fedbug.config.limits import MAX_CONFIG_BYTES, _check_size, check_yaml_size, printable
+from fedbug.config.presets import apply_method, grid_blocks
+from fedbug.config.schema import BaseConfig, all_keys, config_class
+from fedbug.errors import ConfigError
+
+# PyYAML's tag constructors raise plain Python errors (``!!int x``), deep nesting RecursionError.
+YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, AttributeError, RecursionError)
+
+
+#: names other tools use for a key, so that a misspelling of them still finds fedbug's key
+KEY_ALIASES = {
+    "learning_rate": "lr",
+    "learningrate": "lr",
+    "epochs": "local_epochs",
+    "steps": "local_steps",
+    "clients": "num_clients",
+    "n_clients": "num_clients",
+    "num_rounds": "rounds",
+    "global_rounds": "rounds",
+    "client_fraction": "participation",
+    "participation_rate": "participation",
+    "batchsize": "batch_size",
+    "algo": "algorithm",
+    "data": "dataset",
+}
+
+
+def closest_key(key: str) -> str | None:
+    """The valid key an unknown dotted ``key`` most likely meant: a key of the same block close
+    to its last part (or a known alias of one), else a key of another block with that name."""
+    keys = all_keys()
+    prefix, _, last = key.rpartition(".")
+    prefix = f"{prefix}." if prefix else ""
+    siblings = [k[len(prefix) :] for k in keys if k.startswith(prefix)]
+    siblings = [k for k in siblings if "." not in k]
+    names = siblings + ([a for a in KEY_ALIASES if a not in siblings] if not prefix else [])
+    close = difflib.get_close_matches(last, names, n=1, cutoff=0.5)
+    if close:
+        return prefix + (close[0] if close[0] in siblings else KEY_ALIASES[close[0]])
+    elsewhere = [k for k in keys if k.rpartition(".")[2] == last]
+    if elsewhere:
+        return elsewhere[0]
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _format_error(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = printable(".".join(str(p) for p in e["loc"]))
+        if e["type"] == "extra_forbidden":
+            close = closest_key(loc)
+            hint = f"; did you mean {close!r}?" if close else "; see the README's config keys"
+            parts.append(f"unknown key {loc!r}{hint}")
+        else:
+            msg = printable(e["msg"].removeprefix("Value error, "))
+            given = e.get("input")
+            shown = repr(given) if not isinstance(given, dict) else "a mapping"
+            if len(shown) > 60:
+                shown = shown[:57] + "..."
+            if e["type"] in _NUMBER_ERRORS and _is_nan(given):
+                msg = "not a number; give a number"  # nan fails every bound, so say why
+            parts.append(f"{loc}: {msg} (got {shown})" if loc else msg)
+    return "invalid config: " + "; ".join(parts)
+
+
+#: pydantic error types of a number field (a bound, a finite number, a number's parsing)
+_NUMBER_ERRORS = {
+    "greater_than",
+    "greater_than_equal",
+    "less_than",
+    "less_than_equal",
+    "finite_number",
+    "float_parsing",
+    "float_type",
+    "int_from_float",
+    "int_parsing",
+    "int_type",
+    "multiple_of",
+}
+
+
+def _is_nan(value: Any) -> bool:
+    """Whether ``value`` is NaN, or text that reads as NaN (``-s lr=nan`` gives 'nan')."""
+    if isinstance(value, str) and len(value) < 16:
+        try:
+            value = float(value.strip().removeprefix("."))
+        except ValueError:
+            return False
+    return isinstance(value, float) and math.isnan(value)
+
+
+def parse_value(text: str) -> Any:
+    """An override's value as YAML would read it (numbers, booleans, null, lists)."""
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except YAML_ERRORS:
+        return text  # not YAML: the raw text, which the key's type then accepts or refuses
+
+
+def set_dotted(doc: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    if not all(parts):
+        raise ConfigError(f"bad override key {key!r}; use key=value or block.key=value")
+    node = doc
+    for p in parts[:-1]:
+        child = node.get(p)
+        if child is None:
+            child = node[p] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key!r}: {p!r} is not a block of keys")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not key=value (e.g. -s lr=0.05)")
+    return key.strip(), parse_value(value)
+
+
+def validate(doc: Any) -> BaseConfig:
+    if not isinstance(doc, dict):
+        raise ConfigError(f"a config must be a mapping of keys to values, not {type(doc).__name__}")
+    _check_size(doc)
+    doc = apply_method(doc)
+    # a sweep's base may hold the options of the methods its cells compare (and only those)
+    grid = doc.get("grid")
+    relaxed = blocks_used_elsewhere(grid_blocks(grid)) if grid else nullcontext()
+    try:
+        with relaxed:
+            return config_class().model_validate(doc)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e)) from None
+
+
+def read_config_doc(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found; give the path of a YAML file")
+    with open(p, "rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"config file {str(p)!r} is over {MAX_CONFIG_BYTES:,} bytes (1 MiB), the most a "
+            "config may have; keep data in files the config names (data_dir), not in the config"
+        )
+    try:
+        text = raw.decode("utf-8")
+        try:
+            check_yaml_size(text)
+        except ConfigError as e:
+            raise ConfigError(f"config file {str(p)!r}: {e}") from None
+        doc = yaml.safe_load(text)
+    except (*YAML_ERRORS, UnicodeDecodeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {first}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys to values")
+    doc.setdefault("name", _safe_name(p.stem))
+    return doc
+
+
+def _safe_name(stem: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "._+-" else "-" for c in stem)
+    return cleaned or "experiment"
+
+
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, doc: dict | None = None
+) -> BaseConfig:
+    """Read a YAML config (or start from ``doc``), apply ``key=value`` overrides, validate."""
+    data = read_config_doc(path) if path is not None else dict(doc or {})
+    for text in overrides or []:
+        key, value = parse_override(text)
+        set_dotted(data, key, value)
+    return validate(data)
+
+
+def resolve(cfg: BaseConfig) -> BaseConfig:
+    """Fill what defaults to the machine (threads) so the saved config reproduces the run."""
+    if cfg.threads is None:
+        cores = os.cpu_count() or 1
+        if cfg.executor == "processes":  # the cores shared among the workers
+            cores = max(1, cores // cfg.workers)
+        return cfg.model_copy(update={"threads": cores})
+    return cfg

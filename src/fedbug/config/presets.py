@@ -1,0 +1,77 @@
+"""``method:`` presets (FreezeFL's and FedSeq's settings by name) filled into a config document,
+and the options blocks a sweep's grid may use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedbug.algorithms import ALGORITHMS
+from fedbug.config.compat import owners
+from fedbug.config.schema import _unknown
+from fedbug.errors import ConfigError
+
+# ``method:`` presets: a name -> the keys it sets. Keys the config sets itself win. A method that
+# is an algorithm's name just selects that algorithm.
+_FREEZING = {"policy": "freezefl", "aggregation": "layerwise", "upload": "partial"}
+PRESETS: dict[str, dict[str, Any]] = {
+    # FreezeFL Table III (the system: block comes from the config)
+    "freezing": _FREEZING,
+    "freezing_cs": {**_FREEZING, "selection": "reputation", "reputation": {"warm_restart": 0}},
+    "freezefl": {**_FREEZING, "selection": "reputation"},
+    "rbcsf": {"algorithm": "fedavg", "selection": "rbcsf"},
+    # FreezeFL Table IV: Fjord (K uniform, as FedAvg) and Fjord with reputation selection
+    "fjord": {"algorithm": "fjord", "selection": "uniform"},
+    "fjord_cs": {
+        "algorithm": "fjord",
+        "selection": "reputation",
+        "reputation": {"warm_restart": 0},
+    },
+    "fedseq-vanilla": {"algorithm": "fedbabu", "schedule": "vanilla", "evaluation": "personalized"},
+    "fedseq-anti": {"algorithm": "fedbabu", "schedule": "anti", "evaluation": "personalized"},
+}
+
+
+def apply_method(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document with its ``method`` preset's keys filled in where the document is silent."""
+    method = doc.get("method")
+    if method is None:
+        return doc
+    if not isinstance(method, str):
+        raise ConfigError(f"method must be a name; got {method!r}")
+    if method in PRESETS:
+        preset = PRESETS[method]
+    elif method in ALGORITHMS:
+        preset = {"algorithm": method}
+    else:
+        raise ConfigError(_unknown("method", method, sorted([*PRESETS, *ALGORITHMS.names()])))
+    return _merge(preset, doc)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def grid_blocks(grid: Any) -> frozenset[str]:
+    """The options blocks a grid's cells may use: those of the methods it names, as values
+    (``algorithm: [fedavg, fedprox]``, a ``method:`` preset's), as keys (``fedprox.mu``) or in
+    a cell's mapping (``{policy: bottom_up, bottom_up.gu_ratio: 0.5}``)."""
+    words: set[str] = set()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                words.add(str(k).split(".")[0])
+                walk(v)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v)
+        elif isinstance(x, str) and x not in words:
+            words.add(x)
+            if x in PRESETS:
+                walk(PRESETS[x])
+
+    walk(grid)
+    return frozenset(b for b in owners() if b in words)
