@@ -10,8 +10,8 @@ kills at the same places on any machine: the forked child installs a hook and SI
 when it reaches the drawn event, e.g. "round 3, in the middle of writing checkpoint.pt" (the
 temporary file written, not yet fsynced and renamed) or "round 5, half of the metrics line
 written". ``FEDBUG_TEST_SLOW_WRITES=0`` (a test-only hook in ``fedbug.results``) makes every
-run-folder write and every metrics line pass through ``results._test_pause`` mid-write, where
-those kills land.
+run-folder write and every metrics line pass through ``results.files._test_pause`` mid-write,
+where those kills land.
 """
 
 from __future__ import annotations
@@ -129,8 +129,10 @@ SERVER = textwrap.dedent(
         R = fedbug.results.RunDir
         R.append_metrics = phase("metrics", R.append_metrics)
         R.save_checkpoint = phase("checkpoint", R.save_checkpoint)
-        fedbug.results._test_pause = pause
-        fedbug.results.atomic_write_bytes = atomic_write_bytes
+        fedbug.results.files._test_pause = pause
+        for module in (fedbug.results, fedbug.results.files, fedbug.results.checkpoint,
+                       fedbug.results.plot):  # where atomic_write_bytes is looked up
+            module.atomic_write_bytes = atomic_write_bytes
         fedbug.data.partition_plot.atomic_write_bytes = atomic_write_bytes
         seq.train_client = train_client
         fedbug.engine.rounds.evaluate_round = evaluate_round

@@ -1,8 +1,8 @@
 """A full disk (ENOSPC) while writing a checkpoint, the metrics or a plot: one line on stderr
 naming the file, exit 2, the last good checkpoint intact and resumable, no temporary file left.
 
-The fault is injected by replacing ``fedbug.results.open_write`` (where every run-folder write
-goes through): the chosen file's n-th opening for writing gets half its bytes and then
+The fault is injected by replacing ``fedbug.results.files.open_write`` (where every run-folder
+write goes through): the chosen file's n-th opening for writing gets half its bytes and then
 ``OSError(ENOSPC)`` with no file name, as a real ``write`` raises it.
 """
 
@@ -18,6 +18,7 @@ import torch
 from tiny import without_timing
 
 import fedbug.results
+import fedbug.results.files
 from fedbug.cli import main
 from fedbug.results import load_checkpoint_file
 
@@ -60,7 +61,7 @@ def _inject(monkeypatch: pytest.MonkeyPatch, name: str, nth: int) -> None:
     """Fail the ``nth`` opening for writing of a file called ``name`` (or its temporary)."""
     count = 0
 
-    real = fedbug.results.open_write
+    real = fedbug.results.files.open_write
 
     def faulty_open(file, append=False):  # noqa: ANN001, ANN202
         nonlocal count
@@ -72,7 +73,7 @@ def _inject(monkeypatch: pytest.MonkeyPatch, name: str, nth: int) -> None:
                 return _FullDisk(f)
         return f
 
-    monkeypatch.setattr(fedbug.results, "open_write", faulty_open)
+    monkeypatch.setattr(fedbug.results.files, "open_write", faulty_open)
 
 
 def _run(capsys, cfg: Path, out: Path, *extra: str) -> tuple[int, str]:

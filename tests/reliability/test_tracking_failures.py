@@ -47,8 +47,8 @@ def needs_mlflow():
 
 
 def test_tracking_json_round_trips_and_is_written_atomically(tmp_path, monkeypatch):
-    from fedbug import results
     from fedbug.integrations import tracking
+    from fedbug.results import files
 
     tracking.save_state(tmp_path, {"mlflow_run_id": "abc", "uri": "file:///x"})
     assert tracking.load_state(tmp_path) == {"mlflow_run_id": "abc", "uri": "file:///x"}
@@ -57,7 +57,7 @@ def test_tracking_json_round_trips_and_is_written_atomically(tmp_path, monkeypat
     def crash(*a):  # the process dies between writing the new file and renaming it
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(results.os, "replace", crash)
+    monkeypatch.setattr(files.os, "replace", crash)
     with pytest.raises(FedbugError) as e:
         tracking.save_state(tmp_path, {"mlflow_run_id": "def"})
     one_line(e.value, "tracking.json", "No space left")
