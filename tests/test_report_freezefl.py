@@ -8,7 +8,8 @@ import pytest
 
 from fedbug.cli import main
 from fedbug.errors import ConfigError
-from fedbug.report.runs import freezefl_report, parse_target, participation_groups
+from fedbug.report.freezefl import freezefl_report, participation_groups
+from fedbug.report.runs import parse_target
 from fedbug.sweeps.sweep import collect_runs
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -213,7 +214,7 @@ def test_parse_target():
 
 
 def test_labels_show_only_where_a_group_departs_from_its_method():
-    from fedbug.report.runs import group_labels
+    from fedbug.report.freezefl import group_labels
     from fedbug.sweeps.sweep import Cell
 
     def group(method: str, **freezefl: str) -> tuple:
