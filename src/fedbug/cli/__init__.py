@@ -1,0 +1,218 @@
+"""The ``fedbug`` command: run, sweep, repair, report, theory, data, cost, flower.
+
+This module holds the parser and :func:`main` (the console entry point ``fedbug``); each
+command group's body is a module beside it: :mod:`~fedbug.cli.run` (run, sweep),
+:mod:`~fedbug.cli.reports` (report, theory, cost, repair), :mod:`~fedbug.cli.data`,
+:mod:`~fedbug.cli.flower`, and :mod:`~fedbug.cli.progress` (the bars). They import rich,
+matplotlib and the rest of fedbug only inside the commands: the parser needs argparse alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import warnings
+
+from fedbug.cli.data import cmd_data
+from fedbug.cli.flower import cmd_flower_app, cmd_flower_worker
+from fedbug.cli.progress import simulated_line
+from fedbug.cli.reports import cmd_cost, cmd_repair, cmd_report, cmd_theory
+from fedbug.cli.run import cmd_run, cmd_sweep, finished_run, run_dir_for, sweep_job
+from fedbug.errors import FedbugError
+
+__all__ = [
+    "build_parser",
+    "cmd_cost",
+    "cmd_data",
+    "cmd_flower_app",
+    "cmd_flower_worker",
+    "cmd_repair",
+    "cmd_report",
+    "cmd_run",
+    "cmd_sweep",
+    "cmd_theory",
+    "finished_run",
+    "main",
+    "run_dir_for",
+    "simulated_line",
+    "sweep_job",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fedbug", description="Federated learning with layer freezing (FedBug, FreezeFL, ...)"
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run one experiment from a YAML config")
+    r.add_argument("config")
+    r.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
+    r.add_argument("--out", default="runs", help="folder for run folders (default: runs)")
+    r.add_argument("--data-dir", default=None, help="look for data files here first")
+    r.add_argument("--resume", action="store_true", help="continue the run from its checkpoint")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.add_argument(
+        "--track",
+        default=None,
+        metavar="TRACKERS",
+        help="also write each round to tensorboard and/or mlflow (comma-separated; "
+        "pip install 'fedbug[track]')",
+    )
+    _allow_import_flag(r)
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("sweep", help="run a grid of experiments over seeds; table and plot")
+    s.add_argument("config")
+    s.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("-g", "--grid", action="append", default=[], metavar="KEY=V1,V2")
+    s.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: config)")
+    s.add_argument(
+        "--track",
+        default=None,
+        metavar="TRACKERS",
+        help="also write each round to tensorboard and/or mlflow (comma-separated; "
+        "pip install 'fedbug[track]')",
+    )
+    s.add_argument("--out", default="runs")
+    s.add_argument("--data-dir", default=None, help="look for data files here first")
+    s.add_argument("--resume", action="store_true", help="continue unfinished runs")
+    s.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=None,
+        help="runs at once, each in its own process with cores/N threads unless the config "
+        "sets threads (default 1; at most the runs left to do)",
+    )
+    s.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="each run a task on the running Ray cluster at ADDRESS (auto, HOST:PORT or "
+        "ray://HOST:PORT; default auto), retried and resumed if its worker dies; --out must be "
+        "storage every node sees (pip install 'fedbug[ray]')",
+    )
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument(
+        "--ft",
+        choices=["paper", "both"],
+        default="paper",
+        help="personalized runs: FedSeq Table 4's cells (paper) or before / after FT for all",
+    )
+    s.set_defaults(func=cmd_sweep)
+
+    rr = sub.add_parser(
+        "repair",
+        help="rebuild a run folder's damaged metrics.jsonl, summary.json or checkpoint by "
+        "running its rounds again (the damaged files kept in damaged-TIME/)",
+    )
+    rr.add_argument("runs", nargs="+", help="run folders")
+    rr.add_argument("-q", "--quiet", action="store_true")
+    rr.set_defaults(func=cmd_repair)
+
+    rp = sub.add_parser("report", help="re-print the comparison table of finished runs")
+    rp.add_argument("dirs", nargs="+", help="run or sweep folders")
+    rp.add_argument("--out", default=None, help="write report.md, report.json and the PNGs")
+    rp.add_argument("--json", action="store_true")
+    rp.add_argument(
+        "--ft",
+        choices=["paper", "both"],
+        default="paper",
+        help="personalized runs: FedSeq Table 4's cells (paper) or before / after FT for all",
+    )
+    rp.add_argument(
+        "--target", default=None, help="simulated runs: accuracy to reach (0.75, 75%%) or auto"
+    )
+    rp.add_argument("--metric", default=None, help="record key (acc_client_mean, else test_acc)")
+    rp.set_defaults(func=cmd_report)
+
+    t = sub.add_parser("theory", help="the two-client analysis of FedBug Sec. 4, computed")
+    t.add_argument("--eta", type=float, nargs="+", default=[0.1, 0.5, 0.9])
+    t.add_argument("--clients", type=int, nargs="+", default=[2, 3, 5, 10])
+    t.add_argument("--rounds", type=int, default=5)
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_theory)
+
+    d = sub.add_parser(
+        "data", help="which data sets are found where; `data download NAME` fetches one"
+    )
+    d.add_argument("action", nargs="?", choices=["list", "download", "build"], default="list")
+    d.add_argument("name", nargs="?", default=None, help="data set to download or build")
+    d.add_argument("--dest", default=None, help="write into DEST/<name> (~/.cache/fedbug)")
+    d.add_argument("--min-samples", type=int, default=64, help="build: drop smaller clients")
+    d.add_argument("--train-fraction", type=float, default=0.8, help="build: train share")
+    d.add_argument("--data-dir", default=None)
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_data)
+
+    c = sub.add_parser("cost", help="training FLOPs and upload of freezing (FreezeFL, FedSeq)")
+    c.add_argument("config")
+    c.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--participants", action="store_true", help="count r*N clients a round")
+    c.add_argument("--samples-per-client", type=int, default=None, help="default: 500")
+    c.add_argument("--out", default=None, help="write DIR/cost.png and DIR/cost.json")
+    c.set_defaults(func=cmd_cost)
+
+    f = sub.add_parser("flower", help="Flower helpers (pip install 'fedbug[flower]')")
+    fsub = f.add_subparsers(dest="flower_command", required=True)
+    fa = fsub.add_parser("app", help="write the Flower app (for `flwr run DIR CONNECTION`)")
+    fa.add_argument("dir")
+    fa.set_defaults(func=cmd_flower_app)
+    fw = fsub.add_parser(
+        "worker",
+        help="serve a SuperNode started with --isolation process from one warm process",
+    )
+    fw.add_argument(
+        "--runtime-api", required=True, metavar="HOST:PORT", help="the SuperNode's --port"
+    )
+    tls = fw.add_mutually_exclusive_group(required=True)
+    tls.add_argument("--insecure", action="store_true", help="the Runtime API is plain HTTP")
+    tls.add_argument("--root-certificates", metavar="PEM", help="CA of a TLS Runtime API")
+    _allow_import_flag(fw, "a run's config names (the server sends it)")
+    fw.set_defaults(func=cmd_flower_worker)
+    for parser in (s, rr, c):
+        _allow_import_flag(parser)
+    return p
+
+
+def _allow_import_flag(parser: argparse.ArgumentParser, whose: str = "the config names") -> None:
+    parser.add_argument(
+        "--allow-import",
+        action="store_true",
+        help=f"let model: 'package.module:name' name a function, not only a torch.nn.Module "
+        f"class: fedbug then calls whatever {whose}; only for configs you trust",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    allowed: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if getattr(args, "allow_import", False):
+        from fedbug.models import allow_import
+
+        allowed = allow_import()
+    try:
+        with warnings.catch_warnings(), allowed:
+            warnings.simplefilter("default")
+            return int(args.func(args))
+    except FedbugError as e:
+        print(f"fedbug: error: {e.cli_message or e}", file=sys.stderr)
+        return e.exit_code
+    except BrokenPipeError:  # `fedbug cost ... | head`: the reader has all it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 141  # 128 + SIGPIPE, as a shell reports a pipe's writer that the reader closed
+    except OSError as e:
+        where = f" {e.filename}" if e.filename else ""
+        print(f"fedbug: error: cannot write or read{where}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedbug: interrupted; rerun with --resume to continue", file=sys.stderr)
+        return 130

@@ -1,0 +1,259 @@
+"""``fedbug run`` and ``fedbug sweep``: one run, or a grid of runs over seeds (in this process,
+on ``--jobs`` worker processes or as ``--ray`` tasks), with their progress bars."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedbug.cli.progress import run_with_bar, with_bars
+from fedbug.errors import FedbugError
+
+
+def _result(res: Any) -> dict[str, Any]:
+    return {"run_dir": res.run_dir, "records": res.records, "summary": res.summary}
+
+
+def format_pfl(pfl: dict[str, Any]) -> str:
+    """Each client's own test accuracy before and after fine-tuning, then mean +- std."""
+
+    def pct(x: float | None) -> str:
+        return "   -  " if x is None else f"{100 * x:6.2f}"
+
+    lines = ["client  n_train  n_test  before FT  after FT"]
+    for r in pfl["clients"]:
+        lines.append(
+            f"{r['client']:6d}  {r['n_train']:7d}  {r['n_test']:6d}  {pct(r['acc_before_ft'])}%"
+            f"   {pct(r['acc_after_ft'])}%"
+        )
+    for key, name in (("before_ft", "before fine-tuning"), ("after_ft", "after fine-tuning")):
+        b = pfl[key]
+        if b["mean"] is not None:
+            lines.append(
+                f"{name}: mean {100 * b['mean']:.2f}% +- {100 * b['std']:.2f} over clients, "
+                f"weighted {100 * b['weighted']:.2f}%"
+            )
+    if pfl["clients_without_test"]:
+        lines.append(f"clients without test samples (left out): {pfl['clients_without_test']}")
+    return "\n".join(lines)
+
+
+def data_dir_override(args: argparse.Namespace) -> list[str]:
+    """``--data-dir DIR`` as the override ``data_dir=DIR`` and ``--track A,B`` as
+    ``tracking=[A, B]`` (an explicit ``-s`` still wins)."""
+    out = [f"data_dir={json.dumps(args.data_dir)}"] if args.data_dir else []
+    if args.track:
+        names = [x.strip() for x in args.track.split(",") if x.strip()]
+        out.append(f"tracking={json.dumps(names)}")
+    return out
+
+
+def run_dir_for(cfg: Any, out: Path) -> Path:
+    from fedbug.config import config_hash
+
+    return out / f"{cfg.name}-s{cfg.seed}-{config_hash(cfg)}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fedbug.config import load_config
+    from fedbug.results import check_writable
+
+    cfg = load_config(args.config, [*data_dir_override(args), *args.set])
+    out = Path(args.out)
+    check_writable(out)
+    run_dir = run_dir_for(cfg, out)
+    from fedbug.api import run
+
+    res = run_with_bar(
+        cfg,
+        args.quiet,
+        f"{cfg.name} seed {cfg.seed}",
+        lambda on_round: _result(run(cfg, run_dir, resume=args.resume, on_round=on_round)),
+    )
+    s = res["summary"]
+    if "pfl" in s:
+        print(format_pfl(s["pfl"]))
+    metric, final = s.get("metric", "acc"), s.get("final", s["final_acc"])
+    acc = "n/a" if final is None else f"{100 * final:.2f}%" if metric == "acc" else f"{final:.4g}"
+    what = "client mean accuracy (before fine-tuning)" if "pfl" in s else "test accuracy"
+    if metric != "acc":
+        what = f"test {metric}"
+    print(f"final {what} {acc} after {s['rounds']} rounds ({s['seconds']:.1f} s)")
+    print(f"run folder: {run_dir}")
+    skipped = s.get("skipped_rounds") or []
+    if skipped:  # on_short_round: skip; each round's dropped clients say why
+        shown = ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else "")
+        print(
+            f"fedbug: warning: {len(skipped)} of {s['rounds']} rounds skipped, not aggregated "
+            f"(too few valid updates; on_short_round: skip): round{'s' * (len(skipped) > 1)} "
+            f"{shown}; their dropped clients in metrics.jsonl say why",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedbug.config import load_config, read_config_doc, set_dotted
+    from fedbug.config import parse_override as parse_set
+    from fedbug.data import check_present
+    from fedbug.results import check_writable
+    from fedbug.sweeps.sweep import (
+        check_seeds,
+        check_sweep_size,
+        expand,
+        format_table,
+        parse_grid_arg,
+        run_sweep,
+    )
+
+    workers = 1 if args.jobs is None else args.jobs
+    if workers < 1:
+        raise FedbugError(f"--jobs must be at least 1; got {args.jobs}")
+    if args.ray is not None:
+        from fedbug.integrations.ray import require_ray
+
+        if args.jobs is not None:
+            raise FedbugError(
+                "--ray and --jobs do not go together: on Ray each run asks for its threads' "
+                "CPUs (the config's threads, else 1) and the cluster runs as many as fit"
+            )
+        require_ray()
+    doc = read_config_doc(args.config)
+    for text in [*data_dir_override(args), *args.set]:
+        set_dotted(doc, *parse_set(text))
+    given = doc.get("grid") or {}
+    if args.grid and isinstance(given, dict):  # -g joins the grid before the base is checked
+        doc["grid"] = {**given, **dict(parse_grid_arg(text) for text in args.grid)}
+    base = load_config(None, doc=doc)  # validates the base before any run
+    grid = dict(base.grid or {})
+    seeds = args.seeds if args.seeds is not None else base.seeds
+    check_seeds(seeds)  # as the config checks its seeds, before any run is laid out
+    check_sweep_size(grid, seeds)
+    check_writable(Path(args.out))
+    out = Path(args.out) / f"{base.name}-sweep"
+
+    def run_one(cfg: Any, run_dir: Path) -> dict[str, Any]:
+        start = functools.partial(sweep_job, cfg, run_dir, resume=args.resume)
+        return run_with_bar(
+            cfg, args.quiet, run_dir.name, lambda on_round: start(on_round=on_round)
+        )
+
+    for dataset, data_dir in sorted({(c.dataset, c.data_dir or "") for _, c in expand(doc, grid)}):
+        check_present(dataset, data_dir or None)  # every cell's data before the first run
+    run_all = None
+    if args.ray is not None:
+
+        def run_all(jobs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
+            return _run_on_ray(jobs, args.ray, args.resume, args.quiet)
+
+    elif workers > 1:
+
+        def run_all(jobs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
+            return _run_parallel(jobs, workers, args.resume, args.quiet)
+
+    rows = run_sweep(doc, grid, seeds, out, run_one, ft=args.ft, run_all=run_all)
+    print(format_table(rows, args.ft))
+    print(f"sweep folder: {out} (sweep.md, sweep.json, accuracy.png)")
+    return 0
+
+
+def sweep_job(
+    cfg: Any, run_dir: Path, on_round: Callable[[dict[str, Any]], None] | None, resume: bool
+) -> dict[str, Any]:
+    """One sweep run: in this process, in a ``--jobs`` worker or as a ``--ray`` task (module
+    level: sent to the worker by name). Under ``resume``, a finished run is read back and an
+    unfinished one continues from its checkpoint."""
+    from fedbug.api import run
+
+    done = finished_run(cfg, run_dir) if resume and run_dir.exists() else None
+    if done is not None:  # kept without its checkpoint, as a committed benchmark run is
+        return done
+    return _result(run(cfg, run_dir, resume=resume and run_dir.exists(), on_round=on_round))
+
+
+def _run_parallel(
+    jobs: list[tuple[Any, Path]], workers: int, resume: bool, quiet: bool
+) -> list[dict[str, Any]]:
+    """The sweep's runs on ``workers`` processes, a progress bar per run as it goes. Under
+    ``resume`` the finished runs are read back here; no more workers start than there are runs
+    left, and more of them than this process's cores is one warning line."""
+    from fedbug.sweeps.jobs import available_cores, pool_size, run_jobs
+
+    done: dict[int, dict[str, Any]] = {}
+    for i, (cfg, run_dir) in enumerate(jobs):
+        if resume and run_dir.exists() and (run := finished_run(cfg, run_dir)) is not None:
+            done[i] = run
+    todo = [i for i in range(len(jobs)) if i not in done]
+    workers = pool_size(workers, len(todo))
+    cores = available_cores()
+    if len(todo) and workers > cores:
+        print(
+            f"fedbug: warning: {workers} runs at once (--jobs) on {cores} "
+            f"core{'s' * (cores != 1)}: they share the cores, each run slower and holding its "
+            f"own memory; --jobs {cores} gives each run a core",
+            file=sys.stderr,
+        )
+    runner = functools.partial(sweep_job, resume=resume)
+
+    def start(
+        on_round: Callable[[int, dict[str, Any]], None], on_done: Callable[[int], None]
+    ) -> list[dict[str, Any]]:
+        for i in done:
+            on_done(i)
+        results = (
+            run_jobs(
+                runner,
+                [jobs[i] for i in todo],
+                workers,
+                lambda k, rec: on_round(todo[k], rec),
+                lambda k: on_done(todo[k]),
+            )
+            if todo
+            else []
+        )
+        by_index = {**done, **dict(zip(todo, results))}
+        return [by_index[i] for i in range(len(jobs))]
+
+    return with_bars(jobs, quiet, start)
+
+
+def _run_on_ray(
+    jobs: list[tuple[Any, Path]], address: str, resume: bool, quiet: bool
+) -> list[dict[str, Any]]:
+    """The sweep's runs as Ray tasks on the cluster at ``address``, a progress bar per run. A
+    task resumes whatever its folder holds (a retried task, the checkpoint its killed attempt
+    left), so without ``--resume`` a folder that holds a run is refused here, before any task."""
+    from fedbug.errors import RunFolderHoldsRun
+    from fedbug.integrations.ray import run_ray_jobs
+    from fedbug.results import RunDir
+
+    if not resume:
+        for _, run_dir in jobs:
+            if RunDir(run_dir).exists_with_results():
+                raise RunFolderHoldsRun(str(run_dir))
+    runner = functools.partial(sweep_job, resume=True)
+    return with_bars(
+        jobs, quiet, lambda rounds, done: run_ray_jobs(runner, jobs, address, rounds, done)
+    )
+
+
+def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
+    """A completed run of this config in ``run_dir`` (its summary says so and its config hash
+    matches), read back instead of run again; None otherwise. A damaged one (summary.json or
+    metrics.jsonl) is a :class:`~fedbug.errors.ResultsError` naming the file, not a shorter
+    history."""
+    from fedbug.config import config_hash
+    from fedbug.results import RunDir
+
+    rd = RunDir(run_dir)
+    if not rd.summary_path.exists():
+        return None
+    summary = rd.read_summary()
+    if summary.get("status") != "completed" or summary.get("config_hash") != config_hash(cfg):
+        return None
+    return rd.read_run()
