@@ -43,6 +43,7 @@ from fedbug.errors import ConfigError
 from fedbug.report.out_folder import prepare_out
 from fedbug.report.spread import mean_std, pm
 from fedbug.results import atomic_write_bytes, atomic_write_text
+from fedbug.results.plot import metric_axis
 from fedbug.sweeps.sweep import Cell, RunList, group_runs
 
 AUTO_SHARE = 0.95  # target auto = 0.95 x FedAvg's best accuracy
@@ -386,6 +387,8 @@ def plot_curves(
     if target is not None:
         ax.axhline(scale * target, color="grey", ls="--", lw=1, label="target")
     ax.set_xlabel("simulated time" if x == "sim_clock" else "round")
+    if x is None:  # rounds are whole numbers: no tick at 2.5
+        ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -431,6 +434,7 @@ def plot_participation(rows: list[dict[str, Any]], path: Path) -> bool:
         counts = r["participation_groups"]
         ax.plot(range(1, len(counts) + 1), counts, marker=".", label=r["label"])
     ax.set_xlabel("group of clients by full-model time (1: slowest)")
+    ax.xaxis.get_major_locator().set_params(integer=True)  # groups are numbered 1, 2, ...
     ax.set_ylabel("participations (mean over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -460,10 +464,10 @@ def freezefl_report(
     if out is not None:
         prepare_out(out)
         out.mkdir(parents=True, exist_ok=True)
-        ylabel = f"{metric} (%)"
-        plot_curves(groups, rows, metric, None, out / "accuracy.png", ylabel, 100)
+        ylabel, scale = metric_axis(metric)
+        plot_curves(groups, rows, metric, None, out / "accuracy.png", ylabel, scale)
         timed = out / "accuracy_time.png"
-        plot_curves(groups, rows, metric, "sim_clock", timed, ylabel, 100, facts["target"])
+        plot_curves(groups, rows, metric, "sim_clock", timed, ylabel, scale, facts["target"])
         plot_curves(groups, rows, "round_length", None, out / "round_length.png", "round length")
         files += [out / "accuracy.png", out / "accuracy_time.png", out / "round_length.png"]
         if plot_beta(rows, out / "beta.png"):

@@ -21,6 +21,7 @@ from fedbug.errors import ConfigError
 from fedbug.report.spread import mean_std, row_pm
 from fedbug.report.table4 import cell_text, format_pfl_table, write_figures
 from fedbug.results import atomic_write_bytes, atomic_write_text, check_no_links
+from fedbug.results.plot import metric_axis
 
 
 @dataclass
@@ -281,7 +282,7 @@ def _unit(rows: list[dict[str, Any]]) -> str:
 
 
 def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, title: str) -> None:
-    """Accuracy vs round per cell: mean over seeds, shaded +- one std."""
+    """Accuracy vs round per cell: mean over seeds, shaded +- one std (the legend says so)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,7 +293,7 @@ def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, t
     metric = "acc"
     for cell, runs in cell_runs:
         metric = headline(runs)  # one task a sweep
-        key, scale = f"test_{metric}", 100 if metric == "acc" else 1
+        key, scale = f"test_{metric}", metric_axis(f"test_{metric}")[1]
         by_round: dict[int, list[float]] = {}
         for run in runs:
             for rec in run["records"]:
@@ -301,14 +302,18 @@ def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, t
                     by_round.setdefault(rec["round"], []).append(scale * value)
         rounds = sorted(by_round)
         mean = np.array([np.mean(by_round[r]) for r in rounds])
-        std = np.array([np.std(by_round[r]) for r in rounds])
+        # the sample sd over seeds, as the table's mean ± sd (report.spread.mean_std)
+        std = np.array([mean_std(by_round[r])[1] for r in rounds])
         (line,) = ax.plot(rounds, mean, label=cell.label)
         ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)" if metric == "acc" else f"test {metric}")
+    ax.set_ylabel(metric_axis(f"test_{metric}")[0])
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # rounds are whole numbers
+    seeds = sorted({len(runs) for _, runs in cell_runs})
+    n = f"{seeds[0]} seeds" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds"
+    ax.legend(fontsize=8, title=f"line: mean of {n}; band: ±1 sd", title_fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
