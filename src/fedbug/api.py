@@ -10,7 +10,7 @@ from fedbug.core.tasks import LossFn, Task
 from fedbug.data import FederatedDataset
 from fedbug.engine import RunResult, run_experiment
 from fedbug.engine.experiment import ModelSource
-from fedbug.engine.rounds import RoundCallback
+from fedbug.engine.rounds import PhaseCallback, RoundCallback
 from fedbug.errors import ConfigError
 
 
@@ -26,11 +26,13 @@ def run(
     metrics: dict[str, LossFn] | None = None,
     on_round: RoundCallback | None = None,
     stop_after: int | None = None,
+    on_phase: PhaseCallback | None = None,
 ) -> RunResult:
     """Run (or resume) one experiment; see :func:`fedbug.engine.run_experiment` for the
     arguments. On Flower, the nodes build the data and the model from the config, so both are
     named there (a model of your own by its import path, ``model: "package.module:Name"``), and
-    ``run_dir`` is needed (the ServerApp writes it)."""
+    ``run_dir`` is needed (the ServerApp writes it). ``on_phase`` hears of the steps after the
+    rounds in this process (not from Flower's ServerApp)."""
     if stop_after is not None and (
         isinstance(stop_after, bool) or not hasattr(stop_after, "__index__") or stop_after < 1
     ):
@@ -63,6 +65,7 @@ def run(
         metrics=metrics,
         on_round=on_round,
         stop_after=stop_after,
+        on_phase=on_phase,
     )
 
 

@@ -69,12 +69,23 @@ def client_figures(
 
 
 def personalize(
-    exp: Experiment, weights: Tensor, states: ClientStates, rd: RunDir | None
+    exp: Experiment,
+    weights: Tensor,
+    states: ClientStates,
+    rd: RunDir | None,
+    on_phase: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """After the last round: every client's accuracy before and after fine-tuning on its own
-    data (FedSeq Algorithm 1, lines 20-26); writes clients.csv and clients.png."""
+    data (FedSeq Algorithm 1, lines 20-26); writes clients.csv and clients.png.
+    ``on_phase(what, done, total)`` hears how far each step is (client by client)."""
     cfg = exp.cfg
-    before = exp.personal.evaluate(weights, states.get)
+    phase = on_phase or (lambda what, done, total: None)
+    n = len(exp.personal.train_parts)
+    phase(EVALUATING, 0, n)
+    before = []
+    for i in range(n):  # as evaluate does over all clients, one at a time to tell the progress
+        before += exp.personal.evaluate(weights, states.get, [i])
+        phase(EVALUATING, i + 1, n)
     settings = FinetuneSettings(
         epochs=cfg.finetune_epochs,
         lr=cfg.finetune_lr if cfg.finetune_lr is not None else cfg.lr,
@@ -84,12 +95,23 @@ def personalize(
         optimizer=cfg.optimizer,
         clip_grad_norm=cfg.clip_grad_norm,
     )
-    after = exp.personal.finetune(weights, states.get, settings, cfg.seed)
+    phase(FINETUNING, 0, n)
+    after = exp.personal.finetune(
+        weights, states.get, settings, cfg.seed, on_client=lambda done: phase(FINETUNING, done, n)
+    )
     block = pfl_summary(before, after)
     if rd is not None:
+        phase(WRITING_CLIENTS, 0, 1)
         atomic_write_text(rd.path / "clients.csv", clients_csv(block))
         plot_clients(block, rd.path / "clients.png", f"{cfg.name}: each client's own accuracy")
+        phase(WRITING_CLIENTS, 1, 1)
     return block
+
+
+#: the steps of :func:`personalize`, as ``on_phase`` names them
+EVALUATING = "evaluating each client"
+FINETUNING = "fine-tuning each client"
+WRITING_CLIENTS = "writing clients.csv and clients.png"
 
 
 def round_bytes(exp: Experiment, shared: set[int], round: int, model_bytes: int) -> int:

@@ -199,9 +199,11 @@ class PersonalizedEvaluator:
         settings: FinetuneSettings,
         seed: int,
         clients: Sequence[int] | None = None,
+        on_client: Callable[[int], None] | None = None,
     ) -> list[ClientScore]:
         """Each client alone fine-tunes all its parameters, then is scored; the global weights
-        and every other client are untouched (each starts from its own copy)."""
+        and every other client are untouched (each starts from its own copy). ``on_client(n)``
+        after each client, n of them done."""
         scores = []
         ds = self.dataset
         runtime = self.finetune_runtime(settings)
@@ -215,6 +217,8 @@ class PersonalizedEvaluator:
             else:  # nothing to fine-tune on
                 self.flat.copy_(self.client_weights(weights, states(i)))
             scores.append(ClientScore(i, len(idx), len(self.test_parts[i]), self._score(i)))
+            if on_client is not None:
+                on_client(len(scores))
         return scores
 
 

@@ -64,6 +64,9 @@ from fedbug.integrations.tracking import Trackers
 from fedbug.results import RunDir
 
 RoundCallback = Callable[[dict[str, Any]], None]
+#: ``on_phase(what, done, total)``: a step after the rounds as it goes (each client evaluated,
+#: then fine-tuned, under personalized evaluation; the summary and its plot written)
+PhaseCallback = Callable[[str, int, int], None]
 ExecutorFactory = Callable[["Experiment"], Executor]
 
 
@@ -89,6 +92,7 @@ def run_experiment(
     stop_after: int | None = None,
     executor_factory: ExecutorFactory | None = None,
     lock_token: str | None = None,
+    on_phase: PhaseCallback | None = None,
 ) -> RunResult:
     """Run (or resume) one experiment; write its run folder when ``run_dir`` is given.
 
@@ -99,6 +103,9 @@ def run_experiment(
 
     ``executor_factory`` builds the executor from the experiment (default: the one the config
     names); the Flower ServerApp passes one that sends clients to its grid.
+
+    ``on_round`` gets each round's record as it is kept; ``on_phase(what, done, total)`` each
+    step after the last round (:data:`PhaseCallback`): progress, the engine prints nothing.
 
     ``stop_after`` ends the run after that round (as a kill would, for tests of ``resume``).
     While it runs, the run folder holds a lock (``.lock``, removed at the end, even on errors);
@@ -115,7 +122,9 @@ def run_experiment(
     sources = (dataset, model, _task_of(task, loss, metrics))
     with _locked(run_dir, lock_token) as rd, contextlib.ExitStack() as cleanup:
         # what the run opens is closed however it ends, before the folder's lock is released
-        return _run(cleanup, cfg, rd, resume, sources, on_round, stop_after, executor_factory)
+        return _run(
+            cleanup, cfg, rd, resume, sources, on_round, stop_after, executor_factory, on_phase
+        )
 
 
 def _task_of(
@@ -188,6 +197,7 @@ def _run(
     on_round: RoundCallback | None,
     stop_after: int | None,
     executor_factory: ExecutorFactory | None = None,
+    on_phase: PhaseCallback | None = None,
 ) -> RunResult:
     cleanup.enter_context(process_settings_kept())  # threads, GPU kernel flags: put back at the end
     loop = RoundLoop(cleanup, Experiment(cfg, *sources), rd, resume, on_round, executor_factory)
@@ -203,7 +213,7 @@ def _run(
         stopped = e
     finally:
         loop.executor.close()
-    return loop.finish(stopped, time.perf_counter() - t_run)
+    return loop.finish(stopped, time.perf_counter() - t_run, on_phase)
 
 
 @dataclass
@@ -416,10 +426,15 @@ class RoundLoop:
             raise self.short.error(self.cfg, every_round=True)
 
     def finish(
-        self, stopped: DivergenceError | ShortRoundError | None, seconds: float
+        self,
+        stopped: DivergenceError | ShortRoundError | None,
+        seconds: float,
+        on_phase: PhaseCallback | None = None,
     ) -> RunResult:
         """The summary (written for a completed or stopped run, and for one with no rounds);
-        re-raise ``stopped`` once it is written."""
+        re-raise ``stopped`` once it is written. ``on_phase`` hears of each step after the
+        rounds."""
+        phase = on_phase or _no_phase
         exp, cfg, rd, records = self.exp, self.cfg, self.rd, self.records
         clients = self.sim.summary()
         summary = make_summary(cfg, records, self.chash, seconds, exp, clients, self.weights)
@@ -431,12 +446,21 @@ class RoundLoop:
             raise stopped
         completed = bool(records) and records[-1]["round"] == cfg.rounds
         if completed and cfg.evaluation == "personalized":
-            summary["pfl"] = personalize(exp, self.weights, self.states, rd)
+            summary["pfl"] = personalize(exp, self.weights, self.states, rd, phase)
         if rd is not None and (not records or completed):
+            phase(WRITING, 0, 1)
             write_summary(rd, cfg, summary, records)
             if self.trackers is not None:
                 self.trackers.finish(summary)
+            phase(WRITING, 1, 1)
         return RunResult(rd.path if rd else None, records, summary, self.weights)
+
+
+WRITING = "writing summary and plot"
+
+
+def _no_phase(what: str, done: int, total: int) -> None:
+    """No one listens for the steps after the rounds."""
 
 
 class LazyStates(Mapping[int, dict[str, Tensor]]):
