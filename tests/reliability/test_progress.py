@@ -6,7 +6,11 @@ the printed run time covers the whole command, fine-tuning included; ``-q`` sile
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -87,3 +91,25 @@ def test_quiet_silences_rounds_and_steps(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "round 1/2" not in out and "fine-tuning each client" not in out
     assert "final client mean accuracy" in out
+
+
+def test_a_reader_gone_midway_leaves_the_run_to_finish(tmp_path, monkeypatch):
+    """``fedbug run ... | head -1``: the lines written as the run goes must not stop it when the
+    reader closes the pipe after the first; the run ends complete, its lines going nowhere."""
+    fd = os.open(tmp_path / "sink", os.O_WRONLY | os.O_CREAT)
+
+    class GoneReader(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self) -> int:
+            return fd
+
+    monkeypatch.setattr(sys, "stdout", GoneReader())
+    try:
+        rc = main(["run", str(config(tmp_path, "tiny", rounds=3)), "--out", str(tmp_path / "out")])
+    finally:
+        os.close(fd)
+    assert rc in (0, 141)  # 141: the result lines after the run met the closed pipe
+    (summary,) = (tmp_path / "out").glob("tiny-s0-*/summary.json")
+    assert json.loads(summary.read_text())["status"] == "completed"

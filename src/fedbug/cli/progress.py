@@ -6,6 +6,7 @@ written. ``-q`` silences both."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -54,7 +55,7 @@ class Lines:
         self.last: dict[tuple[str, str], float] = {}  # when each step last had a line
 
     def say(self, text: str) -> None:
-        print(f"{text}, {clock(time.perf_counter() - self.t0)}", flush=True)
+        line(f"{text}, {clock(time.perf_counter() - self.t0)}")
 
     def round(self, label: str, rec: dict[str, Any], rounds: int) -> None:
         parts = [f"{label}: round {rec['round']}/{rounds}"]
@@ -74,6 +75,18 @@ class Lines:
         if done in (0, total) or now - self.last.get(key, self.t0) >= PHASE_EVERY:
             self.last[key] = now
             self.say(f"{label}: {what} {done}/{total}")
+
+
+def line(text: str) -> None:
+    """One line on stdout, flushed. Once its reader is gone (``fedbug run ... | head -3``) the
+    lines go nowhere and the run goes on to the end, its folder complete, as before it wrote
+    them as it went."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered is dropped there
+        os.close(devnull)
 
 
 def _ignore_round(rec: dict[str, Any]) -> None:
@@ -126,7 +139,7 @@ def run_with_bar(
         def say_round(rec: dict[str, Any]) -> None:
             lines.round(label, rec, cfg.rounds)
             if rec.get("round_length") is not None:
-                print(simulated_line(rec), flush=True)
+                line(simulated_line(rec))
 
         return start(say_round, lambda what, done, total: lines.phase(label, what, done, total))
     with progress_bar(cfg.rounds, label, quiet) as progress:
