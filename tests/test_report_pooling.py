@@ -41,7 +41,7 @@ def test_a_run_and_a_sweep_cell_of_one_config_and_seed_count_once(tmp_path, caps
     assert line.startswith("ignored: 2 duplicate run(s)"), line
     sweep = runs / "pool-sweep"
     assert all(str(sweep / f"base-s{s}") in line for s in (0, 1)), line
-    (table_row,) = [x for x in out if x.startswith("| base |")]  # one group: seeds pooled
+    (table_row,) = [x for x in out if x.startswith("| fedavg |")]  # one group: seeds pooled
     assert table_row.split("|")[2].strip() == "2", table_row  # the seeds column
 
 

@@ -143,3 +143,85 @@ def test_sweep_plot_says_what_the_band_is(tmp_path, monkeypatch: pytest.MonkeyPa
     assert any("±1 sd" in t and "3 seeds" in t for t in texts), texts
     # round 4 holds 40, 41, 42 (%): mean 41, sample sd 1 (the table's), so the band tops at 42
     assert tops == [pytest.approx(42.0)]
+
+
+# ---------------------------------------------------------------- item 3: one way to name a cell
+
+TWO_CELLS = """\
+name: two-cells
+dataset: digits
+model: mlp
+num_clients: 4
+clients_per_round: 2
+rounds: 2
+local_steps: 2
+batch_size: 16
+eval_batch_size: 256
+count_flops: false
+threads: 1
+grid:
+  variant:
+    - {label: FedAvg, policy: none}
+    - {label: FedBug 50%, policy: bottom_up, bottom_up.gu_ratio: 0.5}
+"""
+
+
+def test_report_names_a_sweeps_cells_as_the_sweep_does_in_its_order(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from fedbug.sweeps.sweep import report
+
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(TWO_CELLS, encoding="utf-8")
+    assert main(["sweep", str(cfg), "--out", str(tmp_path), "-q"]) == 0
+    folder = tmp_path / "two-cells-sweep"
+    swept = [r["label"] for r in json.loads((folder / "sweep.json").read_text())["rows"]]
+    want = ["FedAvg (policy=none)", "FedBug 50% (policy=bottom_up, bottom_up.gu_ratio=0.5)"]
+    assert swept == want
+    assert [r["label"] for r in report([folder])] == want  # was policy=bottom_up, policy=none
+    sweep_lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ")]
+    assert main(["report", str(folder)]) == 0
+    report_lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ")]
+    first = [line.split("|")[1].strip() for line in report_lines]
+    assert first == [line.split("|")[1].strip() for line in sweep_lines] == ["cell", "---", *want]
+
+
+def _run(config: dict, seed: int = 0, pfl: bool = False) -> dict:
+    summary = {"seed": seed, "seconds": 1.0, "final_acc": 0.5, "best_acc": 0.6}
+    summary["config"] = {"name": "one", "seed": seed, **config}
+    if pfl:
+        summary["pfl"] = {k: {"mean": 0.4, "std": 0.1} for k in ("before_ft", "after_ft")}
+    records = [{"round": r, "test_acc": 0.25 * r} for r in (1, 2)]
+    return {"records": records, "summary": summary, "run_dir": f"one-s{seed}"}
+
+
+def test_a_single_runs_row_names_its_method() -> None:
+    from fedbug.sweeps.sweep import format_table, group_runs, summarise
+
+    fedseq = {"method": "fedseq-vanilla", "algorithm": "fedbabu", "schedule": "vanilla"}
+    rows = summarise(group_runs([_run(fedseq, pfl=True)]))
+    table = format_table(rows)
+    assert "| fedseq-vanilla (after FT) | 40.00 (10.00) |" in table  # was "|  (after FT) |"
+    assert "| fedseq-vanilla | 1 |" in table  # the per-cell table: was "| base |"
+    plain = summarise(group_runs([_run({"algorithm": "fedavg", "policy": "bottom_up"})]))
+    assert [r["label"] for r in plain] == ["fedavg+bottom_up"]
+
+
+def test_freezefl_report_without_fedavg_gives_its_table_and_what_target_adds(tmp_path) -> None:
+    from fedbug.report.freezefl import freezefl_report
+
+    runs = []
+    for seed in range(2):
+        run = _run({"method": "freezefl", "algorithm": "fedavg", "policy": "freezefl"}, seed)
+        run["records"] = [
+            {"round": r, "test_acc": 0.3 * r, "sim_clock": 2.0 * r, "round_length": 2.0}
+            for r in (1, 2, 3)
+        ]
+        runs.append(run)
+    text = freezefl_report(runs)["text"]
+    (row,) = [x for x in text.splitlines() if x.startswith("| freezefl |")]
+    assert "90.00" in row  # its best accuracy, mean over the two seeds
+    (line,) = [x for x in text.splitlines() if "--target" in x]
+    assert "no FedAvg" in line and "rounds" in line and "time" in line, line

@@ -103,9 +103,13 @@ def _leaves(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 def group_labels(groups: list[Group]) -> tuple[list[str], list[str]]:
     """(method, label) per group: the method (else the algorithm), and with it the varied keys
-    (dotted, e.g. ``freezefl.beta``) that the method does not determine."""
+    (dotted, e.g. ``freezefl.beta``) that the method does not determine; for a sweep's cells
+    that its grid names (``label:``), the sweep's labels."""
     configs = [runs[0]["summary"].get("config", {}) for _, runs in groups]
     methods = [str(c.get("method") or c.get("algorithm") or "run") for c in configs]
+    if all(cell.given is not None and cell.given.names for cell, _ in groups):
+        # a sweep's cells, each named by its grid (`label:`): the sweep's own labels
+        return methods, [cell.label for cell, _ in groups]
     leaves = [_leaves(cell.values) for cell, _ in groups]
     keys = sorted({k for leaf in leaves for k in leaf})
     extra = []
@@ -311,7 +315,11 @@ def format_freezefl_table(rows: list[dict[str, Any]], facts: dict[str, Any]) -> 
     elif facts["target_how"] == "given":
         notes.append(f"target {tgt}: given.")
     else:
-        notes.append("no target: there is no FedAvg group; give --target ACC.")
+        notes.append(
+            f"no target: no FedAvg group here to take one from ({AUTO_SHARE:g} x its best); "
+            "--target ACC (e.g. 0.8 or 80%) fills the rounds-to and time-to columns: the "
+            "rounds and the simulated time each method takes to first reach ACC."
+        )
     if facts["baseline"] is not None:
         notes.append(
             f"(±x%): relative to FedAvg ({facts['baseline']}), 100 x (value / FedAvg's - 1); "

@@ -58,9 +58,9 @@ def _is_data_group(value: Any) -> bool:
     return isinstance(value, dict) and "dataset" in value
 
 
-def place(cell: dict[str, Any]) -> tuple[str, str]:
-    """(method row, data set column) of a grid cell's values in Table 4."""
-    method = ""
+def place(cell: dict[str, Any], method: str = "") -> tuple[str, str]:
+    """(method row, data set column) of a grid cell's values in Table 4; ``method`` names the
+    row where the cell has no method or algorithm key (a report's runs: what they ran)."""
     for key in ("method", "algorithm"):
         if isinstance(cell.get(key), str):
             method = str(cell[key])
@@ -105,7 +105,7 @@ def format_pfl_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
     for r in rows:
         if "before_ft_mean" not in r:
             continue
-        method, ds = place(r.get("cell") or {})
+        method, ds = place(r.get("cell") or {}, r.get("method", ""))
         if ds not in datasets:
             datasets.append(ds)
         if method not in methods:
@@ -137,7 +137,7 @@ def _panels(cell_runs: CellRuns) -> dict[str, list[tuple[str, list[dict[str, Any
     for cell, runs in cell_runs:
         pfl_runs = [r for r in runs if "pfl" in r["summary"]]
         if pfl_runs:
-            method, ds = place(getattr(cell, "values", cell))
+            method, ds = place(getattr(cell, "values", cell), getattr(cell, "method", ""))
             out.setdefault(ds, []).append((method, pfl_runs))
     return out
 

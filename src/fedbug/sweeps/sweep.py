@@ -26,9 +26,14 @@ from fedbug.results.plot import metric_axis
 
 @dataclass
 class Cell:
-    """One point of the grid: its overrides and a short label."""
+    """One point of the grid: its overrides and a short label. A report's group of runs is a
+    cell too: ``given`` is the sweep cell its runs came from, whose label it takes (read back
+    from the sweep's sweep.json, :func:`sweep_order`), ``method`` what its runs ran
+    (:func:`method_name`), its name where no key varies."""
 
     values: dict[str, Any]
+    given: Cell | None = None
+    method: str = ""
 
     def items(self) -> list[tuple[str, Any]]:
         """(key, value) pairs, a variant group's keys in place of the group (its ``label``, a
@@ -50,11 +55,16 @@ class Cell:
 
     @property
     def label(self) -> str:
+        """The one name of a cell, in a sweep's table and a report's: ``FedBug 50% (policy=
+        bottom_up, bottom_up.gu_ratio=0.5)`` (a variant group's ``label``, then its keys), else
+        ``key=value, ...``; with no key, the runs' method, else ``base``."""
+        if self.given is not None:
+            return self.given.label
         keys = ", ".join(f"{k}={v}" for k, v in self.items())
         names = ", ".join(self.names)
         if names:
             return f"{names} ({keys})" if keys else names
-        return keys or "base"
+        return keys or self.method or "base"
 
     @property
     def slug(self) -> str:
@@ -201,6 +211,7 @@ def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[s
         row = {
             "cell": cell.values,
             "label": cell.label,
+            **({"method": cell.method} if cell.method else {}),  # a report's group
             "seeds": [r["summary"]["seed"] for r in runs],
             "metric": metric,
             "final_acc_mean": fm,
@@ -498,8 +509,63 @@ def group_runs(runs: list[dict[str, Any]]) -> list[tuple[Cell, list[dict[str, An
     for run, c in zip(runs, configs):
         values = {k: c.get(k) for k in keys}
         key = json.dumps(values, sort_keys=True)
-        groups.setdefault(key, (Cell(values), []))[1].append(run)
-    return list(groups.values())
+        cell = Cell(values, method=method_name(run["summary"]["config"]))
+        groups.setdefault(key, (cell, []))[1].append(run)
+    return sweep_order(list(groups.values()))
+
+
+def method_name(config: dict[str, Any]) -> str:
+    """What a run ran: its ``method`` preset (``fedseq-vanilla``), else its algorithm with its
+    freezing policy and FedSeq schedule where they are not none (``fedavg+bottom_up``)."""
+    if isinstance(config.get("method"), str) and config["method"]:
+        return str(config["method"])
+    parts = [config.get("algorithm") or "fedavg", config.get("policy"), config.get("schedule")]
+    return "+".join(str(p) for p in parts if p and p != "none")
+
+
+def read_sweep_cells(folder: Path) -> list[tuple[Cell, set[str]]] | None:
+    """A sweep folder's cells in its grid's order, each with the names of its run folders,
+    from its sweep.json (each cell's values and runs); None where there is no readable
+    sweep.json (a run of no sweep, an unfinished or older sweep)."""
+    try:
+        rows = json.loads((folder / "sweep.json").read_text(encoding="utf-8"))["rows"]
+        return [(Cell(dict(r["cell"])), {Path(p).name for p in r["runs"]}) for r in rows]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def sweep_order(
+    groups: list[tuple[Cell, list[dict[str, Any]]]],
+) -> list[tuple[Cell, list[dict[str, Any]]]]:
+    """Report groups named and ordered as the sweep that ran them: a group whose runs are all
+    one cell of a sweep (read back by :func:`read_sweep_cells`) takes that cell's label, and
+    the groups come in the sweeps' grid order (sweeps in the order found), the groups of no
+    sweep after them as found. Where two groups would get one label (cells of two sweeps), the
+    varied keys name them all."""
+    sweeps: dict[Path, list[tuple[Cell, set[str]]]] = {}
+
+    def place(run: dict[str, Any]) -> tuple[int, int] | None:
+        """(sweep rank, cell index) of the sweep cell ``run`` was run as, else None."""
+        run_dir = Path(run.get("run_dir", ""))
+        if run_dir.parent not in sweeps:
+            sweeps[run_dir.parent] = read_sweep_cells(run_dir.parent) or []
+        cells = sweeps[run_dir.parent]
+        index = next((i for i, (_, names) in enumerate(cells) if run_dir.name in names), None)
+        return None if index is None else (list(sweeps).index(run_dir.parent), index)
+
+    places = []
+    for _, runs in groups:
+        found = {place(run) for run in runs}
+        places.append(found.pop() if len(found) == 1 else None)
+    folders = list(sweeps)
+    given = [sweeps[folders[p[0]]][p[1]][0] if p is not None else None for p in places]
+    labels = [(g or cell).label for (cell, _), g in zip(groups, given)]
+    if len(set(labels)) == len(labels):
+        for (cell, _), g in zip(groups, given):
+            cell.given = g
+    last = (len(folders), 0)  # groups of no sweep: after the sweeps' cells, as found
+    order = sorted(range(len(groups)), key=lambda g: (places[g] or last, g))
+    return [groups[g] for g in order]
 
 
 def report(
