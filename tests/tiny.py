@@ -105,6 +105,24 @@ def tiny_config(**overrides):
     return load_config(None, doc=doc)
 
 
+def user_data_config(**overrides: Any):
+    """A fast config for runs on a data set of the test's own (``fedbug.run(cfg, dataset=...)``):
+    4 clients, 2 a round, 2 rounds of 2 local steps, iid, one thread."""
+    values: dict[str, Any] = dict(
+        num_clients=4,
+        clients_per_round=2,
+        rounds=2,
+        local_steps=2,
+        batch_size=8,
+        lr=0.1,
+        count_flops=False,
+        threads=1,
+        partition="iid",
+    )
+    values.update(overrides)
+    return load_config(None, doc=values)
+
+
 # The wall-clock keys of a round record, and a metrics.jsonl line's checksum (which covers
 # them); the rest of a record repeats bit for bit.
 TIMING = frozenset({"time_train", "time_eval", "wall_time", "crc"})

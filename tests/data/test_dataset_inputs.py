@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny import user_data_config
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
@@ -33,22 +34,6 @@ def blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     centers = np.eye(CLASSES, DIM) * 6.0
     y = (np.arange(n) % CLASSES).astype(np.int32)
     return centers[y] + rng.normal(size=(n, DIM)), y
-
-
-def tiny(**overrides: object):
-    values = dict(
-        num_clients=4,
-        clients_per_round=2,
-        rounds=2,
-        local_steps=2,
-        batch_size=8,
-        lr=0.1,
-        count_flops=False,
-        threads=1,
-        partition="iid",
-    )
-    values.update(overrides)
-    return fedbug.config(**values)
 
 
 def numpy_dataset(**kwargs: object) -> FederatedDataset:
@@ -97,7 +82,7 @@ def test_tokens_inputs_are_kept_as_ids() -> None:
 
 def test_numpy_data_trains_through_a_real_run(no_plots) -> None:
     ds = numpy_dataset()
-    result = fedbug.run(tiny(), model=Net, dataset=ds)
+    result = fedbug.run(user_data_config(), model=Net, dataset=ds)
     assert [r["round"] for r in result.records] == [1, 2]
     acc = result.summary["final_acc"]
     assert isinstance(acc, float) and acc > 0.5  # chance is 0.25; the blobs are well separated
@@ -284,7 +269,7 @@ def test_from_clients_runs_with_the_natural_partition(monkeypatch: pytest.Monkey
     clients = client_pairs([24, 20, 28, 16])
     tests = client_pairs([6, 5, 7, 4], seed=30)
     ds = FederatedDataset.from_clients("mine", clients, test=tests)
-    cfg = tiny(partition="natural")
+    cfg = user_data_config(partition="natural")
     exp = fedbug.Experiment(cfg, dataset=ds, model=Net)
     assert [p.tolist() for p in exp.parts] == [p.tolist() for p in ds.natural_clients]
     assert [p.tolist() for p in exp.test_parts] == [p.tolist() for p in ds.natural_test_clients]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny import user_data_config
 from torch import nn
 
 import fedbug
@@ -33,22 +34,6 @@ def dataset(**kwargs: object) -> FederatedDataset:
     return FederatedDataset("blobs", x, y, tx, ty, **values)  # type: ignore[arg-type]
 
 
-def config(**overrides: object):
-    values: dict[str, object] = dict(
-        num_clients=4,
-        clients_per_round=2,
-        rounds=2,
-        local_steps=2,
-        batch_size=8,
-        lr=0.1,
-        count_flops=False,
-        threads=1,
-        partition="iid",
-    )
-    values.update(overrides)
-    return fedbug.config(**values)
-
-
 def mlp(inputs: int = DIM, outputs: int = CLASSES):
     return lambda: nn.Sequential(nn.Linear(inputs, 16), nn.ReLU(), nn.Linear(16, outputs))
 
@@ -58,7 +43,7 @@ def refused(tmp_path, error: type[Exception] = ConfigError, cfg=None, **sources:
     folder and the ``--out``-like folder above it are not made)."""
     out = tmp_path / "out"
     with pytest.raises(error) as e:
-        fedbug.run(cfg or config(), out / "run", **sources)
+        fedbug.run(cfg or user_data_config(), out / "run", **sources)
     message = str(e.value)
     assert "\n" not in message
     assert not out.exists(), sorted(p.name for p in out.rglob("*"))
@@ -80,13 +65,13 @@ def test_an_empty_test_set_is_refused_before_the_run_folder_is_made(tmp_path):
 def test_a_run_without_a_run_folder_refuses_an_empty_test_set_too():
     data = dataset(test_x=np.zeros((0, DIM)), test_y=np.zeros(0, dtype=np.int64))
     with pytest.raises(ConfigError, match="no test samples"):
-        fedbug.run(config(), model=mlp(), dataset=data)
+        fedbug.run(user_data_config(), model=mlp(), dataset=data)
 
 
 def test_held_out_train_samples_stand_in_for_an_empty_test_set(tmp_path):
     # the fix the message offers works: each client's held-out samples become the test set
     data = dataset(test_x=np.zeros((0, DIM)), test_y=np.zeros(0, dtype=np.int64))
-    result = fedbug.run(config(rounds=1, pfl_test="holdout"), model=mlp(), dataset=data)
+    result = fedbug.run(user_data_config(rounds=1, pfl_test="holdout"), model=mlp(), dataset=data)
     assert 0.0 <= result.summary["final_acc"] <= 1.0
 
 
@@ -191,7 +176,7 @@ def test_a_model_without_parameters_is_refused(tmp_path):
 
 
 def test_a_fitting_model_built_in_or_own_still_runs(tmp_path):
-    result = fedbug.run(config(rounds=1), model=mlp(), dataset=dataset())
+    result = fedbug.run(user_data_config(rounds=1), model=mlp(), dataset=dataset())
     assert 0.0 <= result.summary["final_acc"] <= 1.0
 
 
@@ -250,7 +235,7 @@ def test_weights_read_without_calling_their_layer_are_named(tmp_path, model):
 
 def test_listing_the_units_runs_such_a_model(tmp_path):
     # the second fix the message offers works
-    cfg = config(rounds=1, units=["fc"])
+    cfg = user_data_config(rounds=1, units=["fc"])
     result = fedbug.run(cfg, tmp_path / "run", model=RawOnly, dataset=dataset())
     assert result.summary["units"] == ["fc"]
 
