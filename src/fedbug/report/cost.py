@@ -228,7 +228,10 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
         if algorithm not in builds:
             builds[algorithm] = _build(cfg, algorithm, model, x, y, s)
         b = builds[algorithm]
-        _, schedule = build_freezing(cfg.model_copy(update={"schedule": mode}), b.layout)
+        # the method's schedule alone: cost tables count no freeze policy of the config's
+        _, schedule = build_freezing(
+            cfg.model_copy(update={"policy": "none", "schedule": mode}), b.layout
+        )
         if schedule is not None:
             schedules.append(schedule)
         names = [u.name for u in b.units]

@@ -43,7 +43,8 @@ def _read_lock(fd: int) -> tuple[int | None, str | None]:
         return None, None
     pid = lines[0].strip()
     token = lines[1].strip() if len(lines) > 1 else ""
-    # a pid is a positive int below the kernel's limit (2**22): more digits are not a pid
+    # a pid is a positive int (Linux keeps them below 2**22; any int type's range is 2**31):
+    # a longer number is not a pid
     valid = pid.isascii() and pid.isdigit() and len(pid) <= 10 and 0 < int(pid) < 2**31
     return (int(pid) if valid else None), (token or None)
 
