@@ -26,6 +26,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "selection": "reputation",
         "reputation": {"warm_restart": 0},
     },
+    "local": {"algorithm": "local", "evaluation": "personalized"},
     "fedseq-vanilla": {"algorithm": "fedbabu", "schedule": "vanilla", "evaluation": "personalized"},
     "fedseq-anti": {"algorithm": "fedbabu", "schedule": "anti", "evaluation": "personalized"},
 }

@@ -315,7 +315,10 @@ class SystemModel:
         p = self.params
         work = self.local_epochs * self.mean_size * costs[0]
         self.compute_speed = _speed(p.compute_speed, work, 1.0 - p.comm_share, "compute_speed")
-        self.bandwidth = _speed(p.bandwidth, 2.0 * self.full_bytes, p.comm_share, "bandwidth")
+        if self.full_bytes == 0 and p.bandwidth is None:  # nothing is sent (local-only training)
+            self.bandwidth = math.inf
+        else:
+            self.bandwidth = _speed(p.bandwidth, 2.0 * self.full_bytes, p.comm_share, "bandwidth")
 
     def ability(self, k: int) -> float:
         return float(self.abilities[k])
