@@ -108,6 +108,7 @@ def build_freezing(cfg: BaseConfig, layout: Layout) -> tuple[FreezePolicy, Round
     schedule unfreezes) is refused."""
     n = layout.policy_units
     policy = build_policy(cfg.policy, cfg.options(cfg.policy))
+    policy.setup(layout)
     if not len(policy.trainable_units(StepCtx(1, 1, n))):
         raise ConfigError(f"policy {cfg.policy!r} trains no unit of this model")
     if cfg.schedule == "none":

@@ -13,6 +13,7 @@ client half
     (``n_frozen``, ``charged_time``).
 
 server half
+    :meth:`FreezePolicy.setup` (the run's unit layout, once, wherever the units are built),
     :meth:`FreezePolicy.setup_server` (the simulated system, once), :meth:`client_config`
     (what each client is sent with the weights), :meth:`round_deadline` (the deadline it sets
     this round), :meth:`end_round` (the round's client times), :meth:`state_dict` /
@@ -36,6 +37,7 @@ from fedbug.core.registry import Registry
 
 if TYPE_CHECKING:
     from fedbug.config import BaseConfig
+    from fedbug.core.layout import Layout
     from fedbug.core.protocol import ClientResult, ClientTask
     from fedbug.core.units import ParamSpace
     from fedbug.system import SystemModel
@@ -136,6 +138,13 @@ class FreezePolicy:
         return PolicySession(self, task)
 
     # -- server half -------------------------------------------------------------------
+    def setup(self, layout: Layout) -> None:
+        """Called once the model's units are laid out (by every builder: the server, worker
+        processes, Flower nodes), before the policy is asked anything; a policy whose answers
+        outside a step (:meth:`trained_sublayers`) depend on the unit count or the base
+        sub-layers reads them here. Nothing by default."""
+        return None
+
     def setup_server(self, system: SystemModel | None, cfg: BaseConfig) -> None:
         """Called once the simulated system (None without a ``system:`` block) is built."""
         return None
@@ -218,6 +227,10 @@ class Intersection(FreezePolicy):
 
     def start_client(self, task: ClientTask) -> PolicySession:
         return _IntersectionSession(self, [p.start_client(task) for p in self.policies], task)
+
+    def setup(self, layout: Layout) -> None:
+        for p in self.policies:
+            p.setup(layout)
 
     def setup_server(self, system: SystemModel | None, cfg: BaseConfig) -> None:
         for p in self.policies:
