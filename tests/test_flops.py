@@ -15,13 +15,13 @@ def _ce(out, y):
 
 def test_flop_cache_counts_each_key_once(monkeypatch):
     calls = []
-    real = fedbug.core.flops.training_flops
+    real = fedbug.core.flops.training_cost
 
     def counting(model, trainable, x, y, loss_fn):
         calls.append(sorted(trainable))
         return real(model, trainable, x, y, loss_fn)
 
-    monkeypatch.setattr(fedbug.core.flops, "training_flops", counting)
+    monkeypatch.setattr(fedbug.core.flops, "training_cost", counting)
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     x, y = torch.randn(5, 4), torch.tensor([0, 1, 0, 1, 1])
     wide = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
