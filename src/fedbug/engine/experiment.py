@@ -40,7 +40,7 @@ from fedbug.engine.pfl import (
 from fedbug.errors import ConfigError
 from fedbug.models import build_model
 from fedbug.selection import SELECTIONS
-from fedbug.system import SystemModel, per_sample_costs
+from fedbug.system import SystemModel, UnitCosts, per_sample_costs
 
 ModelSource = nn.Module | Callable[[], nn.Module] | None
 
@@ -257,6 +257,7 @@ class Experiment(ClientSide):
                 cfg.seed,
                 policy_units=policy_units,
                 shared=self.shared_mask,
+                unit_costs=self._unit_costs(example, labels),
             )
             self.system_figures = self.algorithm.setup_system(
                 self.system, copy.deepcopy(self.template), example, labels
@@ -290,6 +291,16 @@ class Experiment(ClientSide):
                 device=self.device,
                 precision=cfg.precision,
             )
+
+    def _unit_costs(self, example: Tensor, labels: Tensor) -> UnitCosts | None:
+        """Costs of any trained unit set, counted on demand (a policy's blocks), in FLOPs:
+        under ``cost: measured`` none (a timed set would differ on a resume)."""
+        if self.cfg.system is None or self.cfg.system.cost != "flops":
+            return None
+        always = range(self.policy_units, len(self.units))  # an algorithm's own units
+        return UnitCosts(
+            copy.deepcopy(self.template), self.units, example, labels, self.algorithm.loss, always
+        )
 
     def lr_at(self, round: int) -> float:
         return self.cfg.lr * self.cfg.lr_decay ** (round - 1)

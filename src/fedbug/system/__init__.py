@@ -27,7 +27,9 @@ one time unit, ``comm_share`` of it (0.5, as the authors' constants make it) com
 
 The soft deadline of FreezeFL's Eq. 1 and the charged times tau_n of its Eq. 3 are that freezing
 policy's own (its module in ``fedbug.policies``), computed from this model's
-:meth:`SystemModel.train_cost`, :meth:`SystemModel.time` and upload bytes.
+:meth:`SystemModel.train_cost`, :meth:`SystemModel.time` and upload bytes. A policy that trains
+other unit sets than "all but the first n" (CoCoFL's contiguous blocks) reads their costs from
+:class:`UnitCosts` (``SystemModel.unit_costs``) and :meth:`SystemModel.upload_bytes_of`.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
-from fedbug.core.flops import FlopCache, LossFn, ce_loss
+from fedbug.core.flops import FlopCache, LossFn, StepCost, ce_loss
 from fedbug.core.seeding import numpy_rng
 from fedbug.core.units import ParamSpace, Unit
 
@@ -220,6 +222,53 @@ def measure_per_sample_time(
     return out
 
 
+class UnitCosts:
+    """What training any set of units costs, for a policy that trains other sets than "all but
+    the first n" (CoCoFL's contiguous blocks): per-sample FLOPs and one step's memory, counted on
+    demand, each set once, with :class:`~fedbug.core.flops.FlopCache` on a private copy of the
+    model and the example batch. The units in ``always`` (an algorithm's own, after the policy's:
+    FedROD's personal head) train in every count, as in every row of :func:`freeze_rows`."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        units: Sequence[Unit],
+        example_x: Tensor,
+        example_y: Tensor,
+        loss_fn: LossFn = ce_loss,
+        always: Sequence[int] = (),
+    ) -> None:
+        self.model = model
+        self.units = list(units)
+        self.always = tuple(always)
+        self._x, self._y = example_x, example_y
+        self._cache = FlopCache(model, loss_fn)
+        #: bytes of the model's parameters and buffers, held in every configuration
+        self.model_bytes = sum(
+            t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())
+        )
+
+    def _cost(self, trained: Sequence[int]) -> StepCost:
+        on = sorted({*(int(u) for u in trained), *self.always})
+        return self._cache.unit_cost(self.units, on, self._x, self._y)
+
+    def flops(self, trained: Sequence[int]) -> float:
+        """Training FLOPs of one sample with the units in ``trained`` (and ``always``)
+        trainable, the rest frozen."""
+        return self._cost(trained).flops / len(self._y)
+
+    def memory(self, trained: Sequence[int], batch_size: int, state_copies: int) -> float:
+        """Bytes of one training step on a batch of ``batch_size`` with the units in ``trained``
+        (and ``always``) trainable: the model's parameters and buffers, the activations autograd
+        saves (counted on the example batch, scaled linearly to ``batch_size``), the trained
+        parameters' gradients and ``state_copies`` copies of optimiser state for them
+        (:func:`~fedbug.core.flops.optimizer_state_copies`)."""
+        cost = self._cost(trained)
+        step = cost.memory(state_copies)
+        activations = step.activations * batch_size / len(self._y)
+        return float(self.model_bytes + activations + step.gradients + step.optimizer)
+
+
 def per_sample_costs(
     params: SystemParams,
     model: nn.Module,
@@ -260,7 +309,8 @@ class SystemModel:
     L is ``policy_units``: the units a freeze policy may freeze (default all); units an
     algorithm adds after them (FedROD's personal head) always train. Bytes count the units in
     ``shared`` (default all): what a client downloads and uploads; a unit kept on the client
-    (FedBABU's head, FedROD's personal head) costs no communication."""
+    (FedBABU's head, FedROD's personal head) costs no communication. ``unit_costs`` counts any
+    other trained unit set (:class:`UnitCosts`; None where not given)."""
 
     def __init__(
         self,
@@ -273,6 +323,7 @@ class SystemModel:
         seed: int,
         policy_units: int | None = None,
         shared: Sequence[bool] | None = None,
+        unit_costs: UnitCosts | None = None,
     ) -> None:
         if len(client_sizes) != num_clients:
             raise ValueError(
@@ -299,6 +350,9 @@ class SystemModel:
             space.bytes_of([x and u >= n for u, x in enumerate(sent)])
             for n in range(self.num_units)
         ]
+        self._space, self._sent = space, sent
+        #: costs of any trained unit set (None: not counted, e.g. under ``cost: measured``)
+        self.unit_costs = unit_costs
         self.abilities = draw_abilities(params, num_clients, seed)
         self._set_costs(per_sample_flops)
 
@@ -337,6 +391,14 @@ class SystemModel:
     def train_cost(self, k: int, n_frozen: int, epochs: float) -> float:
         """FLOPs of ``epochs`` epochs over client k's samples with the first n units frozen."""
         return epochs * self.client_sizes[k] * self.per_sample[n_frozen]
+
+    def upload_bytes_of(self, trained: Sequence[int]) -> int:
+        """Bytes a client uploads when it trains the policy's units in ``trained`` (and the
+        units an algorithm adds after them): those of them that are shared."""
+        on = {int(u) for u in trained}
+        return self._space.bytes_of(
+            [x and (u in on or u >= self.num_units) for u, x in enumerate(self._sent)]
+        )
 
     def full_time(self, k: int) -> float:
         """Client k's exchange time with nothing frozen: E full epochs, full model down and up."""
