@@ -16,7 +16,7 @@ from fedbug.policies import POLICIES
 @pytest.mark.parametrize("policy", POLICIES.names())
 def test_every_policy_algorithm_pair_runs_two_rounds(algorithm, policy):
     evaluation = "global" if ALGORITHMS.get(algorithm).has_global_model else "personalized"
-    simulated = policy == "freezefl" or algorithm == "fjord"  # fjord needs the abilities
+    simulated = policy in ("freezefl", "cocofl") or algorithm == "fjord"  # they need abilities
     doc = dict(
         algorithm=algorithm,
         policy=policy,
