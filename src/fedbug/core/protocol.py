@@ -9,9 +9,12 @@ torch, so every executor (in-process, worker processes, Flower) carries the same
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from fedbug.core.flops import StepMemory
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,10 @@ class ClientResult:
     probe did (not charged); ``bytes_up`` sent and ``bytes_down`` received (None: the round's
     download); ``charged_time`` a policy's own figure of the client's simulated time (None: from
     the costs). ``entries`` (bool, full-length) the entries of its units it holds, None: all.
+    Memory (counted where FLOPs are, 0 where not): its costliest local step's bytes of saved
+    activations, gradients and optimiser state for the trained parameters (``mem_activations``,
+    ``mem_gradients``, ``mem_optimizer``; :class:`fedbug.core.flops.StepMemory`), summed as
+    :attr:`peak_mem`.
 
     Two declared channels carry what a method adds, so that no shared module names a method's
     fields: ``extras``, tensors the server sums per key over the round's clients
@@ -84,6 +91,9 @@ class ClientResult:
     flops: int = 0
     probe_flops: int = 0
     probe_steps: int = 0
+    mem_activations: int = 0
+    mem_gradients: int = 0
+    mem_optimizer: int = 0
     trained_params: int = 0
     bytes_up: int = 0
     bytes_down: int | None = None
@@ -98,3 +108,14 @@ class ClientResult:
     def __post_init__(self) -> None:
         if not self.uploaded:
             self.uploaded = list(self.trained)
+
+    @property
+    def peak_mem(self) -> int:
+        """Bytes of its costliest local step: activations + gradients + optimiser state."""
+        return self.mem_activations + self.mem_gradients + self.mem_optimizer
+
+    def set_peak_mem(self, step: StepMemory | None) -> None:
+        """Its costliest local step's memory (None: not counted, all 0)."""
+        self.mem_activations = step.activations if step is not None else 0
+        self.mem_gradients = step.gradients if step is not None else 0
+        self.mem_optimizer = step.optimizer if step is not None else 0

@@ -19,7 +19,14 @@ from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm, ClientSession, LocalCtx
 from fedbug.core.device import autocast, to_device
-from fedbug.core.flops import FlopCache, LossFn
+from fedbug.core.flops import (
+    FlopCache,
+    LossFn,
+    StepCost,
+    StepMemory,
+    optimizer_state_copies,
+    peak_memory,
+)
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask, TrainSettings
 from fedbug.core.seeding import torch_generator
 from fedbug.core.units import ParamSpace
@@ -134,13 +141,24 @@ class ClientRuntime:
                 regions.append(slice(sl[u].start, sl[u].stop))
         return regions
 
+    def step_cost(
+        self, units: tuple[int, ...] | range, x: Tensor, y: Tensor, loss: LossFn | None = None
+    ) -> StepCost:
+        """FLOPs and memory of one forward+backward with ``units`` trainable, counted once and
+        cached (on the CPU copy of the model: the count does not depend on the device; the batch
+        goes to the CPU only when a count is new, so a GPU step is not held up by a copy back)."""
+        return self.flop_count.unit_cost(self.space.units, units, x, y, loss)
+
     def flops(
         self, units: tuple[int, ...] | range, x: Tensor, y: Tensor, loss: LossFn | None = None
     ) -> int:
-        """FLOPs of one forward+backward with ``units`` trainable, counted once and cached (on
-        the CPU copy of the model: the count does not depend on the device; the batch goes to
-        the CPU only when a count is new, so a GPU step is not held up by a copy back)."""
-        return self.flop_count.units(self.space.units, units, x, y, loss)
+        """The FLOPs of :meth:`step_cost`."""
+        return self.step_cost(units, x, y, loss).flops
+
+    @property
+    def state_copies(self) -> int:
+        """Copies of the trained parameters the optimiser keeps (momentum, Adam's moments)."""
+        return optimizer_state_copies(self.settings.optimizer, self.settings.momentum)
 
     def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
         s = self.settings
@@ -220,6 +238,7 @@ class LocalRound:
         )
         self.loss_sum = torch.zeros((), device=dev)
         self.idle = self.flops = self.probe_steps = self.probe_flops = 0
+        self.peak: StepMemory | None = None  # the costliest step's memory (counted with FLOPs)
         self.perm = torch.empty(0, dtype=torch.long)
         self.begin()
 
@@ -305,7 +324,9 @@ class LocalRound:
             self.opt.step()
         session.after_step()
         if rt.settings.count_flops:
-            self.flops += rt.flops(units, x, y, session.loss)
+            cost = rt.step_cost(units, x, y, session.loss)
+            self.flops += cost.flops
+            self.peak = peak_memory(self.peak, cost.memory(rt.state_copies))
 
     def end_of_epoch(self, k: int) -> int:
         """The policy's answer after an epoch that is not the last: restore units to the received
@@ -359,6 +380,7 @@ class LocalRound:
             extras=extras,
             uploaded=uploaded,
         )
+        result.set_peak_mem(self.peak)
         self.policy.finish(result)
         self.session.finish(result)
         return to_host(result, self.host) if rt.device != self.host else result

@@ -20,7 +20,8 @@ class RoundRecord:
     count its own; ``bytes_up`` each client's upload, or None where each sent only the units it
     trained (``upload: partial``). ``evaluated`` holds the test figures (None each in a round
     not evaluated), ``server`` the algorithm's server-side figures, ``simulated`` the simulated
-    system's (empty without one)."""
+    system's (empty without one). ``count_memory`` (``count_flops``): the record gives the
+    round's costliest client's memory (:func:`peak_mem_fields`)."""
 
     round: int
     evaluated: dict[str, Any]
@@ -37,6 +38,7 @@ class RoundRecord:
     wall_time: float
     dropped: list[dict[str, Any]]
     aggregated: bool
+    count_memory: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The record, keys in their order: ``dropped``, ``state_reset`` and ``aggregated``
@@ -58,6 +60,7 @@ class RoundRecord:
                 x.bytes_up if self.bytes_up is None else self.bytes_up for x in results
             ),
             "flops": sum(x.flops for x in results),
+            **(peak_mem_fields(results) if self.count_memory else {}),
             "client_drift": self.client_drift,
             **self.server,
             **self.simulated,
@@ -73,3 +76,18 @@ class RoundRecord:
         if not self.aggregated:
             record["aggregated"] = False
         return record
+
+
+def peak_mem_fields(results: list[ClientResult]) -> dict[str, Any]:
+    """``peak_mem_bytes``, the largest of the clients' :attr:`~ClientResult.peak_mem` (bytes
+    of saved activations, gradients and optimiser state at a client's costliest step), and
+    ``peak_mem_parts``, that client's three parts; None each in a round without results."""
+    top = max(results, key=lambda x: x.peak_mem, default=None)
+    if top is None:
+        return {"peak_mem_bytes": None, "peak_mem_parts": None}
+    parts = {
+        "activations": top.mem_activations,
+        "gradients": top.mem_gradients,
+        "optimizer": top.mem_optimizer,
+    }
+    return {"peak_mem_bytes": top.peak_mem, "peak_mem_parts": parts}

@@ -333,6 +333,7 @@ class RoundLoop:
             wall_time=time.perf_counter() - t0,
             dropped=trained.dropped,
             aggregated=trained.agg is not None,
+            count_memory=cfg.count_flops,
         ).to_dict()
 
     def client_tasks(self, r: int) -> list[ClientTask]:

@@ -88,6 +88,7 @@ class Simulation:
                     "bytes_down": res.bytes_down if res.bytes_down is not None else bytes_down,
                     "bytes_up": res.bytes_up,
                     "flops": res.flops,
+                    "peak_mem": res.peak_mem,
                     "time": times[res.client],
                     "utility": exp.selection.client_utility(res.client),
                 }

@@ -68,6 +68,7 @@ def make_summary(
         "num_params": sum(exp.space.unit_param_numel),
         "total_flops": sum(r["flops"] for r in records),
         "total_bytes_up": sum(r["bytes_up"] for r in records),
+        **(peak_mem(records) if cfg.count_flops else {}),
         "seconds": seconds,
         "environment": {
             **environment(),
@@ -80,6 +81,16 @@ def make_summary(
         "clients": clients,
         "weights_sha256": weights_sha256(weights),
     }
+
+
+def peak_mem(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's costliest client step: the largest ``peak_mem_bytes`` of the rounds and its
+    ``peak_mem_parts`` (None each where no round counted one)."""
+    counted = [r for r in records if r.get("peak_mem_bytes") is not None]
+    top = max(counted, key=lambda r: r["peak_mem_bytes"], default=None)
+    if top is None:
+        return {"peak_mem_bytes": None, "peak_mem_parts": None}
+    return {"peak_mem_bytes": top["peak_mem_bytes"], "peak_mem_parts": top["peak_mem_parts"]}
 
 
 def stopped_fields(

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from fedbug.algorithms.base import ALGORITHMS, Algorithm, ClientSession, Params, ServerStep
 from fedbug.algorithms.fjord import od
-from fedbug.core.flops import FlopCache
+from fedbug.core.flops import FlopCache, StepCost, StepMemory, peak_memory
 from fedbug.core.units import ParamSpace
 from fedbug.errors import ConfigError
 
@@ -165,9 +165,13 @@ class Fjord(Algorithm):
         return 4 * int(self.flat_mask(space, p).sum())
 
     def step_flops(self, flop_model: nn.Module, p: float, x: Tensor, y: Tensor) -> int:
-        """FLOPs of one training step of the width-p network on (x, y), counted once per
-        (p, batch size) with the flop counter on the real narrower network (:func:`od.sub_model`
-        of the first model given; any copy of the model counts the same)."""
+        """FLOPs of one training step of the width-p network on (x, y) (:meth:`step_cost`)."""
+        return self.step_cost(flop_model, p, x, y).flops
+
+    def step_cost(self, flop_model: nn.Module, p: float, x: Tensor, y: Tensor) -> StepCost:
+        """FLOPs and memory of one training step of the width-p network on (x, y), counted once
+        per (p, batch size) on the real narrower network (:func:`od.sub_model` of the first
+        model given; any copy of the model counts the same)."""
         if self._flops is None:
             if self.plan is None:
                 raise RuntimeError("fjord: wrap_model must come before step_flops")
@@ -175,7 +179,7 @@ class Fjord(Algorithm):
             self._flops = FlopCache(
                 inner, self.loss, narrow=functools.partial(od.sub_model, inner, self.plan)
             )
-        return self._flops.width(p, x, y)
+        return self._flops.width_cost(p, x, y)
 
     def width_costs(self, model: nn.Module, x: Tensor, y: Tensor) -> dict[float, float]:
         """Per-sample training FLOPs of every width's sub-model (the system model's costs)."""
@@ -239,6 +243,7 @@ class FjordClient(ClientSession):
         if not self.choices:
             raise ValueError(f"fjord: width {self.p_max} is below every width in {alg.widths}")
         self.flops = 0
+        self.peak: StepMemory | None = None  # the costliest step's memory, of its sub-model
         self.p = self.p_max
         self.saved: Tensor | None = None
 
@@ -254,7 +259,9 @@ class FjordClient(ClientSession):
         if self.p < 1.0:
             self.saved = rt.flat.index_select(0, alg.outside(rt.space, self.p, rt.flat.device))
         if rt.settings.count_flops:
-            self.flops += alg.step_flops(rt.flop_model, self.p, x, y)
+            cost = alg.step_cost(rt.flop_model, self.p, x, y)
+            self.flops += cost.flops
+            self.peak = peak_memory(self.peak, cost.memory(rt.state_copies))
 
     def after_step(self) -> None:
         """Put back the entries outside this step's sub-model (weight decay, momentum)."""
@@ -265,7 +272,7 @@ class FjordClient(ClientSession):
 
     def finish(self, result: ClientResult) -> None:
         """The client's figures: its width (also its U_sys for reputation selection, FreezeFL
-        Table IV), the sub-model's FLOPs, bytes both ways and the entries it holds."""
+        Table IV), the sub-model's FLOPs and memory, bytes both ways and the entries it holds."""
         self.rt.model.set_width(None)
         space = self.rt.space
         sub = self.alg.sub_model_bytes(space, self.p_max)
@@ -277,6 +284,7 @@ class FjordClient(ClientSession):
         )
         result.figures["width"] = result.figures["u_sys"] = self.p_max
         result.flops = self.flops
+        result.set_peak_mem(self.peak)
         result.bytes_up = result.bytes_down = sub
         result.trained_params = params
         result.entries = mask
