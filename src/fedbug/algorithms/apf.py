@@ -4,7 +4,8 @@ Every scalar entry of the model has a stability figure, the *effective perturbat
 P = |E| / A, where E and A are exponential moving averages (factor alpha, ``ema_alpha``) of the
 entry's change per synchronisation g and of |g|: near 1 an entry moves steadily one way, near 0
 it oscillates in place. At each check (every round: a round is one synchronisation period, the
-authors' 100 local iterations being ``local_steps: 100``) each entry that was active is refreshed:
+authors' 100 local iterations being ``local_steps: 100``; the code's ``freezing_check_frequency``
+is 1 and never read) each entry that was active is refreshed:
 
     g = w_before - w_after,   E = alpha E + (1 - alpha) g,   A = alpha A + (1 - alpha) |g|,
     length = length + 1 if P < T_s else length // 2,   thaw = check + length + 1,
@@ -44,11 +45,12 @@ freezing. Where fedbug differs, and why:
 - ``random_freezing`` (the aggressive variant; off in the released code's profile):
   ``release2021``, the released ``randomly_freeze_active_params`` (its call passes an argument
   the definition does not take, so the code as released raises; called as its later fix does):
-  each entry just checked is held ``int(u)`` rounds more when u = 100 U(0, 1) < check / 20 (never
-  before check round 20); ``head2022`` (commit ``b67fd17``): every entry, frozen or not, one round
-  more with probability 1/2. The server draws them from a generator addressed by (the digest of
-  the initial global weights, which the run's seed draws, and the round): the server half has no
-  seed of its own; in the code every worker draws its own, so their masks part.
+  each entry just checked is held ``int(u)`` rounds more when u = 100 U(0, 1) < check / 20
+  (so never up to check round 20); ``head2022`` (commit ``b67fd17``): every entry, frozen or
+  not, one round more with probability 1/2. The server draws them from a generator addressed
+  by (the digest of the initial global weights, which the run's seed draws, and the round): the
+  server half has no seed of its own; in the code every worker draws its own, so their masks
+  part.
 """
 
 from __future__ import annotations
@@ -93,9 +95,7 @@ class APFParams(Params):
         if v is False:
             return "none"
         if v is True:
-            raise ValueError(
-                "apf.random_freezing names a variant: none, release2021 or head2022, not true"
-            )
+            raise ValueError("give a variant: none, release2021 or head2022 (true names none)")
         return v
 
 
