@@ -202,7 +202,7 @@ def test_cli_json_shape_participants_and_plot(tmp_path, capsys):
         "fedrod",
     ]
     for m in every["methods"].values():
-        assert set(m) == {"paper_flops", "flops", "upload_params", "phases"}
+        assert set(m) == {"paper_flops", "flops", "upload_params", "peak_mem", "phases"}
     assert len(every["rows"]) == 5  # digits_cnn's units
     assert set(every["rows"][0]) >= {"n_frozen", "compute_ratio", "comm_ratio"}
     fedavg = every["methods"]["fedavg"]

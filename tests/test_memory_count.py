@@ -173,3 +173,32 @@ def test_a_flower_reply_carries_the_parts():
     back = decode_reply(encode_reply(res, space, [True, True]), space, 3)
     assert (back.mem_activations, back.mem_gradients, back.mem_optimizer) == (224, 92, 184)
     assert back.peak_mem == 500
+
+
+def test_fedbug_cost_shows_a_steps_memory():
+    from fedbug.config import load_config
+    from fedbug.report.cost import cost_report, format_cost_report
+
+    doc = {
+        "dataset": "digits",
+        "model": "digits_cnn",
+        "num_clients": 10,
+        "clients_per_round": 2,
+        "rounds": 6,
+        "local_epochs": 1,
+        "batch_size": 10,
+        "momentum": 0.9,
+    }
+    report = cost_report(load_config(None, doc=doc))
+    # digits_cnn on 10 8x8 images: x 2560 B; conv1's ReLU output 10x16x8x8 (40960), its pool's
+    # int64 indices (20480) and output (10240); conv2's ReLU output (20480), pool indices
+    # (10240) and output (5120); the FC layers' ReLU outputs (2560 each); the loss's 484
+    activations = 2560 + 40960 + 20480 + 10240 + 20480 + 10240 + 5120 + 2560 + 2560 + 484
+    params = 160 + 4640 + 8256 + 4160 + 650  # conv1, conv2, fc1, fc2, fc3
+    rows = report["rows"]
+    assert rows[0]["peak_mem"] == activations + 2 * 4 * params  # gradients + momentum
+    assert rows[-1]["peak_mem"] == (2560 + 484) + 2 * 4 * 650  # only the classifier trains
+    assert [r["peak_mem"] for r in rows] == sorted((r["peak_mem"] for r in rows), reverse=True)
+    assert report["methods"]["fedavg"]["peak_mem"] == rows[0]["peak_mem"]
+    text = format_cost_report(report)
+    assert "step memory" in text and f"{rows[0]['peak_mem']:,}" in text

@@ -4,7 +4,10 @@ Two tables, both from the config's model on its data set's input shape:
 
 * FreezeFL Fig. 2 (``rows``): with the first n of the L units frozen (n = 0..L-1), the
   training FLOPs of a sample (forward + backward, counted with ``torch.utils.flop_counter``)
-  and the upload bytes of units n+1..L, each over the same with nothing frozen.
+  and the upload bytes of units n+1..L, each over the same with nothing frozen; and a step's
+  memory (``peak_mem``: activations saved for backward, gradients and the config optimiser's
+  state for the trained parameters, :class:`~fedbug.core.flops.StepMemory`), as each method's
+  phases (and ``peak_mem``, their largest) give it too.
 * FedSeq Sec. 5.2 / Table 6 (``methods``): FedAvg, FedBABU, FedSeq vanilla and anti, FedROD.
   ``paper_flops`` is the paper's proxy, sum over rounds t of P(t) * B * E * N with P(t) the
   parameters trained in round t, B = ceil(samples_per_client / batch_size) batches, E local
@@ -42,7 +45,7 @@ from torch import nn
 from fedbug.algorithms import Algorithm, build_algorithm
 from fedbug.algorithms.base import ClientSession
 from fedbug.config import apply_method
-from fedbug.core.flops import FlopCache
+from fedbug.core.flops import FlopCache, optimizer_state_copies
 from fedbug.core.layout import Layout
 from fedbug.core.protocol import ClientTask
 from fedbug.core.units import ParamSpace, Unit
@@ -217,6 +220,7 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
     model = build_model(cfg.model, s.input_shape, s.num_classes, cfg.seed, **cfg.model_options)
     x, y = _example_batch(s.input_shape, s.num_classes, kind, cfg.batch_size, cfg.seed)
     per_round = s.steps * s.clients  # batches trained a round, over all clients counted
+    copies = optimizer_state_copies(cfg.optimizer, cfg.momentum)
     share = s.clients / s.num_clients
 
     builds: dict[str, Built] = {}
@@ -241,7 +245,8 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
         for first, last, trained in _phases(b, schedule, s):
             n_rounds = last - first + 1
             p = sum(params[u] for u in trained)
-            fb = b.flops.units(b.units, trained, x, y)
+            step = b.flops.unit_cost(b.units, trained, x, y)
+            fb = step.flops
             out.append(
                 {
                     "rounds": [first, last],
@@ -251,6 +256,7 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
                     "flops_batch": fb,
                     "paper_flops": _count(p * n_rounds * per_round),
                     "flops": _count(fb * n_rounds * per_round),
+                    "peak_mem": step.memory(copies).total,
                 }
             )
         methods[method] = {
@@ -260,6 +266,7 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
                 share
                 * sum(ph["upload_params"] * (ph["rounds"][1] - ph["rounds"][0] + 1) for ph in out)
             ),
+            "peak_mem": max(ph["peak_mem"] for ph in out),
             "phases": out,
         }
 
@@ -270,6 +277,9 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
     rows = freeze_rows(
         units, plain.space, lambda trained: plain.flops.units(units, trained, x, y), s.batch_size
     )
+    for r in rows:  # a step's memory with the first n frozen (counted with its FLOPs)
+        step = plain.flops.unit_cost(units, range(r["n_frozen"], len(units)), x, y)
+        r["peak_mem"] = step.memory(copies).total
     full = plain.flops.units(units, range(len(units)), x, y)
     setting = {
         "dataset": s.dataset,
@@ -291,6 +301,7 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
         "participants": s.participants,
         "params": sum(plain.space.unit_param_numel),
         "flops_batch_full": full,
+        "optimizer_state_copies": copies,
         "torch": torch.__version__,
     }
     return {"rows": rows, "methods": methods, "setting": setting}
@@ -318,13 +329,14 @@ def format_cost_report(report: dict[str, Any]) -> str:
         f"({'x'.join(map(str, st['input_shape']))}, {st['num_classes']} classes), "
         f"{len(st['units'])} units; the first n frozen",
         f"{'n frozen':>8}  {'frozen units':<28} {'FLOPs a sample':>16} {'compute':>8} "
-        f"{'upload bytes':>14} {'comm':>6}",
+        f"{'upload bytes':>14} {'comm':>6} {'step memory':>12}",
     ]
     for r in report["rows"]:
         frozen = ", ".join(r["frozen"]) or "-"
         lines.append(
             f"{r['n_frozen']:>8}  {frozen:<28} {r['flops_sample']:>16,.0f} "
-            f"{r['compute_ratio']:>8.3f} {r['upload_bytes']:>14,} {r['comm_ratio']:>6.3f}"
+            f"{r['compute_ratio']:>8.3f} {r['upload_bytes']:>14,} {r['comm_ratio']:>6.3f} "
+            f"{r['peak_mem']:>12,}"
         )
     lines += [
         "",
@@ -351,8 +363,21 @@ def format_cost_report(report: dict[str, Any]) -> str:
             f"  {LABELS[name]:<15} {per}   ({_ratio(report, name, 'flops'):.3f}x FedAvg measured, "
             f"{_ratio(report, name, 'paper_flops'):.3f}x by the proxy)"
         )
+    lines += ["", _memory_note(st)]
+    for name in METHODS:
+        per = " / ".join(f"{ph['peak_mem']:,}" for ph in methods[name]["phases"])
+        lines.append(f"  {LABELS[name]:<15} {per}")
     lines += ["", comparison_sentence(report)]
     return "\n".join(lines)
+
+
+def _memory_note(st: dict[str, Any]) -> str:
+    copies = st["optimizer_state_copies"]
+    state = f"{copies} cop{'y' if copies == 1 else 'ies'} of optimiser state" if copies else ""
+    return (
+        f"step memory, a batch of {st['batch_size']} (bytes: activations saved for backward + "
+        f"gradients{' + ' + state if state else ''} of the trained parameters):"
+    )
 
 
 def comparison_sentence(report: dict[str, Any]) -> str:
