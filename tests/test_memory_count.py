@@ -102,7 +102,7 @@ TINY_PARAMS_BYTES = 4 * ((64 * 64 + 64) + (64 * 32 + 32) + (32 * 10 + 10))
 
 
 def test_records_and_summary_carry_the_peak():
-    res = run_experiment(tiny_config(optimizer="adam", lr=0.01))
+    res = run_experiment(tiny_config(optimizer="adam", lr=0.01, local_steps=1))
     parts = {
         "activations": TINY_ACTIVATIONS,
         "gradients": TINY_PARAMS_BYTES,
@@ -113,9 +113,9 @@ def test_records_and_summary_carry_the_peak():
         assert rec["peak_mem_parts"] == parts
     assert res.summary["peak_mem_bytes"] == sum(parts.values())
     assert res.summary["peak_mem_parts"] == parts
-    again = run_experiment(tiny_config(optimizer="adam", lr=0.01, rounds=1))  # the same count
+    again = run_experiment(tiny_config(optimizer="adam", lr=0.01, local_steps=1, rounds=1))
     assert again.records[0]["peak_mem_parts"] == res.records[0]["peak_mem_parts"]
-    assert again.records[0]["flops"] == res.records[0]["flops"]
+    assert again.records[0]["flops"] == res.records[0]["flops"]  # counted again, the same
 
 
 def test_nothing_is_counted_without_count_flops():
