@@ -7,6 +7,7 @@ import pytest
 from fedbug.errors import ConfigError
 from fedbug.report.table4 import (
     format_pfl_table,
+    kind,
     place,
     ranked_clients,
     round_curve,
@@ -122,6 +123,11 @@ def test_place_and_views_name_rows_and_columns():
         'fedrep {"lr": 0.1}',
         "cifar10",
     )
+    variant = {"variant": {"label": "FedSeq anti", "method": "fedseq-anti"}, "dataset": "digits"}
+    assert place(variant) == ("FedSeq anti", "digits")  # a labelled group names its row
+    assert kind(variant) == "fedseq-anti"
+    assert views("FedSeq anti", name="fedseq-anti") == [("FedSeq anti", ("after_ft",))]
+    assert views("FedAvg", name="fedavg")[1] == ("FedAvg+FT", ("after_ft",))
     assert views("fedavg") == [("fedavg", ("before_ft",)), ("fedavg+FT", ("after_ft",))]
     assert views("fedseq-anti") == [("fedseq-anti", ("after_ft",))]
     assert views("fedper", "both") == [("fedper", ("before_ft", "after_ft"))]

@@ -58,14 +58,35 @@ def _is_data_group(value: Any) -> bool:
     return isinstance(value, dict) and "dataset" in value
 
 
+def _labelled(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("label"), str)
+
+
+def kind(cell: dict[str, Any], method: str = "") -> str:
+    """The method a grid cell runs (its method or algorithm key, also inside a labelled variant
+    group), which decides the cells its row shows (:func:`views`); ``method`` where it has
+    none."""
+    for values in (cell, *(v for v in cell.values() if _labelled(v))):
+        for key in ("method", "algorithm"):
+            if isinstance(values.get(key), str):
+                method = str(values[key])
+                break
+    return method
+
+
 def place(cell: dict[str, Any], method: str = "") -> tuple[str, str]:
     """(method row, data set column) of a grid cell's values in Table 4; ``method`` names the
-    row where the cell has no method or algorithm key (a report's runs: what they ran)."""
-    for key in ("method", "algorithm"):
-        if isinstance(cell.get(key), str):
-            method = str(cell[key])
-            break
-    rest = {k: v for k, v in cell.items() if k not in QUIET_KEYS and not _is_data_group(v)}
+    row where the cell has no method or algorithm key (a report's runs: what they ran); a
+    labelled variant group (``{label: FedSeq anti, method: fedseq-anti}``) names its row."""
+    method = kind(cell, method)
+    labels = [v["label"] for v in cell.values() if _labelled(v)]
+    if labels:
+        method = " ".join(labels)
+    rest = {
+        k: v
+        for k, v in cell.items()
+        if k not in QUIET_KEYS and not _is_data_group(v) and not _labelled(v)
+    }
     if rest:
         method += f" {json.dumps(rest, sort_keys=True)}"
     dataset = str(cell.get("dataset", ""))
@@ -75,15 +96,20 @@ def place(cell: dict[str, Any], method: str = "") -> tuple[str, str]:
     return method, dataset
 
 
-def views(method: str, ft: str = "paper") -> list[tuple[str, tuple[str, ...]]]:
-    """The rows a method gets: (label, the summary keys shown in its cells)."""
+def views(
+    method: str, ft: str = "paper", name: str | None = None
+) -> list[tuple[str, tuple[str, ...]]]:
+    """The rows a method gets: (label, the summary keys shown in its cells); ``name`` is the
+    method it runs where the row has a label of its own (:func:`kind`)."""
     if ft not in FT_CHOICES:
         raise ConfigError(f"--ft must be one of {', '.join(FT_CHOICES)}; got {ft!r}")
-    name, extra = method.split(" ")[0], method[len(method.split(" ")[0]) :]
     if ft == "both":
         return [(method, ("before_ft", "after_ft"))]
+    first = method.split(" ")[0]
+    labelled = name is not None and name != first
+    name, base, extra = (name, method, "") if labelled else (first, first, method[len(first) :])
     if name == "fedavg":
-        return [("fedavg" + extra, ("before_ft",)), ("fedavg+FT" + extra, ("after_ft",))]
+        return [(base + extra, ("before_ft",)), (base + "+FT" + extra, ("after_ft",))]
     return [(method, ("after_ft",) if name in AFTER_FT else ("before_ft",))]
 
 
@@ -101,11 +127,13 @@ def format_pfl_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
     views("fedavg", ft)  # refuses a bad choice before anything is formatted
     datasets: list[str] = []
     methods: list[str] = []
+    kinds: dict[str, str] = {}
     cells: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
         if "before_ft_mean" not in r:
             continue
         method, ds = place(r.get("cell") or {}, r.get("method", ""))
+        kinds[method] = kind(r.get("cell") or {}, r.get("method", ""))
         if ds not in datasets:
             datasets.append(ds)
         if method not in methods:
@@ -117,7 +145,7 @@ def format_pfl_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
         "| --- | " + " | ".join("---" for _ in header) + " |",
     ]
     for method in methods:
-        for label, keys in views(method, ft):
+        for label, keys in views(method, ft, kinds[method]):
             cols = []
             for ds in datasets:
                 r = cells.get((method, ds))
@@ -131,14 +159,16 @@ def format_pfl_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
 # ---------------------------------------------------------------- Figs. 4-7
 
 
-def _panels(cell_runs: CellRuns) -> dict[str, list[tuple[str, list[dict[str, Any]]]]]:
-    """Data set -> [(method, runs)] for the runs that have per-client results."""
-    out: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {}
+def _panels(cell_runs: CellRuns) -> dict[str, list[tuple[str, str, list[dict[str, Any]]]]]:
+    """Data set -> [(method row, the method it runs, runs)] for the runs that have per-client
+    results."""
+    out: dict[str, list[tuple[str, str, list[dict[str, Any]]]]] = {}
     for cell, runs in cell_runs:
         pfl_runs = [r for r in runs if "pfl" in r["summary"]]
         if pfl_runs:
-            method, ds = place(getattr(cell, "values", cell), getattr(cell, "method", ""))
-            out.setdefault(ds, []).append((method, pfl_runs))
+            values, method = getattr(cell, "values", cell), getattr(cell, "method", "")
+            row, ds = place(values, method)
+            out.setdefault(ds, []).append((row, kind(values, method), pfl_runs))
     return out
 
 
@@ -219,7 +249,7 @@ def _save(fig: Any, axes: list[Any], path: Path) -> None:
 def plot_rounds(cell_runs: CellRuns, path: Path) -> bool:
     """FedSeq Figs. 4-5; False (nothing written) where no run has personalized rounds."""
     panels = {
-        ds: [(m, round_curve(runs)) for m, runs in methods]
+        ds: [(m, round_curve(runs)) for m, _, runs in methods]
         for ds, methods in _panels(cell_runs).items()
     }
     panels = {ds: [(m, c) for m, c in ms if c[0]] for ds, ms in panels.items()}
@@ -247,8 +277,8 @@ def plot_clients(cell_runs: CellRuns, path: Path, ft: str = "paper") -> bool:
     panels = {
         ds: [
             (label, _line_name(label, keys, key), key, ranked_clients(runs, key))
-            for method, runs in methods
-            for label, keys in views(method, ft)
+            for method, name, runs in methods
+            for label, keys in views(method, ft, name)
             for key in keys
         ]
         for ds, methods in _panels(cell_runs).items()
