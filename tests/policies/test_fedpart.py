@@ -5,11 +5,13 @@ process, in worker processes and through Flower's message path, with the same nu
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from tiny import tiny_config, without_timing
 
+from fedbug.cli import main
 from fedbug.config import load_config
 from fedbug.engine import Experiment, run_experiment
 from fedbug.errors import ConfigError
@@ -24,6 +26,7 @@ def table(num_units: int, rounds: int, **options) -> list[tuple[int, ...]]:
 
 
 ALL3 = (0, 1, 2)
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "digits-demo.yaml"
 
 
 def test_defaults_warm_up_then_two_rounds_per_unit_and_five_full_rounds_between_cycles():
@@ -126,6 +129,22 @@ def test_a_group_of_every_unit_warns_that_it_is_fedavg():
 def test_a_fedseq_schedule_on_top_is_refused():
     with pytest.raises(ConfigError, match="schedule: none"):
         tiny_config(policy="fedpart", schedule="vanilla")
+
+
+@pytest.mark.parametrize(
+    "sets, words",
+    [
+        (["fedpart.units_per_round=40"], ["fedpart.units_per_round=40", "5 units", "1..5"]),
+        (["fedpart.order=zigzag"], ["fedpart.order", "'v'"]),
+        (["fedpart.rounds_per_unit=0"], ["fedpart.rounds_per_unit"]),
+    ],
+)
+def test_the_cli_gives_a_bad_option_one_line_and_exit_2(tmp_path, capsys, sets, words):
+    flags = [f for s in ["policy=fedpart", "rounds=1", *sets] for f in ("-s", s)]
+    rc = main(["run", str(DEMO), *flags, "--out", str(tmp_path), "--quiet"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("fedbug: error: "), lines
+    assert all(w in lines[0] for w in words), lines[0]
 
 
 def test_its_block_without_the_policy_is_refused():
