@@ -19,39 +19,53 @@ def bn(c):
     return nn.BatchNorm2d(c, momentum=None, track_running_stats=False)
 
 
+class Scaler(nn.Module):
+    """HeteroFL's ``Scaler`` (modules/modules.py): divide by the rate in training only."""
+
+    def __init__(self, rate):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x):
+        return x / self.rate if self.training else x
+
+
 class PreActBlock(nn.Module):
     """HeteroFL's ``Block`` (models/resnet.py): n1 -> relu -> conv1 -> n2 -> relu -> conv2, plus
     the identity, or a 1x1 conv of the activated input where the shape changes."""
 
-    def __init__(self, cin, cout, stride):
+    def __init__(self, cin, cout, stride, rate=1.0):
         super().__init__()
         self.n1, self.conv1 = bn(cin), nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.n2, self.conv2 = bn(cout), nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.scaler = Scaler(rate)
         if stride != 1 or cin != cout:
             self.shortcut = nn.Conv2d(cin, cout, 1, stride, bias=False)
 
     def forward(self, x):
-        out = F.relu(self.n1(x))
+        out = F.relu(self.n1(self.scaler(x)))
         shortcut = self.shortcut(out) if hasattr(self, "shortcut") else x
-        out = self.conv2(F.relu(self.n2(self.conv1(out))))
+        out = self.conv2(F.relu(self.n2(self.scaler(self.conv1(out)))))
         out += shortcut
         return out
 
 
 class TinyResNet(nn.Module):
-    """stem conv 3 -> 4, block 4 -> 4 (identity), block 4 -> 8 (1x1 shortcut), n4, linear 3."""
+    """stem conv 3 -> c1, block c1 -> c1 (identity), block c1 -> c2 (1x1 shortcut), n4,
+    linear 3; ``rate``: the Scaler's (the hand-built narrow network's)."""
 
-    def __init__(self):
+    def __init__(self, c1=4, c2=8, rate=1.0):
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 4, 3, 1, 1, bias=False)
-        self.layer1 = PreActBlock(4, 4, 1)
-        self.layer2 = PreActBlock(4, 8, 2)
-        self.n4 = bn(8)
-        self.linear = nn.Linear(8, 3)
+        self.conv1 = nn.Conv2d(3, c1, 3, 1, 1, bias=False)
+        self.layer1 = PreActBlock(c1, c1, 1, rate)
+        self.layer2 = PreActBlock(c1, c2, 2, rate)
+        self.n4 = bn(c2)
+        self.scaler = Scaler(rate)
+        self.linear = nn.Linear(c2, 3)
 
     def forward(self, x):
         out = self.layer2(self.layer1(self.conv1(x)))
-        out = F.adaptive_avg_pool2d(F.relu(self.n4(out)), 1)
+        out = F.adaptive_avg_pool2d(F.relu(self.n4(self.scaler(out))), 1)
         return self.linear(out.view(out.size(0), -1))
 
 

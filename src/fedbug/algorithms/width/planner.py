@@ -263,7 +263,7 @@ def _visit_module(tr: _Tracer, node: fx.Node, m: nn.Module, args: list[Any]) -> 
     raise tr.fail(f"the width planner does not know how {what} treats channels")
 
 
-def _producer(tr: _Tracer, name: str, m: nn.Module, x: Any) -> _Chan:
+def _producer(tr: _Tracer, name: str, m: Any, x: Any) -> _Chan:
     """A Conv / Linear layer: a new channel group, reading ``x``'s channels."""
     what = f"{name} ({type(m).__name__})"
     if name in tr.seen:
@@ -273,7 +273,8 @@ def _producer(tr: _Tracer, name: str, m: nn.Module, x: Any) -> _Chan:
     if conv and m.groups != 1:
         raise tr.fail(f"{what} is a grouped convolution")
     given = m.in_channels if conv else m.in_features
-    sources, block = (), 1
+    sources: tuple[str, ...] = ()
+    block = 1
     if isinstance(x, _Chan):
         k = tr.sizes[tr.root(x.group)]
         if conv and x.flat or not conv and x.conv and not x.flat:
@@ -289,7 +290,7 @@ def _producer(tr: _Tracer, name: str, m: nn.Module, x: Any) -> _Chan:
     return _Chan(g, frozenset({name}), conv=conv)
 
 
-def _norm(tr: _Tracer, name: str, m: nn.Module, x: Any) -> Any:
+def _norm(tr: _Tracer, name: str, m: Any, x: Any) -> Any:
     """A per-channel norm (refused where it mixes channels or keeps running statistics)."""
     what = f"{name} ({type(m).__name__})"
     if isinstance(m, nn.GroupNorm) and m.num_groups != m.num_channels:
@@ -347,7 +348,7 @@ def _flattens(node: fx.Node) -> bool:
     rest = [*node.args[1:], *node.kwargs.values()]
     if node.target in (torch.flatten, "flatten"):
         return rest[:1] == [1]
-    return len(rest) == 2 and rest[1] == -1
+    return len(rest) == 2 and bool(rest[1] == -1)
 
 
 def _finish(tr: _Tracer, graph: fx.Graph, state: dict[fx.Node, Any]) -> WidthPlan:
@@ -484,7 +485,7 @@ def sub_model(model: nn.Module, plan: WidthPlan, sets: Mapping[str, Tensor]) -> 
     return out
 
 
-def _narrow(m: nn.Module, rows: Tensor | None, cols: Tensor | None) -> nn.Module:
+def _narrow(m: Any, rows: Tensor | None, cols: Tensor | None) -> nn.Module:
     """A copy of layer ``m`` keeping the ``rows`` of its outputs and ``cols`` of its inputs."""
     new = copy.deepcopy(m)
     with torch.no_grad():
