@@ -78,6 +78,9 @@ def test_record_fields(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["environment"]["torch"] == torch.__version__
+    for total, key in (("total_bytes_up", "bytes_up"), ("total_bytes_down", "bytes_down")):
+        assert summary[total] == r1[key] + r2[key]
+    assert summary["client_rounds"] == r1["num_clients"] + r2["num_clients"] == 6
     assert summary["environment"]["cpu"] and summary["environment"]["cpu_capability"]
     assert summary["config"]["seed"] == cfg.seed
     part = json.loads((tmp_path / "run" / "partition.json").read_text())

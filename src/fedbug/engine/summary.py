@@ -68,6 +68,8 @@ def make_summary(
         "num_params": sum(exp.space.unit_param_numel),
         "total_flops": sum(r["flops"] for r in records),
         "total_bytes_up": sum(r["bytes_up"] for r in records),
+        "total_bytes_down": sum(r["bytes_down"] for r in records),
+        "client_rounds": sum(r["num_clients"] for r in records),
         **(peak_mem(records) if cfg.count_flops else {}),
         "seconds": seconds,
         "environment": {
