@@ -64,12 +64,17 @@ def narrow_step(net, x, y, present, settings=SGD, lr=0.1):
 
 
 # -- one local step at rate 0.5 is the narrow network's ----------------------------------------
-@pytest.mark.parametrize("scaler", [True, False])
-@pytest.mark.parametrize("masked_loss", [True, False])
-def test_one_step_at_half_width_equals_the_narrow_resnet(scaler, masked_loss):
+@pytest.mark.parametrize(
+    ("norm", "scaler", "masked_loss"),
+    [(True, True, True), (True, False, True), (True, True, False), (False, True, True)],
+)
+def test_one_step_at_half_width_equals_the_narrow_resnet(norm, scaler, masked_loss):
+    """The narrow network divides by the rate where the authors' Scaler sits (before each
+    norm, on the residual sum); fedbug divides each narrowed layer's output: the same step,
+    with BatchNorm or (norm: none) without, where the Scaler matters most."""
     torch.manual_seed(1)
-    full = TinyResNet()
-    narrow = TinyResNet(2, 4, rate=0.5 if scaler else 1.0)
+    full = TinyResNet(norm=norm)
+    narrow = TinyResNet(2, 4, rate=0.5 if scaler else 1.0, norm=norm)
     copy_narrow(full, narrow)
     x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 0, 1])  # class 2: no sample
     rt, w0 = runtime(full, x[:1], scaler=scaler, masked_loss=masked_loss)
@@ -102,7 +107,7 @@ def test_scaler_and_masked_loss_change_the_step():
     deltas = {}
     for scaler, masked in [(True, True), (False, True), (True, False)]:
         torch.manual_seed(1)
-        rt, w0 = runtime(TinyResNet(), x[:1], scaler=scaler, masked_loss=masked)
+        rt, w0 = runtime(TinyResNet(norm=False), x[:1], scaler=scaler, masked_loss=masked)
         deltas[scaler, masked] = train_client(w0, task(0.5), ClientData(x, y), {}, rt).delta
     assert not torch.equal(deltas[True, True], deltas[False, True])
     assert not torch.equal(deltas[True, True], deltas[True, False])

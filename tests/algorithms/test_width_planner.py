@@ -15,8 +15,9 @@ from fedbug.models import MLP, ShakespeareLSTM
 from fedbug.models.resnet import resnet18
 
 
-def bn(c):
-    return nn.BatchNorm2d(c, momentum=None, track_running_stats=False)
+def bn(c, norm=True):
+    """HeteroFL's norm: bn (BatchNorm without running statistics) or none."""
+    return nn.BatchNorm2d(c, momentum=None, track_running_stats=False) if norm else nn.Identity()
 
 
 class Scaler(nn.Module):
@@ -34,10 +35,10 @@ class PreActBlock(nn.Module):
     """HeteroFL's ``Block`` (models/resnet.py): n1 -> relu -> conv1 -> n2 -> relu -> conv2, plus
     the identity, or a 1x1 conv of the activated input where the shape changes."""
 
-    def __init__(self, cin, cout, stride, rate=1.0):
+    def __init__(self, cin, cout, stride, rate=1.0, norm=True):
         super().__init__()
-        self.n1, self.conv1 = bn(cin), nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.n2, self.conv2 = bn(cout), nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.n1, self.conv1 = bn(cin, norm), nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.n2, self.conv2 = bn(cout, norm), nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.scaler = Scaler(rate)
         if stride != 1 or cin != cout:
             self.shortcut = nn.Conv2d(cin, cout, 1, stride, bias=False)
@@ -52,14 +53,15 @@ class PreActBlock(nn.Module):
 
 class TinyResNet(nn.Module):
     """stem conv 3 -> c1, block c1 -> c1 (identity), block c1 -> c2 (1x1 shortcut), n4,
-    linear 3; ``rate``: the Scaler's (the hand-built narrow network's)."""
+    linear 3; ``rate``: the Scaler's (the hand-built narrow network's); ``norm``: BatchNorm or
+    none (HeteroFL's norm: none)."""
 
-    def __init__(self, c1=4, c2=8, rate=1.0):
+    def __init__(self, c1=4, c2=8, rate=1.0, norm=True):
         super().__init__()
         self.conv1 = nn.Conv2d(3, c1, 3, 1, 1, bias=False)
-        self.layer1 = PreActBlock(c1, c1, 1, rate)
-        self.layer2 = PreActBlock(c1, c2, 2, rate)
-        self.n4 = bn(c2)
+        self.layer1 = PreActBlock(c1, c1, 1, rate, norm)
+        self.layer2 = PreActBlock(c1, c2, 2, rate, norm)
+        self.n4 = bn(c2, norm)
         self.scaler = Scaler(rate)
         self.linear = nn.Linear(c2, 3)
 
@@ -96,20 +98,21 @@ def test_residual_blocks_share_channel_groups():
     assert by["linear"].group is None  # the classifier keeps every row
     assert by["layer2.shortcut"].sources == ("conv1", "layer1.conv2")  # reads the stream
     assert by["n4"].kind == "norm" and by["n4"].group == 2
-    assert [n for n, _ in plan.scaled] == [
-        "layer1.n1",
-        "layer1.n2",
-        "layer2.n1",
-        "layer2.n2",
-        "n4",
-    ]  # HeteroFL's Scaler sits before every norm
-    assert {w for _, w in plan.scaled} == {"input"}
+    # HeteroFL's Scaler divides every narrowed layer's output (never the classifier's)
+    assert plan.scaled == (
+        "conv1",
+        "layer1.conv1",
+        "layer1.conv2",
+        "layer2.shortcut",
+        "layer2.conv1",
+        "layer2.conv2",
+    )
 
 
 def test_a_chain_without_norms_scales_each_hidden_output():
     plan = P.plan(MLP((8,), 5, hidden=(12, 6)))
     assert [(g.size, g.producers) for g in plan.groups] == [(12, ("hidden.0",)), (6, ("hidden.1",))]
-    assert plan.scaled == (("hidden.0", "output"), ("hidden.1", "output"))
+    assert plan.scaled == ("hidden.0", "hidden.1")
 
 
 # -- masks by hand ----------------------------------------------------------------------------

@@ -23,9 +23,10 @@ Options (the ``heterofl:`` block); the defaults are the authors' code, diaoenmao
   the clients sorted fastest first by the system model's abilities, largest rate first).
 - ``rounding``: ``ceil`` (paper and code) or ``floor`` (``max(int(r K), 1)``, SLT's
   re-implementation, ``k1l1/SLT utils/heterofl_submodel.py``).
-- ``scaler``: the ``Scaler`` module (paper Sec. 3.2; ``modules/modules.py``): in training the
-  activations entering every norm layer (every hidden layer's output where the model has no
-  norm) are divided by r; at evaluation it is the identity.
+- ``scaler``: the ``Scaler`` module (paper Sec. 3.2; ``modules/modules.py``): in training every
+  narrowed layer's output is divided by r (the code divides before every norm, on its ResNets
+  the residual sum before each block's first norm: the same numbers, the sum being linear); at
+  evaluation it is the identity. Before a BatchNorm it changes little (only through eps).
 - ``masked_loss``: the masking trick (``models/resnet.py`` forward, ``cfg['mask']``): in local
   training the logits of classes the client has no sample of are set to 0 before the
   cross-entropy.

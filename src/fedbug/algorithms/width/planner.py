@@ -24,9 +24,10 @@ forward pass (``torch.fx``):
   Per-channel norms (BatchNorm / InstanceNorm without running statistics, GroupNorm with one
   group per channel) keep the rows of the channels they normalise.
 
-:class:`WidthModel` runs a model through given masks (and HeteroFL's Scaler: activations divided
-by the rate in training, at the input of every norm layer over narrowed channels, or at the
-output of every narrowed layer where the model has no norm layer); :func:`sub_model` builds the
+:class:`WidthModel` runs a model through given masks (and HeteroFL's Scaler: the output of every
+narrowed layer divided by the rate in training; the authors place it before each norm, or after
+each conv without norms, and on their pre-activation ResNets before each block's first norm, on
+the residual sum: the same numbers, the sum being linear); :func:`sub_model` builds the
 real narrow network (its FLOPs are the sub-model's). What cannot be masked exactly is refused
 with a :class:`~fedbug.errors.ConfigError` naming the layer: norms that mix channels (GroupNorm
 with fewer groups, LayerNorm) or keep running statistics (their buffers would average in the
@@ -132,12 +133,12 @@ class ChannelGroup:
 
 @dataclass(frozen=True)
 class WidthPlan:
-    """A model as width sub-models see it: its layers, channel groups and where HeteroFL's
-    Scaler acts (``scaled``: module name, ``"input"`` or ``"output"``)."""
+    """A model as width sub-models see it: its layers, channel groups and the narrowed layers
+    whose outputs HeteroFL's Scaler divides (``scaled``)."""
 
     layers: tuple[WidthLayer, ...]
     groups: tuple[ChannelGroup, ...]
-    scaled: tuple[tuple[str, str], ...]
+    scaled: tuple[str, ...]
 
     def producer_group(self) -> dict[str, ChannelGroup]:
         """Every narrowed conv/linear layer's group, by layer name."""
@@ -377,11 +378,8 @@ def _finish(tr: _Tracer, graph: fx.Graph, state: dict[fx.Node, Any]) -> WidthPla
     )
     if not groups:
         raise ConfigError(f"{tr.who}: {type(tr.model).__name__} has no hidden layer to narrow")
-    norms = [ly.name for ly in layers if ly.kind == "norm" and ly.group is not None]
-    scaled = [(n, "input") for n in norms] or [
-        (ly.name, "output") for ly in layers if ly.kind != "norm" and ly.group is not None
-    ]
-    return WidthPlan(layers, groups, tuple(scaled))
+    scaled = tuple(ly.name for ly in layers if ly.kind != "norm" and ly.group is not None)
+    return WidthPlan(layers, groups, scaled)
 
 
 def _leaves(args: Any, state: dict[fx.Node, Any]) -> list[Any]:
@@ -512,7 +510,7 @@ def _narrow(m: Any, rows: Tensor | None, cols: Tensor | None) -> nn.Module:
 class WidthModel(nn.Module):
     """``model`` run as the sub-model of the masks given to :meth:`use` (masked weights through
     :func:`torch.func.functional_call`), as itself without them (evaluation). With a ``scale``
-    r < 1, in training, the activations at the plan's Scaler points are divided by r (HeteroFL's
+    r < 1, in training, the outputs of the plan's narrowed layers are divided by r (HeteroFL's
     ``Scaler``, ``modules/modules.py``: identity in evaluation)."""
 
     def __init__(self, model: nn.Module, plan: WidthPlan) -> None:
@@ -539,12 +537,9 @@ class WidthModel(nn.Module):
         hooks = []
         if self.training and self.scale != 1.0:
             r = self.scale
-            for name, where in self.plan.scaled:
+            for name in self.plan.scaled:
                 m = self.model.get_submodule(name)
-                if where == "input":
-                    hooks.append(m.register_forward_pre_hook(lambda _m, a: (a[0] / r, *a[1:])))
-                else:
-                    hooks.append(m.register_forward_hook(lambda _m, _a, out: out / r))
+                hooks.append(m.register_forward_hook(lambda _m, _a, out: out / r))
         try:
             if self.active is None:
                 return self.model(*args, **kwargs)
