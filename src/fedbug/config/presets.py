@@ -27,6 +27,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "reputation": {"warm_restart": 0},
     },
     "local": {"algorithm": "local", "evaluation": "personalized"},
+    # the partial-training family (issue 30); Fling trains FedPart with Adam lr 1e-3, which a
+    # preset does not impose on a config that sets its own lr
+    "fedpart": {"policy": "fedpart", "aggregation": "layerwise", "upload": "partial"},
     "fedseq-vanilla": {"algorithm": "fedbabu", "schedule": "vanilla", "evaluation": "personalized"},
     "fedseq-anti": {"algorithm": "fedbabu", "schedule": "anti", "evaluation": "personalized"},
 }
