@@ -1,0 +1,270 @@
+"""Issue 30's family benchmark as one table per workload and one accuracy-vs-cost plot.
+
+    python -m benchmarks.family.report benchmarks/family/family-fmnist.yaml \
+        benchmarks/family/family-shakespeare.yaml --results benchmarks/family/results \
+        --out benchmarks/family/results --into benchmarks/RESULTS.md
+
+For each sweep config the cells are expanded as ``fedbug sweep`` expands them, and each cell's
+runs are read from ``<results>/<name>-sweep/<cell slug>-s<seed>`` (``summary.json`` and the curve,
+``metrics.jsonl`` or, as committed, the thinned ``metrics.thin.jsonl``, read through fedbug's own
+checked reader). Per method: final and best accuracy (mean ± sd over seeds; a personalized
+method's client mean, and after fine-tuning), the simulated time to a target accuracy (the
+first evaluated round at or above it, mean over the seeds that reach it), and per client-round
+the FLOPs, bytes up and down (``summary.json``'s totals over its client-rounds: the library's
+own counts) and the largest client step's memory (activations saved for backward, gradients and
+optimiser state of the trained part). The target of a workload is 90% of FedAvg's mean final
+accuracy, rounded down to a whole percent, unless given. The plot puts final accuracy against
+each cost, with the Pareto front (no other method both cheaper and more accurate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fedbug.config.loading import read_config_doc
+from fedbug.errors import ResultsError
+from fedbug.report.spread import mean_std, pm
+from fedbug.results import RunDir
+from fedbug.sweeps.sweep import Cell, expand, headline_value
+
+BEGIN, END = "<!-- family:begin -->", "<!-- family:end -->"
+COSTS = (  # (row key, axis label, scale)
+    ("gflops", "GFLOPs per client-round", 1e-9),
+    ("mb_up", "MB up per client-round", 1e-6),
+    ("mem_mb", "peak client step memory (MB)", 1e-6),
+)
+
+
+@dataclass
+class Method:
+    """One grid cell of a workload: its label, evaluation and finished runs."""
+
+    label: str
+    evaluation: str
+    seeds: int
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    def figures(self, which: str) -> list[float]:
+        out = [headline_value(r["summary"], which) for r in self.runs]
+        return [float(v) for v in out if v is not None]
+
+    def after_ft(self) -> list[float]:
+        pfl = [r["summary"].get("pfl", {}).get("after_ft", {}) for r in self.runs]
+        return [float(p["mean"]) for p in pfl if p.get("mean") is not None]
+
+    def per_client_round(self, total: str, scale: float = 1.0) -> float | None:
+        values = []
+        for r in self.runs:
+            s = r["summary"]
+            if s.get(total) is None or not s.get("client_rounds"):
+                return None
+            values.append(scale * s[total] / s["client_rounds"])
+        return sum(values) / len(values) if values else None
+
+    def memory(self) -> float | None:
+        values = [r["summary"].get("peak_mem_bytes") for r in self.runs]
+        return max(values) if values and None not in values else None  # type: ignore[type-var]
+
+    def time_to(self, target: float) -> tuple[float | None, int]:
+        """Mean simulated time to ``target`` over the seeds that reach it, and their number."""
+        times = []
+        for r in self.runs:
+            hit = next(
+                (
+                    rec.get("sim_clock")
+                    for rec in r["records"]
+                    if rec.get("test_acc") is not None and rec["test_acc"] >= target
+                ),
+                None,
+            )
+            if hit is not None:
+                times.append(float(hit))
+        return (sum(times) / len(times) if times else None), len(times)
+
+
+@dataclass
+class Workload:
+    name: str
+    config: Path
+    methods: list[Method]
+    target: float = math.nan
+
+
+def _label(cell: Cell) -> str:
+    return ", ".join(cell.names) or cell.label
+
+
+def load(config: Path, results: Path) -> Workload:
+    """The workload's cells, each with its finished runs (a damaged run stops the report with
+    one line naming it: the table is of every finished seed or of none)."""
+    doc = read_config_doc(config)
+    seeds = int(doc.get("seeds", 1))
+    sweep = results / f"{doc['name']}-sweep"
+    methods = []
+    for cell, cfg in expand(doc, doc.get("grid") or {}):
+        m = Method(_label(cell), cfg.evaluation, seeds)
+        for seed in range(seeds):
+            rd = RunDir(sweep / f"{cell.slug}-s{seed}")
+            if not rd.summary_path.exists():
+                m.missing.append(rd.path.name)
+                continue
+            try:
+                m.runs.append(rd.read_run())
+            except ResultsError as e:
+                raise SystemExit(f"family report: {e}") from None
+        methods.append(m)
+    return Workload(str(doc["name"]), config, methods)
+
+
+def set_target(work: Workload, target: float | None) -> None:
+    """``target``, else 90% of FedAvg's mean final accuracy rounded down to a whole percent."""
+    if target is None:
+        base = next((m for m in work.methods if m.label == "FedAvg" and m.runs), None)
+        target = math.floor(90 * sum(base.figures("final")) / len(base.runs)) / 100 if base else 1.0
+    work.target = target
+
+
+def _pm(values: list[float]) -> str:
+    return pm(*mean_std(values), len(values), ".2f", scale=100) if values else "-"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def row(m: Method, target: float) -> str:
+    t, reached = m.time_to(target)
+    when = "-" if not m.runs else f"{_num(t, '.1f')} ({reached}/{len(m.runs)})"
+    evaluation = "personal" if m.evaluation == "personalized" else m.evaluation
+    cells = [
+        m.label,
+        evaluation,
+        f"{len(m.runs)}/{m.seeds}",
+        _pm(m.figures("final")),
+        _pm(m.figures("best")),
+        _pm(m.after_ft()),
+        when,
+        _num(m.per_client_round("total_flops", 1e-9), ".2f"),
+        _num(m.per_client_round("total_bytes_up", 1e-6), ".2f"),
+        _num(m.per_client_round("total_bytes_down", 1e-6), ".2f"),
+        _num(None if m.memory() is None else 1e-6 * m.memory(), ".1f"),  # type: ignore[operator]
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(work: Workload) -> str:
+    head = (
+        "| method | evaluation | seeds | final acc (%) | best acc (%) | after FT (%) | "
+        f"sim. time to {100 * work.target:.0f}% (seeds) | GFLOPs / client-round | "
+        "MB up / client-round | MB down / client-round | peak step memory (MB) |"
+    )
+    lines = [f"**{work.name}** (`{work.config}`)", "", head, "|" + " --- |" * 11]
+    lines += [row(m, work.target) for m in work.methods]
+    missing = sum(len(m.missing) for m in work.methods)
+    if missing:
+        lines += ["", f"In progress: {missing} of {sum(m.seeds for m in work.methods)} runs."]
+    return "\n".join(lines) + "\n"
+
+
+def pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """The points no other point beats on both counts (lower cost x, higher accuracy y), by
+    cost."""
+    front = [
+        p
+        for p in points
+        if not any(q[0] <= p[0] and q[1] >= p[1] and (q[0], q[1]) != (p[0], p[1]) for q in points)
+    ]
+    return sorted(front)
+
+
+def _points(work: Workload, key: str, scale: float) -> list[tuple[float, float, str]]:
+    out = []
+    for m in work.methods:
+        final = m.figures("final")
+        cost = {
+            "gflops": m.per_client_round("total_flops"),
+            "mb_up": m.per_client_round("total_bytes_up"),
+            "mem_mb": m.memory(),
+        }[key]
+        if final and cost is not None and m.evaluation != "personalized":
+            out.append((scale * cost, 100 * sum(final) / len(final), m.label))
+    return out
+
+
+def plot(works: list[Workload], path: Path) -> None:
+    """Final accuracy against each cost, a row per workload, the Pareto front as a line
+    (methods evaluated on the server's model only: a personalized score is not comparable)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(works), len(COSTS), figsize=(5 * len(COSTS), 4 * len(works)))
+    axes = [axes] if len(works) == 1 else axes
+    for ax_row, work in zip(axes, works):
+        for ax, (key, name, scale) in zip(ax_row, COSTS):
+            points = _points(work, key, scale)
+            for x, y, label in points:
+                ax.scatter([x], [y], s=18)
+                ax.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            front = pareto(points)
+            if front:
+                ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.8)
+            if points and min(p[0] for p in points) > 0:
+                ax.set_xscale("log")
+            ax.set_xlabel(name)
+            ax.set_ylabel("final accuracy (%)")
+            ax.set_title(work.name, fontsize=9)
+            ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def into(path: Path, text: str) -> None:
+    """Put ``text`` between BEGIN and END in ``path`` and date its ``State on ...`` line."""
+    doc = path.read_text()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{path}: no {BEGIN} ... {END} block to fill; add the two markers")
+    start, stop = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    block = re.sub(r"State on [^\n]*\n", "", doc[start:stop])
+    keep = block[: block.index("<!-- tables -->")] if "<!-- tables -->" in block else "\n"
+    doc = doc[:start] + keep + f"<!-- tables -->\nState on {when}.\n\n" + text + doc[stop:]
+    path.write_text(doc)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("configs", nargs="+", type=Path, help="the workloads' sweep configs")
+    ap.add_argument("--results", type=Path, default=Path("benchmarks/family/results"))
+    ap.add_argument("--target", type=float, action="append", help="target accuracy (0-1) per "
+                    "config, in order (default: 90%% of FedAvg's final)")  # fmt: skip
+    ap.add_argument("--out", type=Path, help="write family.md and family.png here")
+    ap.add_argument("--into", type=Path, help="also fill the block of this file (RESULTS.md)")
+    args = ap.parse_args()
+    works = [load(c, args.results) for c in args.configs]
+    targets = args.target or []
+    for i, work in enumerate(works):
+        set_target(work, targets[i] if i < len(targets) else None)
+    text = "\n".join(table(w) for w in works)
+    print(text, end="")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "family.md").write_text(text)
+        plot(works, args.out / "family.png")
+        print(f"written: {args.out / 'family.md'}, {args.out / 'family.png'}")
+    if args.into:
+        into(args.into, text)
+        print(f"updated: {args.into}")
+
+
+if __name__ == "__main__":
+    main()

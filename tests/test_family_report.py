@@ -1,0 +1,46 @@
+"""benchmarks/family/report.py: the family table's figures from run summaries and curves."""
+
+from benchmarks.family.report import Method, pareto, row
+
+
+def _run(final, flops, up, down, clients, mem, curve):
+    summary = {
+        "final": final,
+        "best": max(final, *(a for _, a in curve)),
+        "total_flops": flops,
+        "total_bytes_up": up,
+        "total_bytes_down": down,
+        "client_rounds": clients,
+        "peak_mem_bytes": mem,
+    }
+    records = [{"round": r, "test_acc": a, "sim_clock": 2.0 * r} for r, a in curve]
+    return {"summary": summary, "records": records}
+
+
+def test_per_client_round_costs_time_to_target_and_the_row():
+    m = Method("FedPart", "global", 3)
+    m.runs = [
+        _run(0.8, 4e9, 2e6, 8e6, 20, 5e6, [(5, 0.5), (10, 0.72), (15, 0.8)]),
+        _run(0.7, 6e9, 4e6, 8e6, 20, 7e6, [(5, 0.6), (10, 0.65), (15, 0.7)]),
+    ]
+    assert m.per_client_round("total_flops", 1e-9) == (0.2 + 0.3) / 2
+    assert m.per_client_round("total_bytes_up", 1e-6) == (0.1 + 0.2) / 2
+    assert m.memory() == 7e6
+    assert m.time_to(0.7) == (0.5 * (20.0 + 30.0), 2)  # rounds 10 and 15, 2 time units a round
+    assert m.time_to(0.75) == (30.0, 1)
+    cells = [c.strip() for c in row(m, 0.75).strip("|").split("|")]
+    assert cells[:3] == ["FedPart", "global", "2/3"]
+    assert cells[3] == "75.00 ± 7.07"
+    assert cells[6:] == ["30.0 (1/2)", "0.25", "0.15", "0.40", "7.0"]
+
+
+def test_a_run_without_the_totals_leaves_the_cost_out():
+    m = Method("FedAvg", "global", 1)
+    m.runs = [_run(0.5, 1e9, 1e6, 1e6, 10, None, [(1, 0.5)])]
+    del m.runs[0]["summary"]["client_rounds"]
+    assert m.per_client_round("total_flops") is None and m.memory() is None
+
+
+def test_pareto_keeps_the_points_nothing_beats_on_both_counts():
+    points = [(1.0, 70.0, "a"), (2.0, 80.0, "b"), (3.0, 75.0, "c"), (0.5, 60.0, "d")]
+    assert [p[2] for p in pareto(points)] == ["d", "a", "b"]
