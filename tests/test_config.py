@@ -109,7 +109,7 @@ def test_every_algorithm_and_policy_name_validates():
         system = ["system.abilities=uniform"] if name == "fjord" else []  # needs devices
         assert load_config(None, [f"algorithm={name}", *system]).algorithm == name
     for name in POLICIES.names():
-        system = ["system.abilities=uniform"] if name == "freezefl" else []  # needs devices
+        system = ["system.abilities=uniform"] if name in ("freezefl", "cocofl") else []
         assert load_config(None, [f"policy={name}", *system]).policy == name
 
 

@@ -40,7 +40,7 @@ GLOBAL = [a for a in ALGORITHMS.names() if ALGORITHMS.get(a).has_global_model]
 def test_every_policy_algorithm_pair_equals_in_process(algorithm, policy):
     if algorithm == "fjord" and policy != "none":
         pytest.skip("fjord refuses freeze policies (tests/test_engine.py checks the refusal)")
-    simulated = policy == "freezefl" or algorithm == "fjord"  # fjord needs the abilities
+    simulated = policy in ("freezefl", "cocofl") or algorithm == "fjord"  # they need abilities
     cfg = tiny_config(
         algorithm=algorithm,
         policy=policy,
