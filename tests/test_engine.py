@@ -220,6 +220,12 @@ def test_full_aggregation_counts_unsent_units_as_unchanged():
     s0 = space.unit_slices[0]
     assert torch.equal(layerwise.mean_delta()[s0], torch.ones(space.unit_numel[0]))
     assert torch.equal(full.mean_delta()[s0], torch.full((space.unit_numel[0],), 0.5))
+    # an unsent unit counts as unchanged whatever the client's copy of it did (a frozen
+    # BatchNorm's running statistics drift in training; the server never sees them)
+    drifted = Aggregate(space, "uniform")
+    drifted.add(d1, [True, True, True], 1)
+    drifted.add(torch.ones(space.total), [False, True, True], 1, counted=[True, True, True])
+    assert torch.equal(drifted.mean_delta()[s0], torch.full((space.unit_numel[0],), 0.5))
     res_full = run_experiment(tiny_config(policy="fixed_head", aggregation="full", upload="full"))
     res_part = run_experiment(tiny_config(policy="fixed_head"))
     assert res_full.records[-1]["bytes_up"] > res_part.records[-1]["bytes_up"]

@@ -44,11 +44,15 @@ class Aggregate:
         num_samples: int,
         entries: Tensor | None = None,
         extras: dict[str, Tensor] | None = None,
+        counted: list[bool] | None = None,
     ) -> None:
         """Add one client's update (full-length; entries of untrained units are ignored).
 
         ``entries`` (bool, full-length): the entries this client holds (its other entries of
-        the trained units must be 0 in ``delta``); None: all of them."""
+        the trained units must be 0 in ``delta``); None: all of them. ``counted``: units this
+        client counts in unchanged where it sent nothing (``aggregation: full``), so they
+        weigh in the mean as a zero update whatever its local copy of them did (a frozen
+        BatchNorm's running statistics drift in training; the server never sees them)."""
         w = float(num_samples) if self.weighting == "samples" else 1.0
         if entries is not None and self._entry_w is None:
             self._entry_w = torch.zeros(self.space.total)
@@ -57,16 +61,18 @@ class Aggregate:
                 self._entry_w[s] = self._unit_w[u]
                 self._entry_n[s] = self._unit_n[u]
         for u, t in enumerate(trained):
+            if not (t or (counted is not None and counted[u])):
+                continue
+            s = self.space.unit_slices[u]
+            self._unit_w[u] += w
+            self._unit_n[u] += 1
+            if self._entry_w is not None and self._entry_n is not None:
+                held = entries[s].float() if entries is not None else 1.0
+                self._entry_w[s] += w * held
+                self._entry_n[s] += held
             if t:
-                s = self.space.unit_slices[u]
                 self._wsum[s].add_(delta[s], alpha=w)
                 self._raw[s].add_(delta[s])
-                self._unit_w[u] += w
-                self._unit_n[u] += 1
-                if self._entry_w is not None and self._entry_n is not None:
-                    held = entries[s].float() if entries is not None else 1.0
-                    self._entry_w[s] += w * held
-                    self._entry_n[s] += held
                 d = delta[s].double()
                 self.sq_norm_sum += float(torch.dot(d, d))  # what was sent, nothing else
         for key, value in (extras or {}).items():

@@ -520,10 +520,11 @@ def aggregate_stream(
         sent = res.uploaded if cfg.upload == "partial" else shared_mask
         agg.add(
             res.delta,
-            sent if cfg.aggregation == "layerwise" else shared_mask,
+            sent,
             res.num_samples,
             res.entries,
             res.extras,
+            counted=shared_mask if cfg.aggregation == "full" else None,
         )
         waiting.append(res)  # whole until the round is known to aggregate
         kept.append(res if keep_deltas else dataclasses.replace(res, delta=_EMPTY, state={}))

@@ -41,10 +41,9 @@ Named differences from the authors' code (k1l1/CoCoFL at fa27499):
   simulated, and its numbers differ from fp32 by the quantisation error.
 * **BatchNorm.** The folded BatchNorm of a quantised block never updates its running statistics;
   fedbug's frozen units run in train mode, normalise with the batch's statistics and move their
-  running statistics locally. Under ``aggregation: full`` the engine averages every shared unit's
-  change, a frozen unit's buffers too, so a model whose units hold running statistics is refused
-  there (GroupNorm, or BatchNorm without running statistics, as fedbug's models are and as the
-  reference's input layer is); under ``aggregation: layerwise`` a frozen unit is never averaged.
+  running statistics locally. The server never sees them: a frozen unit is not sent, and under
+  ``aggregation: full`` it counts as unchanged (its local drift included), as the reference's
+  frozen running statistics are.
 * **Profiled tables.** The reference reads time, data and memory per configuration from tables
   profiled on its devices (e.g. ``table__CoCoFL_arm_QResNet18.json``), time being training time
   only, with data limits drawn by ``torch.rand`` and fixed tiers by device id (a third each of
@@ -61,7 +60,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import Field, field_validator
-from torch import nn
 
 from fedbug.core.flops import optimizer_state_copies
 from fedbug.core.seeding import torch_generator
@@ -142,14 +140,6 @@ def all_blocks(num_units: int) -> list[Block]:
     return [(lo, hi) for lo in range(num_units) for hi in range(lo, num_units)]
 
 
-def has_running_stats(model: nn.Module) -> bool:
-    """Whether a BatchNorm of ``model`` keeps running statistics."""
-    return any(
-        isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
-        for m in model.modules()
-    )
-
-
 @POLICIES.register("cocofl")
 class CoCoFL(FreezePolicy):
     """Each device trains the contiguous block of units it drew among the largest that fit its
@@ -193,12 +183,6 @@ class CoCoFL(FreezePolicy):
                 "policy: cocofl needs a system: block with cost: flops (its block costs)"
             )
         costs = system.unit_costs
-        if cfg.aggregation == "full" and has_running_stats(costs.model):
-            raise ConfigError(
-                "policy: cocofl under aggregation: full would average the running statistics "
-                "frozen BatchNorm layers move; use GroupNorm or BatchNorm(track_running_stats="
-                "False), or aggregation: layerwise"
-            )
         blocks = all_blocks(system.num_units)
         copies = optimizer_state_copies(cfg.optimizer, cfg.momentum)
         per_sample = [costs.flops(range(lo, hi + 1)) for lo, hi in blocks]
