@@ -46,7 +46,7 @@ statistics): the GroupNorm of the README's CIFAR line cannot be masked exactly a
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, field_validator
@@ -70,6 +70,8 @@ DEFAULT_RATES = [1.0, 0.5, 0.25, 0.125, 0.0625]
 class HeteroFLParams(Params):
     """The config's ``heterofl:`` block."""
 
+    block: ClassVar[str] = "heterofl"  # the block's name in messages (a subclass's its own)
+
     rates: list[float] | dict[float, int] = Field(
         default_factory=lambda: list(DEFAULT_RATES),
         description="the rates in (0, 1] (equal shares), or rate -> share; 1 must be one of them",
@@ -91,19 +93,19 @@ class HeteroFLParams(Params):
     def _check_rates(cls, v: list[float] | dict[float, int]) -> list[float] | dict[float, int]:
         rates = list(v)
         if not rates:
-            raise ValueError("heterofl.rates needs at least one rate, e.g. [1, 0.5]")
+            raise ValueError(f"{cls.block}.rates needs at least one rate, e.g. [1, 0.5]")
         bad = [r for r in rates if not 0.0 < r <= 1.0]
         if bad:
-            raise ValueError(f"every heterofl rate must be in (0, 1]; got {bad}")
+            raise ValueError(f"every {cls.block} rate must be in (0, 1]; got {bad}")
         if len(set(rates)) != len(rates):
-            raise ValueError(f"heterofl.rates lists a rate twice: {rates}")
+            raise ValueError(f"{cls.block}.rates lists a rate twice: {rates}")
         if 1.0 not in rates:
             raise ValueError(
-                f"heterofl.rates are relative to the global model, so 1 must be one of them; "
+                f"{cls.block}.rates are relative to the global model, so 1 must be one of them; "
                 f"got {rates}, e.g. {[1.0, *rates]}"
             )
         if isinstance(v, dict) and any(int(s) < 1 for s in v.values()):
-            raise ValueError(f"heterofl.rates shares must be whole numbers >= 1; got {v}")
+            raise ValueError(f"{cls.block}.rates shares must be whole numbers >= 1; got {v}")
         return v
 
     def table(self) -> list[tuple[float, int]]:
@@ -150,23 +152,24 @@ class HeteroFL(WidthAlgorithm):
 
     @classmethod
     def check_config(cls, cfg: Any) -> str | None:
-        """Why HeteroFL cannot run with ``cfg``, or None."""
-        p = cfg.options("heterofl") or HeteroFLParams()
+        """Why this width method cannot run with ``cfg``, or None (its own block's options)."""
+        name = cls.name
+        p = cfg.options(name) or cls.params_cls()
         if cfg.upload != "partial":
             return (
-                "heterofl clients send their sub-model only; use upload: partial (the default), "
+                f"{name} clients send their sub-model only; use upload: partial (the default), "
                 f"not upload: {cfg.upload}"
             )
         if p.assign == "by_ability" and (cfg.system is None or cfg.system.abilities == "none"):
             return (
-                "heterofl.assign: by_ability gives the fastest clients the largest rates, which "
+                f"{name}.assign: by_ability gives the fastest clients the largest rates, which "
                 "needs a system: block with abilities: uniform or tiers (or use assign: fixed)"
             )
         if cfg.system is not None and cfg.system.cost != "flops":
-            return "heterofl charges each client its sub-model's FLOPs; use system.cost: flops"
+            return f"{name} charges each client its sub-model's FLOPs; use system.cost: flops"
         if cfg.task != "classification" and (p.masked_loss or p.label_split):
             return (
-                f"heterofl.masked_loss and heterofl.label_split act on class labels, which task "
+                f"{name}.masked_loss and {name}.label_split act on class labels, which task "
                 f"{cfg.task} does not have; set both to false"
             )
         return None
