@@ -30,6 +30,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the partial-training family (issue 30); Fling trains FedPart with Adam lr 1e-3, which a
     # preset does not impose on a config that sets its own lr
     "fedpart": {"policy": "fedpart", "aggregation": "layerwise", "upload": "partial"},
+    # CoCoFL's Algorithm 2: each key averaged over all participants, a frozen one unchanged
+    "cocofl": {
+        "policy": "cocofl",
+        "aggregation": "full",
+        "weighting": "uniform",
+        "upload": "partial",
+    },
     "fedseq-vanilla": {"algorithm": "fedbabu", "schedule": "vanilla", "evaluation": "personalized"},
     "fedseq-anti": {"algorithm": "fedbabu", "schedule": "anti", "evaluation": "personalized"},
 }
