@@ -17,7 +17,7 @@ holds keeps its value bitwise.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from fedbug.algorithms.base import Algorithm, ClientSession, ServerStep
 from fedbug.algorithms.fjord.od import flat_mask
 from fedbug.algorithms.width import planner
-from fedbug.core.flops import FlopCache
+from fedbug.core.flops import FlopCache, StepCost, StepMemory, peak_memory
 from fedbug.core.units import ParamSpace
 
 if TYPE_CHECKING:
@@ -90,11 +90,26 @@ class WidthAlgorithm(Algorithm):
             self._outside[(key, device)] = idx.to(device)
         return self._outside[(key, device)]
 
+    def forget(self, drop: Callable[[Hashable], bool]) -> None:
+        """Drop the cached masks of the keys ``drop`` names (a method whose sub-models change
+        every round keeps the current round's only); the FLOP counts, per cost key, stay."""
+        for cache in (self._masks, self._flat):
+            for key in [k for k in cache if drop(k)]:
+                del cache[key]
+        for pair in [kd for kd in self._outside if drop(kd[0])]:
+            del self._outside[pair]
+
     def step_flops(
         self, flop_model: nn.Module, key: Hashable, trainable: list[str], x: Tensor, y: Tensor
     ) -> int:
         """FLOPs of one step of sub-model ``key``'s real narrow network on (x, y) with the
         parameters named in ``trainable`` (the runtime model's names) training."""
+        return self.step_cost(flop_model, key, trainable, x, y).flops
+
+    def step_cost(
+        self, flop_model: nn.Module, key: Hashable, trainable: list[str], x: Tensor, y: Tensor
+    ) -> StepCost:
+        """The FLOPs and memory of that step (:meth:`step_flops`)."""
         cost = self.cost_key(key)
         if cost not in self._flops:
             inner = flop_model.model if isinstance(flop_model, planner.WidthModel) else flop_model
@@ -102,7 +117,7 @@ class WidthAlgorithm(Algorithm):
                 raise RuntimeError(f"{self.name}: wrap_model must come before step_flops")
             narrow = planner.sub_model(inner, self.plan, self.index_sets(cost))
             self._flops[cost] = FlopCache(planner.WidthModel(narrow, self.plan), self.loss)
-        return self._flops[cost](trainable, x, y)
+        return self._flops[cost].cost(trainable, x, y)
 
     # -- server half ----------------------------------------------------------------------
     def server_update(
@@ -134,6 +149,7 @@ class WidthClient(ClientSession):
         self.key = key
         self.scale = scale
         self.flops = 0
+        self.peak: StepMemory | None = None  # the costliest step's memory, of the narrow network
         self.saved: Tensor | None = None
 
     def sent(self, held: Tensor) -> Tensor:
@@ -151,7 +167,9 @@ class WidthClient(ClientSession):
             self.saved = rt.flat.index_select(0, alg.outside(rt.space, self.key, rt.flat.device))
         if rt.settings.count_flops:
             on = [n for n, p in rt.model.named_parameters() if p.requires_grad]
-            self.flops += alg.step_flops(rt.flop_model, self.key, on, x, y)
+            cost = alg.step_cost(rt.flop_model, self.key, on, x, y)
+            self.flops += cost.flops
+            self.peak = peak_memory(self.peak, cost.memory(rt.state_copies))
 
     def after_step(self) -> None:
         """Put back the entries outside the sub-model (weight decay, momentum)."""
@@ -161,8 +179,9 @@ class WidthClient(ClientSession):
             self.saved = None
 
     def finish(self, result: ClientResult) -> None:
-        """The sub-model's FLOPs, bytes (its entries of the shared / uploaded units, 4 bytes
-        each) and trained parameters; the entries sent, outside which the delta is 0."""
+        """The sub-model's FLOPs and peak step memory (its narrow network's), bytes (its entries
+        of the shared / uploaded units, 4 bytes each) and trained parameters; the entries sent,
+        outside which the delta is 0."""
         self.rt.model.use(None)
         space = self.rt.space
         held = self.alg.flat_mask(space, self.key).to(result.delta.device)
@@ -175,6 +194,7 @@ class WidthClient(ClientSession):
             for off, n, p, u in zip(space.offsets, space.numels, space.is_param, space.unit_of)
         ]
         result.flops = self.flops
+        result.set_peak_mem(self.peak)
         result.bytes_down = 4 * sum(c for c, s in zip(per_unit, shared) if s)
         result.bytes_up = 4 * sum(c for c, up in zip(per_unit, result.uploaded) if up)
         result.trained_params = sum(params)
