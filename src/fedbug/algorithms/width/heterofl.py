@@ -225,12 +225,15 @@ class HeteroFL(WidthAlgorithm):
         gen: torch.Generator | None = None,
     ) -> HeteroFLClient:
         if runtime is None:
-            raise ValueError("heterofl: a client session needs the worker's runtime")
+            raise ValueError(f"{self.name}: a client session needs the worker's runtime")
+        return HeteroFLClient(self, task, labels, runtime, self.client_rate(task))
+
+    def client_rate(self, task: ClientTask) -> float:
+        """The client's rate this round: the one it was sent (``width``), else (``dynamic``)
+        drawn from the generator of (seed, round, client)."""
         if "width" in task.extra:
-            rate = float(task.extra["width"])
-        else:
-            rate = draw_rate(self._table(), task.seed, task.round, task.client)
-        return HeteroFLClient(self, task, labels, runtime, rate)
+            return float(task.extra["width"])
+        return draw_rate(self._table(), task.seed, task.round, task.client)
 
 
 class HeteroFLClient(WidthClient):
