@@ -115,9 +115,16 @@ class WidthAlgorithm(Algorithm):
             inner = flop_model.model if isinstance(flop_model, planner.WidthModel) else flop_model
             if self.plan is None:
                 raise RuntimeError(f"{self.name}: wrap_model must come before step_flops")
-            narrow = planner.sub_model(inner, self.plan, self.index_sets(cost))
+            narrow = self.narrow_network(inner, cost)
             self._flops[cost] = FlopCache(planner.WidthModel(narrow, self.plan), self.loss)
         return self._flops[cost].cost(trainable, x, y)
+
+    def narrow_network(self, inner: nn.Module, key: Hashable) -> nn.Module:
+        """The real narrow network of sub-model ``key`` cut from ``inner``, whose costs
+        :meth:`step_cost` counts: :func:`~fedbug.algorithms.width.planner.sub_model` (SLT's
+        also slices the wider operand of an addition, its full-width layers coming before
+        narrow ones)."""
+        return planner.sub_model(inner, self.plan, self.index_sets(key))  # type: ignore[arg-type]
 
     # -- server half ----------------------------------------------------------------------
     def server_update(
