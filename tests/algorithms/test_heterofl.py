@@ -267,6 +267,30 @@ def test_processes_executor_gives_the_in_process_numbers():
     assert torch.equal(here.weights, there.weights)
 
 
+def test_flowers_message_path_gives_the_in_process_numbers():
+    """The rate travels in each task's config and the entries sent (label rows cut) in each
+    reply: Flower's serialised messages give the in-process numbers bitwise."""
+    pytest.importorskip("flwr")
+    import json
+
+    from flowergrid import LoopbackGrid, task_identity
+
+    from fedbug.integrations.flower.clientapp import app as client_app
+    from fedbug.integrations.flower.executor import FlowerExecutor
+
+    cfg = tiny_config(algorithm="heterofl", threads=1, count_flops=False)
+    here = run_experiment(cfg)
+    there_cfg = cfg.model_copy(update={"executor": "flower-simulation"})
+    run_config = {"config": json.dumps(there_cfg.model_dump(mode="json"))}
+    grid = LoopbackGrid(client_app, cfg.num_clients, run_config)
+    with task_identity():
+        there = run_experiment(
+            there_cfg, executor_factory=lambda exp: FlowerExecutor(grid, exp, map_once=True)
+        )
+    assert without_timing(there.records) == without_timing(here.records)
+    assert torch.equal(there.weights, here.weights)
+
+
 # -- refusals ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("override", "needle"),

@@ -34,6 +34,11 @@ Options (the ``heterofl:`` block); the defaults are the authors' code, diaoenmao
   has samples of only, and the server averages each row over the clients that sent it
   (``combine``'s ``label_split``, which the code always applies).
 
+Set beside it, as the code runs: ``weighting: uniform`` (``combine`` is the plain mean over the
+clients holding an entry; ``samples`` weighs them by their data) and ``clip_grad_norm: 1``
+(``Local.train`` clips every step; without norm layers the Scaler's 1/r on a narrow client's
+activations enlarges its gradients, and SGD at the config's lr may diverge without it).
+
 Left out, and why: the code's *static batch normalization* (sBN: at evaluation the global
 model's BatchNorm statistics are recomputed on the training set, ``train_classifier_fed.py``
 ``stats``) needs the training data on the server, which no evaluation hook gives an algorithm;
