@@ -31,6 +31,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # preset does not impose on a config that sets its own lr
     "fedpart": {"policy": "fedpart", "aggregation": "layerwise", "upload": "partial"},
     # CoCoFL's Algorithm 2: each key averaged over all participants, a frozen one unchanged
+    # HeteroFL's combine is a plain mean and its Local.train clips gradients to norm 1
+    "heterofl": {"algorithm": "heterofl", "weighting": "uniform", "clip_grad_norm": 1.0},
     "cocofl": {
         "policy": "cocofl",
         "aggregation": "full",
