@@ -21,7 +21,9 @@ Scaler and the masked loss on, ``ceil``. Options of its own:
 - ``direction``: ``forward`` (the paper: the window start is s_j = j mod K, the window
   advancing by one channel a round) or ``backward`` (the code: ``torch.roll(arange(K), j %
   K)[:ceil(r K)]``, i.e. s_j = -j mod K: the window moves back one channel a round). Both
-  cover every channel equally over K rounds; they differ from round 2 on.
+  cover every channel equally over K rounds; they differ from round 2 on. (The paper's
+  equation, as we read it, also writes the window's length floor(r K) where the code takes
+  ceil(r K): ``rounding: floor`` gives it.)
 - ``bn_linear_weights``: ``mean`` (the paper's and the original HeteroFL's plain per-entry
   mean) or ``code_counts``, the code's ``combine``: the entries of one-dimensional parameters
   (the norms' weights and biases, biases) and of the classifier's weight are weighted by
