@@ -500,3 +500,13 @@ def test_a_grid_lets_its_base_hold_the_blocks_of_the_methods_it_names_only():
     load_config(None, doc={**base, "grid": {"algorithm": ["fedavg", "fedprox"]}})
     with pytest.raises(ConfigError, match="fedprox: has no effect under algorithm: fedavg"):
         load_config(None, doc={**base, "grid": {"policy": ["none", "bottom_up"]}})
+
+
+def test_a_method_fills_what_the_config_leaves_and_refuses_a_disagreeing_method_key():
+    cfg = load_config(None, ["method=heterofl", "weighting=samples"])
+    assert (cfg.algorithm, cfg.weighting, cfg.clip_grad_norm) == ("heterofl", "samples", 1.0)
+    with pytest.raises(ConfigError, match="method: heterofl sets algorithm: heterofl, but the "
+                       "config sets algorithm: fedavg; remove one"):  # fmt: skip
+        load_config(None, ["algorithm=fedavg", "method=heterofl"])
+    with pytest.raises(ConfigError, match="method: fedpart sets policy: fedpart"):
+        load_config(None, ["policy=bottom_up", "method=fedpart"])

@@ -57,7 +57,18 @@ def apply_method(doc: dict[str, Any]) -> dict[str, Any]:
         preset = {"algorithm": method}
     else:
         raise ConfigError(_unknown("method", method, sorted([*PRESETS, *ALGORITHMS.names()])))
+    for key in DEFINING:
+        if key in preset and doc.get(key) is not None and doc[key] != preset[key]:
+            raise ConfigError(
+                f"method: {method} sets {key}: {preset[key]}, but the config sets {key}: "
+                f"{doc[key]}; remove one of the two (e.g. -s {key}={preset[key]} with the method)"
+            )
     return _merge(preset, doc)
+
+
+# the keys that say which method runs: a preset and its config must not disagree on them (other
+# keys of a preset are defaults the config may change)
+DEFINING = ("algorithm", "policy", "schedule", "selection")
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
