@@ -33,6 +33,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # CoCoFL's Algorithm 2: each key averaged over all participants, a frozen one unchanged
     # HeteroFL's combine is a plain mean and its Local.train clips gradients to norm 1
     "heterofl": {"algorithm": "heterofl", "weighting": "uniform", "clip_grad_norm": 1.0},
+    "fedrolex": {"algorithm": "fedrolex", "weighting": "uniform", "clip_grad_norm": 1.0},
     "cocofl": {
         "policy": "cocofl",
         "aggregation": "full",
