@@ -127,8 +127,10 @@ def set_target(work: Workload, target: float | None) -> None:
     """``target``, else 90% of FedAvg's mean final accuracy rounded down to a whole percent."""
     if target is None:
         base = next((m for m in work.methods if m.label == "FedAvg" and m.runs), None)
-        target = math.floor(90 * sum(base.figures("final")) / len(base.runs)) / 100 if base else 1.0
-    work.target = target
+        target = (
+            math.floor(90 * sum(base.figures("final")) / len(base.runs)) / 100 if base else None
+        )
+    work.target = math.nan if target is None else target
 
 
 def _pm(values: list[float]) -> str:
@@ -141,7 +143,8 @@ def _num(value: float | None, fmt: str) -> str:
 
 def row(m: Method, target: float) -> str:
     t, reached = m.time_to(target)
-    when = "-" if not m.runs else f"{_num(t, '.1f')} ({reached}/{len(m.runs)})"
+    no_target = not m.runs or math.isnan(target)
+    when = "-" if no_target else f"{_num(t, '.1f')} ({reached}/{len(m.runs)})"
     evaluation = "personal" if m.evaluation == "personalized" else m.evaluation
     cells = [
         m.label,
@@ -159,10 +162,14 @@ def row(m: Method, target: float) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _target(target: float) -> str:
+    return "target (no FedAvg run yet)" if math.isnan(target) else f"{100 * target:.0f}%"
+
+
 def table(work: Workload) -> str:
     head = (
         "| method | evaluation | seeds | final acc (%) | best acc (%) | after FT (%) | "
-        f"sim. time to {100 * work.target:.0f}% (seeds) | GFLOPs / client-round | "
+        f"sim. time to {_target(work.target)} (seeds) | GFLOPs / client-round | "
         "MB up / client-round | MB down / client-round | peak step memory (MB) |"
     )
     lines = [f"**{work.name}** (`{work.config}`)", "", head, "|" + " --- |" * 11]
