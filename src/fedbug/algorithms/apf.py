@@ -226,13 +226,11 @@ class APFClient(ClientSession):
         super().__init__(alg, task, labels)
         self.rt = runtime
         self.active = task.payload["active"].to(runtime.flat.device)
-        self.frozen = (~self.active).nonzero().squeeze(1)
-        self.saved = runtime.flat.index_select(0, self.frozen)  # the received values
+        self.saved = runtime.flat.clone()  # the received values (no read-back: stays on device)
 
     def after_step(self) -> None:
         """Put the frozen entries back (weight decay, momentum moved them)."""
-        if self.frozen.numel():
-            self.rt.flat.index_copy_(0, self.frozen, self.saved)
+        torch.where(self.active, self.rt.flat, self.saved, out=self.rt.flat)
 
     def finish(self, result: ClientResult) -> None:
         """The entries held (the active ones), 4 bytes per active entry of the units sent up
