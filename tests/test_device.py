@@ -309,3 +309,18 @@ def test_the_suite_hides_a_gpu_unless_its_tests_are_asked_for():
         pytest.skip("FEDBUG_TEST_GPU=1: the GPU is visible for its tests")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
     assert not torch.cuda.is_available()
+
+
+def test_threads_unset_follow_the_models_work_a_step_and_a_set_count_wins(monkeypatch):
+    import os
+
+    import fedbug.core.device as device
+    from fedbug.core.device import default_threads
+    from fedbug.engine import Experiment
+
+    assert default_threads(5e6, 8) == 1 and default_threads(4e9, 8) == 8
+    assert default_threads(None, 2) == 2  # a step the counter could not follow: every core
+    assert Experiment(tiny_config()).cfg.threads == 1  # the MLP: ~1 MFLOP a step
+    assert Experiment(tiny_config(threads=2)).cfg.threads == 2
+    monkeypatch.setattr(device, "SMALL_STEP_FLOPS", 0.0)  # as if the MLP were a large model
+    assert Experiment(tiny_config()).cfg.threads == (os.cpu_count() or 1)

@@ -218,3 +218,19 @@ def process_settings_kept() -> Iterator[None]:
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         else:
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas
+
+
+#: FLOPs of one training step (forward and backward of a batch) under which a CPU run that sets
+#: no ``threads`` uses one torch thread: a second thread buys nothing on such small steps (the
+#: digits demos: 5.6 MFLOP a step, 8.0 s at 1 thread, 8.0-9.3 s at 2) and stalls when another
+#: process holds a core (10.5 s against 23.0 s beside a busy loop); workload W (4.0 GFLOP a step)
+#: trains 1.5x faster on 2 threads than on 1 (``benchmarks/threads/``).
+SMALL_STEP_FLOPS = 1e8
+
+
+def default_threads(step_flops: float | None, cores: int) -> int:
+    """Torch threads for a CPU run whose config sets none: 1 where one training step costs less
+    than :data:`SMALL_STEP_FLOPS`, else every core (also where the step could not be counted)."""
+    if step_flops is not None and step_flops < SMALL_STEP_FLOPS:
+        return 1
+    return max(1, cores)

@@ -14,7 +14,13 @@ from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm, build_algorithm
 from fedbug.config import BaseConfig, resolve
-from fedbug.core.device import check_precision, configure_kernels, resolve_device
+from fedbug.core.device import (
+    check_precision,
+    configure_kernels,
+    default_threads,
+    resolve_device,
+)
+from fedbug.core.flops import training_flops
 from fedbug.core.seeding import derive_seed
 from fedbug.core.tasks import Task, build_task
 from fedbug.data import FederatedDataset, load_dataset, partition
@@ -58,6 +64,7 @@ class ClientSide:
         model: ModelSource = None,
         task: Task | str | None = None,
     ) -> None:
+        auto_threads = cfg.threads is None and cfg.executor == "sequential"
         cfg = resolve(cfg)
         if task is None and cfg.task == "custom":
             raise ConfigError(
@@ -125,6 +132,12 @@ class ClientSide:
         example = self.example = ds.prepare(ds.train_x[:2])
         model = self._build_model(model)
         check_model_fits(model, example, ds.train_y[:2], ds, self.task)
+        if auto_threads and self.device.type == "cpu":  # by the model's work a step
+            flops = step_flops(model, example, ds.train_y[:2], self.task.loss, cfg.batch_size)
+            threads = default_threads(flops, cfg.threads)
+            if threads != cfg.threads:
+                self.cfg = cfg = cfg.model_copy(update={"threads": threads})
+                torch.set_num_threads(threads)
         self.model_class = type(model)
         parts = build_parts(cfg, self.algorithm, model, example)
         self.classifier, self.template = parts.classifier, parts.template
@@ -361,6 +374,19 @@ def check_labels(task: Task, ds: FederatedDataset, cfg: BaseConfig) -> None:
             f"partition: {cfg.partition} deals classes, but {ds.name!r} has labels: values "
             "(regression targets); use partition: iid or natural"
         )
+
+
+def step_flops(
+    model: nn.Module, x: Tensor, y: Tensor, loss: Callable[[Any, Tensor], Tensor], batch_size: int
+) -> float | None:
+    """FLOPs of one training step of ``batch_size`` samples, scaled from ``x`` (on a copy of the
+    model); None where the counter cannot follow the model."""
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    try:
+        flops = training_flops(copy.deepcopy(model), trainable, x, y, loss)
+    except (RuntimeError, ValueError, TypeError):
+        return None
+    return flops / max(1, len(x)) * batch_size
 
 
 def claim_process(device: torch.device, cfg: BaseConfig) -> dict[str, Any]:
