@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 import fedbug
+from benchmarks.equivalence import scenario
 from fedbug.algorithms.apf import APF, APFParams, active_mask
 from fedbug.core.seeding import torch_generator
 from fedbug.core.units import ParamSpace, find_units
@@ -103,33 +104,17 @@ class TinyMLP(nn.Module):
 
 
 def build_model(c: ApfCase) -> nn.Module:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(c.init_seed)
-        return TinyMLP(c.dims)
+    return scenario.seeded_init(c.init_seed, lambda: TinyMLP(c.dims))
 
 
 def client_data(c: ApfCase) -> list[tuple[Tensor, Tensor]]:
     """Each client's (x, y): N(0, 1) points, uniform labels."""
-    g = torch.Generator().manual_seed(c.data_seed)
-    out = []
-    for _ in range(c.clients):
-        x = torch.randn(c.samples, c.dims[0], generator=g)
-        y = torch.randint(0, c.dims[-1], (c.samples,), generator=g)
-        out.append((x, y))
-    return out
+    return scenario.seeded_clients(c.data_seed, c.clients, c.samples, c.dims[:1], c.dims[-1])
 
 
 def input_digest(c: ApfCase) -> dict[str, Any]:
     """A few numbers that pin the generated inputs (the fixture test checks them first)."""
-    data = client_data(c)
-    init = torch.cat([p.detach().reshape(-1) for p in build_model(c).parameters()])
-    return {
-        "x_sum": [float(x.double().sum()) for x, _ in data],
-        "y": [y.tolist() for _, y in data],
-        "init_sum": float(init.double().sum()),
-        "init_l2": float(init.double().norm()),
-        "init_first": [float(v) for v in init[:5]],
-    }
+    return scenario.digest(client_data(c), build_model(c))
 
 
 @dataclass
@@ -167,11 +152,7 @@ def fedbug_run(c: ApfCase, perturb: float = 0.0, seed: int | None = None) -> Fed
     random draws' address in place of the initial weights' digest (a perturbed run given the
     unperturbed run's draws)."""
     model = build_model(c)
-    if perturb:
-        g = torch.Generator().manual_seed(12345)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(1 + perturb * torch.randn(p.shape, generator=g))
+    scenario.perturb(model, perturb)
     space = space_of(model, c)
     alg = algorithm(c)
     settings = TrainSettings(

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from benchmarks.equivalence import scenario
 from benchmarks.equivalence.fedbug_side import probe
 from fedbug.algorithms import ALGORITHMS
 from fedbug.core.units import ParamSpace, find_units
@@ -198,18 +199,12 @@ class TwinResNet18(nn.Module):
 
 
 def build_model(case: RoundCase) -> TwinResNet18:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(case.seed)
-        return TwinResNet18(case.num_classes)
+    return scenario.seeded_init(case.seed, lambda: TwinResNet18(case.num_classes))
 
 
 def client_data(case: RoundCase) -> list[tuple[Tensor, Tensor]]:
-    g = torch.Generator().manual_seed(case.seed + 1)
-    return [
-        (torch.randn(case.samples, 3, 32, 32, generator=g),
-         torch.randint(0, case.num_classes, (case.samples,), generator=g))
-        for _ in case.freezes
-    ]  # fmt: skip
+    n = len(case.freezes)
+    return scenario.seeded_clients(case.seed + 1, n, case.samples, (3, 32, 32), case.num_classes)
 
 
 def space_of(model: nn.Module) -> ParamSpace:
@@ -218,15 +213,7 @@ def space_of(model: nn.Module) -> ParamSpace:
 
 def input_digest(case: RoundCase) -> dict[str, Any]:
     """A few numbers that pin the generated inputs (the fixture test checks them first)."""
-    data = client_data(case)
-    init = torch.cat([p.detach().reshape(-1) for p in build_model(case).parameters()])
-    return {
-        "x_sum": [float(x.double().sum()) for x, _ in data],
-        "y": [y.tolist() for _, y in data],
-        "init_sum": float(init.double().sum()),
-        "init_l2": float(init.double().norm()),
-        "init_first": [float(v) for v in init[:5]],
-    }
+    return scenario.digest(client_data(case), build_model(case))
 
 
 def split_stats(space: ParamSpace, weights: Tensor, initial: Tensor) -> list[dict[str, Any]]:

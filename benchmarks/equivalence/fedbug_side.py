@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 import fedbug
+from benchmarks.equivalence import scenario
 from benchmarks.equivalence.scenario import INPUT_SHAPE, Scenario, build_model, client_data
 from fedbug.algorithms import ALGORITHMS
 from fedbug.core.units import ParamSpace, find_units
@@ -70,11 +71,7 @@ def run_rounds(s: Scenario, perturb: float = 0.0) -> FedbugRun:
     ``perturb``: multiply each initial weight by 1 + perturb * N(0, 1) (seeded), to measure how
     far fedbug moves from itself when its start moves by rounding-sized amounts."""
     model = build_model(s)
-    if perturb:
-        g = torch.Generator().manual_seed(12345)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(1 + perturb * torch.randn(p.shape, generator=g))
+    scenario.perturb(model, perturb)
     space = space_of(s, model)
     alg = _algorithm(s)
     settings = TrainSettings(

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 import fedbug
+from benchmarks.equivalence import scenario
 from benchmarks.equivalence.heterofl_case import (
     INPUT_SHAPE,
     PreActResNet18,
@@ -152,11 +153,7 @@ def fedbug_run(c: FedRolexCase, perturb: float = 0.0) -> FedbugRun:
     client's masks and the entries it sent. ``perturb``: each initial weight times 1 + perturb
     * N(0, 1) (seeded)."""
     model = build_model(c)  # type: ignore[arg-type] - HeteroFL's case fields
-    if perturb:
-        g = torch.Generator().manual_seed(12345)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(1 + perturb * torch.randn(p.shape, generator=g))
+    scenario.perturb(model, perturb)
     names = [n for n, _ in model.named_parameters()]
     alg, wrapped = _algorithm(c.fedrolex_block(), model)
     space = ParamSpace(wrapped, find_units(wrapped, torch.zeros(2, *INPUT_SHAPE)))

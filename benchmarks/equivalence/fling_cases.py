@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 import fedbug
+from benchmarks.equivalence import scenario
 from benchmarks.equivalence.scenario import smooth_twin
 from fedbug.algorithms.fedavg import FedAvg
 from fedbug.core.units import ParamSpace, find_units
@@ -247,34 +248,18 @@ TRAIN_CASES: tuple[FlingScenario, ...] = (
 
 def build_model(s: FlingScenario) -> nn.Module:
     """fedbug's ResNet-8 for the case, initial weights drawn under ``init_seed``."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(s.init_seed)
-        model = ResNet8(s.num_classes, NORM)
+    model = scenario.seeded_init(s.init_seed, lambda: ResNet8(s.num_classes, NORM))
     return smooth_twin(model) if s.smooth else model
 
 
 def client_data(s: FlingScenario) -> list[tuple[Tensor, Tensor]]:
     """Each client's (x, y): float32 N(0, 1) images, uniform labels."""
-    g = torch.Generator().manual_seed(s.data_seed)
-    out = []
-    for _ in range(s.clients):
-        x = torch.randn(s.samples, *INPUT_SHAPE, generator=g)
-        y = torch.randint(0, s.num_classes, (s.samples,), generator=g)
-        out.append((x, y))
-    return out
+    return scenario.seeded_clients(s.data_seed, s.clients, s.samples, INPUT_SHAPE, s.num_classes)
 
 
 def input_digest(s: FlingScenario) -> dict[str, Any]:
     """A few numbers that pin the generated inputs (a fixture test checks them first)."""
-    data = client_data(s)
-    init = torch.cat([p.detach().reshape(-1) for p in build_model(s).parameters()])
-    return {
-        "x_sum": [float(x.double().sum()) for x, _ in data],
-        "y": [y.tolist() for _, y in data],
-        "init_sum": float(init.double().sum()),
-        "init_l2": float(init.double().norm()),
-        "init_first": [float(v) for v in init[:5]],
-    }
+    return scenario.digest(client_data(s), build_model(s))
 
 
 @dataclass
@@ -294,11 +279,7 @@ def fedbug_run(s: FlingScenario, perturb: float = 0.0) -> FedbugRun:
     layerwise FedAvg of what each client sent (``upload: partial``). ``perturb`` multiplies each
     initial weight by 1 + perturb x N(0, 1) (seeded): fedbug against itself."""
     model = build_model(s)
-    if perturb:
-        g = torch.Generator().manual_seed(12345)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(1 + perturb * torch.randn(p.shape, generator=g))
+    scenario.perturb(model, perturb)
     space = space_of(model)
     alg = FedAvg()
     settings = TrainSettings(

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import fedbug
+from benchmarks.equivalence import scenario
 from fedbug.algorithms.width.heterofl import HeteroFL, HeteroFLParams
 from fedbug.core.units import ParamSpace, find_units
 from fedbug.engine.aggregate import Aggregate
@@ -142,9 +143,7 @@ class PreActResNet18(nn.Module):
 
 
 def build_model(c: HeteroFLCase) -> PreActResNet18:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(c.init_seed)
-        return PreActResNet18(c.hidden, c.classes, c.norm)
+    return scenario.seeded_init(c.init_seed, lambda: PreActResNet18(c.hidden, c.classes, c.norm))
 
 
 def client_data(c: HeteroFLCase) -> list[tuple[Tensor, Tensor]]:
@@ -155,15 +154,7 @@ def client_data(c: HeteroFLCase) -> list[tuple[Tensor, Tensor]]:
 
 def input_digest(c: HeteroFLCase) -> dict[str, Any]:
     """A few numbers that pin the generated inputs (the fixture test checks them first)."""
-    data = client_data(c)
-    init = torch.cat([p.detach().reshape(-1) for p in build_model(c).parameters()])
-    return {
-        "x_sum": [float(x.double().sum()) for x, _ in data],
-        "y": [y.tolist() for _, y in data],
-        "init_sum": float(init.double().sum()),
-        "init_l2": float(init.double().norm()),
-        "init_first": [float(v) for v in init[:5]],
-    }
+    return scenario.digest(client_data(c), build_model(c))
 
 
 @dataclass
@@ -197,11 +188,7 @@ def fedbug_run(c: HeteroFLCase, perturb: float = 0.0) -> FedbugRun:
     clients' masks and the entries each sent. ``perturb``: each initial weight times
     1 + perturb * N(0, 1) (seeded)."""
     model = build_model(c)
-    if perturb:
-        g = torch.Generator().manual_seed(12345)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(1 + perturb * torch.randn(p.shape, generator=g))
+    scenario.perturb(model, perturb)
     names = [n for n, _ in model.named_parameters()]
     alg = HeteroFL(params=HeteroFLParams(**c.heterofl_block()))
     wrapped = alg.wrap_model(model, "linear")

@@ -20,8 +20,9 @@ from it, so a fixture needs only the scenario, not the tensors.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +31,7 @@ from fedbug.models import resnet18
 from fedbug.models.cnn import StandardCNN
 
 INPUT_SHAPE = (3, 32, 32)
+M = TypeVar("M", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -97,19 +99,41 @@ def build_model(s: Scenario) -> nn.Module:
 
 def client_data(s: Scenario) -> list[tuple[Tensor, Tensor]]:
     """Each client's (x, y): float32 N(0, 1) images times ``input_scale``, uniform labels."""
-    g = torch.Generator().manual_seed(s.data_seed)
-    out = []
-    for _ in range(s.clients):
-        x = torch.randn(s.samples, *INPUT_SHAPE, generator=g) * s.input_scale
-        y = torch.randint(0, s.num_classes, (s.samples,), generator=g)
-        out.append((x, y))
-    return out
+    return seeded_clients(s.data_seed, s.clients, s.samples, INPUT_SHAPE, s.num_classes,
+                          s.input_scale)  # fmt: skip
 
 
 def input_digest(s: Scenario) -> dict[str, Any]:
     """A few numbers that pin the generated inputs (a fixture test checks them first)."""
-    data = client_data(s)
-    init = torch.cat([p.detach().reshape(-1) for p in build_model(s).parameters()])
+    return digest(client_data(s), build_model(s))
+
+
+# -- seeded inputs, shared by every pair's cases -------------------------------------------------
+def seeded_init(seed: int, build: Callable[[], M]) -> M:
+    """``build()`` under ``torch.manual_seed(seed)``, the global generator given back as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def seeded_clients(
+    seed: int, clients: int, samples: int, shape: Sequence[int], classes: int, scale: float = 1.0
+) -> list[tuple[Tensor, Tensor]]:
+    """``clients`` pairs (x, y) from one generator seeded ``seed``, client by client: ``samples``
+    float32 N(0, 1) inputs of ``shape`` times ``scale``, then as many uniform labels."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(clients):
+        x = torch.randn(samples, *shape, generator=g) * scale
+        y = torch.randint(0, classes, (samples,), generator=g)
+        out.append((x, y))
+    return out
+
+
+def digest(data: list[tuple[Tensor, Tensor]], model: nn.Module) -> dict[str, Any]:
+    """A few numbers that pin generated inputs (the clients' data and the model's initial
+    weights); a fixture test checks them before anything else."""
+    init = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {
         "x_sum": [float(x.double().sum()) for x, _ in data],
         "y": [y.tolist() for _, y in data],
@@ -117,3 +141,14 @@ def input_digest(s: Scenario) -> dict[str, Any]:
         "init_l2": float(init.double().norm()),
         "init_first": [float(v) for v in init[:5]],
     }
+
+
+def perturb(model: nn.Module, by: float) -> None:
+    """In place: each initial weight times 1 + ``by`` * N(0, 1), drawn from a generator seeded
+    12345 (fedbug against itself, its start moved by rounding-sized amounts); nothing at 0."""
+    if not by:
+        return
+    g = torch.Generator().manual_seed(12345)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 + by * torch.randn(p.shape, generator=g))
