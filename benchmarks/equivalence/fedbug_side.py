@@ -12,7 +12,9 @@ so the harness also checks that the engine does what the hand-built loop does.
 
 from __future__ import annotations
 
+import math
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,3 +177,29 @@ def unit_stats(space: ParamSpace, weights: Tensor, initial: Tensor) -> list[dict
             }
         )
     return out
+
+
+def rel_diff(got: Tensor, ref: Tensor, initial: Tensor) -> dict[str, float]:
+    """How far ``got`` is from ``ref`` against how far ``ref`` moved from ``initial``: max |diff|,
+    max |change| and their ratio ``rel`` (0 where neither moved, inf where only ``got`` did)."""
+    diff = float((got - ref).abs().max())
+    moved = float((ref - initial).abs().max())
+    rel = diff / moved if moved > 0 else (0.0 if diff == 0 else math.inf)
+    return {"max_abs_diff": diff, "max_abs_change": moved, "rel": rel}
+
+
+def unit_rows(
+    space: ParamSpace, initial: Tensor, got: Tensor, ref: Tensor, units: Iterable[int] | None = None
+) -> list[dict[str, Any]]:
+    """Per unit (all, or the indices ``units``), its name and :func:`rel_diff` of its slice."""
+    ids = range(space.num_units) if units is None else units
+    rows = []
+    for u in ids:
+        sl = space.unit_slices[u]
+        rows.append({"unit": space.units[u].name, **rel_diff(got[sl], ref[sl], initial[sl])})
+    return rows
+
+
+def worst_rel(rows: list[dict[str, Any]]) -> float:
+    """The largest ``rel`` of :func:`unit_rows` (0 for none)."""
+    return max((r["rel"] for r in rows), default=0.0)

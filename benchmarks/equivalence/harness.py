@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -17,6 +18,7 @@ from benchmarks.common import machine_info
 from benchmarks.equivalence.reference_fedbug import commit_of
 
 ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 def parser(doc: str, reference: str, help: str) -> argparse.ArgumentParser:
@@ -96,3 +98,51 @@ def write_fixture(doc: dict[str, Any], path: Path, compact: bool = True) -> Path
     text = re.sub(r"\{\s+([^{}]*?)\s+\}", lambda m: "{" + " ".join(m[1].split()) + "}", text)
     path.write_text(text + "\n")
     return path
+
+
+# -- what the pairs' reports and fixtures share ---------------------------------------------------
+def timed(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, float]:
+    """``fn(*args, **kwargs)`` and the seconds it took."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def seconds(reference: float, fedbug: float) -> dict[str, float]:
+    """Both sides' run times as a result's ``seconds`` (two decimals)."""
+    return {"reference": round(reference, 2), "fedbug": round(fedbug, 2)}
+
+
+def note_commit(checkout: str, commit: str, want: str) -> None:
+    """A line where the checkout is not at the commit the pair was written against (a prefix)."""
+    if not commit.startswith(want):
+        print(f"note: {checkout} is at {commit}, not {want}")
+
+
+def print_verdict(
+    name: str, verdict: str, worst: float, tol: float, wrong: str, expect: str
+) -> bool:
+    """A case's first line: its verdict, worst relative difference, ``wrong`` (what else was
+    counted, e.g. 'mismatched mask entries 0') and what was expected; whether MATCH was."""
+    agrees = (verdict == "MATCH") == (expect == "match")
+    flag = "" if agrees else "  <-- UNEXPECTED"
+    print(f"\n== {name}: {verdict} (worst rel {worst:.2e}, tol {tol:g}; {wrong}); "
+          f"expected {expect}{flag}")  # fmt: skip
+    return agrees
+
+
+def print_footer(res: dict[str, Any], reference: str = "reference") -> None:
+    """A case's last lines: fedbug.run against the hand-built loop (where it ran) and the
+    seconds each side took."""
+    if "engine_vs_loop_max_abs" in res:
+        print(f"   fedbug.run vs the hand-built loop, final weights: max |diff| "
+              f"{res['engine_vs_loop_max_abs']:.1e}")  # fmt: skip
+    print(
+        f"   seconds: {reference} {res['seconds']['reference']}, fedbug {res['seconds']['fedbug']}"
+    )
+
+
+def case_fixture(repo: str, commit: str, case: dict[str, Any], **rest: Any) -> dict[str, Any]:
+    """A fixture's document: the reference (repository, commit), the case, then ``rest`` in order
+    (``inputs``, ``rounds``, ...)."""
+    return {"reference": {"repo": repo, "commit": commit}, "case": case, **rest}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ from benchmarks.equivalence.apf_case import (
     fedbug_run,
     input_digest,
 )
-from benchmarks.equivalence.fedbug_side import unit_stats
+from benchmarks.equivalence.fedbug_side import unit_rows, unit_stats
 from benchmarks.equivalence.reference_fedbug import commit_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,16 +96,6 @@ def to_fedbug(fb: FedbugRun, names: list[str], flat_ref: torch.Tensor) -> torch.
     return out
 
 
-def unit_rows(fb: FedbugRun, got: torch.Tensor, ref: torch.Tensor) -> list[dict[str, Any]]:
-    rows = []
-    for unit, sl in zip(fb.space.units, fb.space.unit_slices):
-        diff = float((got[sl] - ref[sl]).abs().max())
-        moved = float((ref[sl] - fb.initial[sl]).abs().max())
-        rel = diff / moved if moved > 0 else (0.0 if diff == 0 else math.inf)
-        rows.append({"unit": unit.name, "max_abs_diff": diff, "max_abs_change": moved, "rel": rel})
-    return rows
-
-
 def state_of(fb: FedbugRun, names: list[str], view: dict[str, Any]) -> dict[str, Any]:
     """The reference's state after a round as fedbug's ``state_view`` (fedbug's layout)."""
     out: dict[str, Any] = {"threshold": view["threshold"], "check": view["check"]}
@@ -125,12 +114,8 @@ def mismatches(a: dict[str, Any], b: dict[str, Any]) -> dict[str, int]:
 
 
 def compare(case: ApfCase, path: str, engine: bool = True, sensitivity: bool = False) -> dict:
-    t0 = time.perf_counter()
-    fb = fedbug_run(case)
-    t_fb = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ref = reference_run(case, path, fb)
-    t_ref = time.perf_counter() - t0
+    fb, t_fb = harness.timed(fedbug_run, case)
+    ref, t_ref = harness.timed(reference_run, case, path, fb)
     rounds, ref_states = [], []
     for r, view in enumerate(ref.rounds):
         want = state_of(fb, ref.names, view)
@@ -138,7 +123,7 @@ def compare(case: ApfCase, path: str, engine: bool = True, sensitivity: bool = F
         rounds.append(
             {
                 "round": r + 1,
-                "units": unit_rows(fb, fb.rounds[r], w_ref),
+                "units": unit_rows(fb.space, fb.initial, fb.rounds[r], w_ref),
                 "mismatches": mismatches(fb.states[r], want),
                 "frozen": {
                     "reference": want["active"].count(False),
@@ -163,7 +148,7 @@ def compare(case: ApfCase, path: str, engine: bool = True, sensitivity: bool = F
         "case": case.to_json(),
         "rounds": rounds,
         "reference_rounds": ref_states,
-        "seconds": {"reference": round(t_ref, 2), "fedbug": round(t_fb, 2)},
+        "seconds": harness.seconds(t_ref, t_fb),
     }
     if engine:
         out["engine_vs_loop_max_abs"] = float((fedbug_engine(case) - fb.rounds[-1]).abs().max())
@@ -171,7 +156,9 @@ def compare(case: ApfCase, path: str, engine: bool = True, sensitivity: bool = F
         other = fedbug_run(case, perturb=1e-7, seed=fb.seed)  # the same random draws
         out["sensitivity"] = [
             {
-                "rel": max(u["rel"] for u in unit_rows(fb, other.rounds[r], fb.rounds[r])),
+                "rel": max(
+                    u["rel"] for u in unit_rows(fb.space, fb.initial, other.rounds[r], fb.rounds[r])
+                ),
                 "mismatches": sum(mismatches(other.states[r], fb.states[r]).values()),
             }
             for r in range(case.rounds)
@@ -190,10 +177,8 @@ def verdict(res: dict[str, Any], tol: float) -> tuple[str, float, int]:
 def _print(res: dict[str, Any], tol: float, commit: str) -> bool:
     case = res["case"]
     v, worst, wrong = verdict(res, tol)
-    agrees = (v == "MATCH") == (case["expect"] == "match")
-    flag = "" if agrees else "  <-- UNEXPECTED"
-    print(f"\n== {case['name']}: {v} (worst rel {worst:.2e}, tol {tol:g}; mismatched decisions "
-          f"{wrong}); expected {case['expect']}{flag}")  # fmt: skip
+    agrees = harness.print_verdict(case["name"], v, worst, tol, f"mismatched decisions {wrong}",
+                                   case["expect"])  # fmt: skip
     print(f"   {REFERENCE} at {commit[:7]} ({case['reference']}); {case['note']}")
     print(f"   apf: ema_alpha {case['ema_alpha']}, stable_threshold {case['stable_threshold']}, "
           f"random_freezing {case['random_freezing']} {case['apf_extra'] or ''}; "
@@ -212,22 +197,15 @@ def _print(res: dict[str, Any], tol: float, commit: str) -> bool:
             tail = f"   {s['rel']:.0e} ({s['mismatches']} decisions)"
         print(f"   {row['round']:>5}  {fz['reference']:>8}/{fz['fedbug']:<8}         "
               f"{th['reference']:<9g}  {row['max_length']:>10}  {cells}{tail}")  # fmt: skip
-    if "engine_vs_loop_max_abs" in res:
-        print(f"   fedbug.run vs the hand-built loop, final weights: max |diff| "
-              f"{res['engine_vs_loop_max_abs']:.1e}")  # fmt: skip
-    print(f"   seconds: reference {res['seconds']['reference']}, fedbug {res['seconds']['fedbug']}")
+    harness.print_footer(res)
     res["verdict"], res["worst_rel"], res["mismatched_decisions"] = v, worst, wrong
     return agrees
 
 
 def write_fixture(res: dict[str, Any], commit: str) -> Path:
     case = ApfCase.from_json(res["case"])
-    doc = {
-        "reference": {"repo": REFERENCE, "commit": commit},
-        "case": case.to_json(),
-        "inputs": input_digest(case),
-        "rounds": res["reference_rounds"],
-    }
+    doc = harness.case_fixture(REFERENCE, commit, case.to_json(), inputs=input_digest(case),
+                               rounds=res["reference_rounds"])  # fmt: skip
     return harness.write_fixture(doc, FIXTURES / f"{case.name}.json")
 
 

@@ -25,28 +25,20 @@ samples come in reverse order (the rounding of a reshuffled batch).
 
 from __future__ import annotations
 
-import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks.equivalence import cocofl_case, harness, reference_cocofl
+from benchmarks.equivalence.fedbug_side import rel_diff
 from fedbug.policies.cocofl import select_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "equivalence" / "cocofl"
 REPO = "k1l1/CoCoFL"
 FIXTURE_TABLE = "QResNet18"  # the table saved with its answers (QResNet50's is 171 rows)
-
-
-def _rel(got: torch.Tensor, ref: torch.Tensor, initial: torch.Tensor) -> dict[str, float]:
-    diff = float((got - ref).abs().max())
-    moved = float((ref - initial).abs().max())
-    rel = diff / moved if moved > 0 else (0.0 if diff == 0 else math.inf)
-    return {"max_abs_diff": diff, "max_abs_change": moved, "rel": rel}
 
 
 # -- 1. selection ------------------------------------------------------------------------------
@@ -80,7 +72,7 @@ def aggregation(ref: dict[str, Any]) -> dict[str, Any]:
     averaged = reference_cocofl.model_averaging(ref, sent, global_sd)
     theirs = torch.cat([averaged[n].reshape(-1) for n in space.names])
     ours = cocofl_case.fedbug_aggregate(space, weights, deltas)
-    return {"case": "aggregation", "kind": "aggregation", **_rel(ours, theirs, weights),
+    return {"case": "aggregation", "kind": "aggregation", **rel_diff(ours, theirs, weights),
             "reference": [float(v) for v in theirs]}  # fmt: skip
 
 
@@ -90,16 +82,12 @@ def aggregation(ref: dict[str, Any]) -> dict[str, Any]:
 def one_round(
     ref: dict[str, Any], case: cocofl_case.RoundCase, sensitivity: bool
 ) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    fb = cocofl_case.fedbug_round(case)
-    t_fb = time.perf_counter() - t0
+    fb, t_fb = harness.timed(cocofl_case.fedbug_round, case)
     init = cocofl_case.build_model(case).state_dict()
-    t0 = time.perf_counter()
-    averaged = reference_cocofl.one_round(
-        ref, init, cocofl_case.client_data(case), [list(f) for f in case.freezes], case.lr,
-        case.weight_decay, case.seed,
+    averaged, t_ref = harness.timed(
+        reference_cocofl.one_round, ref, init, cocofl_case.client_data(case),
+        [list(f) for f in case.freezes], case.lr, case.weight_decay, case.seed,
     )  # fmt: skip
-    t_ref = time.perf_counter() - t0
     theirs = torch.cat([averaged[n].reshape(-1).float() for n in fb.space.names])
     units = _unit_rows(fb, fb.weights, theirs)
     out = {
@@ -107,7 +95,7 @@ def one_round(
         "blocks": [list(b) for b in fb.blocks],
         "reference_stats": cocofl_case.split_stats(fb.space, theirs, fb.initial),
         "inputs": cocofl_case.input_digest(case),
-        "seconds": {"reference": round(t_ref, 2), "fedbug": round(t_fb, 2)},
+        "seconds": harness.seconds(t_ref, t_fb),
     }  # fmt: skip
     if sensitivity:
         out["sensitivity"] = _self_distance(case, fb)
@@ -127,7 +115,7 @@ def _unit_rows(fb: cocofl_case.FedbugRound, got: torch.Tensor, ref: torch.Tensor
                    if w == u and p == want]  # fmt: skip
             if idx:
                 i = torch.cat(idx)
-                rel = _rel(got[i], ref[i], fb.initial[i])
+                rel = rel_diff(got[i], ref[i], fb.initial[i])
                 row.update({k + key: v for k, v in rel.items()})
         rows.append(row)
     return rows
@@ -178,12 +166,12 @@ def _print(res: dict[str, Any], tol: float) -> bool:
         for u in res["units"]))  # fmt: skip
     if "sensitivity" in res:
         print(f"   fedbug vs itself, samples reversed: {res['sensitivity']:.0e}")
-    print(f"   seconds: reference {res['seconds']['reference']}, fedbug {res['seconds']['fedbug']}")
+    harness.print_footer(res)
     return agrees
 
 
 def write_fixture(res: dict[str, Any], commit: str) -> Path:
-    doc: dict[str, Any] = {"reference": {"repo": REPO, "commit": commit}, "case": res["case"]}
+    doc = harness.case_fixture(REPO, commit, res["case"])
     if res["kind"] == "selection":
         doc["source"] = "nets/QuantizedNets/ResNet/tables/table__CoCoFL_arm_QResNet18.json"
         doc["blocks"] = res["blocks"]

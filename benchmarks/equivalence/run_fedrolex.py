@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from benchmarks.equivalence import harness, reference_fedrolex
-from benchmarks.equivalence.fedbug_side import unit_stats
+from benchmarks.equivalence.fedbug_side import rel_diff, unit_rows, unit_stats
 from benchmarks.equivalence.fedrolex_case import (
     CASES,
     COMMIT,
@@ -46,7 +46,7 @@ from benchmarks.equivalence.fedrolex_case import (
     fedbug_run,
     input_digest,
 )
-from benchmarks.equivalence.run_heterofl import index_doc, mask_mismatches, to_fedbug, unit_rows
+from benchmarks.equivalence.run_heterofl import index_doc, mask_mismatches, to_fedbug
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "equivalence" / "fedrolex"
@@ -96,22 +96,17 @@ def kind_rows(fb: Any, got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]
     for name, off, n, shape in zip(fb.space.names, fb.space.offsets, fb.space.numels,
                                    fb.space.shapes):  # fmt: skip
         sl = slice(off, off + n)
-        moved = float((ref[sl] - fb.initial[sl]).abs().max())
-        diff = float((got[sl] - ref[sl]).abs().max())
-        rel = diff / moved if moved > 0 else (0.0 if diff == 0 else float("inf"))
+        rel = rel_diff(got[sl], ref[sl], fb.initial[sl])["rel"]
         kind = "counted" if len(shape) <= 1 or name.endswith("linear.weight") else "conv"
         out[kind] = max(out[kind], rel)
     return out
 
 
 def compare(case: FedRolexCase, path: str, engine: bool = True, sensitivity: bool = False) -> dict:
-    t0 = time.perf_counter()
-    fb = fedbug_run(case)
-    t_fb = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    fb, t_fb = harness.timed(fedbug_run, case)
     initial = by_name(fb.space, fb.initial)
-    ref = reference_fedrolex.run(path, case, initial, client_data(case))  # type: ignore[arg-type]
-    t_ref = time.perf_counter() - t0
+    data = client_data(case)  # type: ignore[arg-type]
+    ref, t_ref = harness.timed(reference_fedrolex.run, path, case, initial, data)
     shapes = {k: v.shape for k, v in initial.items()}
     rounds, saved = [], []
     for r, state in enumerate(ref.rounds):
@@ -120,7 +115,7 @@ def compare(case: FedRolexCase, path: str, engine: bool = True, sensitivity: boo
         sent = [mask_mismatches(shapes, i, m) for i, m in zip(ref.combined[r], fb.sent[r])]
         rounds.append({
             "round": r + 1, "split": split, "sent": sent,
-            "units": unit_rows(fb, fb.rounds[r], w_ref),  # type: ignore[arg-type]
+            "units": unit_rows(fb.space, fb.initial, fb.rounds[r], w_ref),
             "kinds": kind_rows(fb, fb.rounds[r], w_ref),
         })  # fmt: skip
         saved.append({
@@ -133,14 +128,14 @@ def compare(case: FedRolexCase, path: str, engine: bool = True, sensitivity: boo
         "case": case.to_json(),
         "rounds": rounds,
         "reference_rounds": saved,
-        "seconds": {"reference": round(t_ref, 2), "fedbug": round(t_fb, 2)},
+        "seconds": harness.seconds(t_ref, t_fb),
     }
     if engine:
         out["engine_vs_loop_max_abs"] = float((fedbug_engine(case) - fb.rounds[-1]).abs().max())
     if sensitivity:
         other = fedbug_run(case, perturb=1e-7)
         out["sensitivity"] = [
-            max(u["rel"] for u in unit_rows(fb, other.rounds[r], fb.rounds[r]))  # type: ignore[arg-type]
+            max(u["rel"] for u in unit_rows(fb.space, fb.initial, other.rounds[r], fb.rounds[r]))
             for r in range(case.rounds)
         ]
     return out
@@ -155,10 +150,8 @@ def verdict(res: dict[str, Any], tol: float) -> tuple[str, float, int]:
 def _print(res: dict[str, Any], tol: float, commit: str) -> bool:
     case = res["case"]
     v, worst, wrong = verdict(res, tol)
-    agrees = (v == "MATCH") == (case["expect"] == "match")
-    flag = "" if agrees else "  <-- UNEXPECTED"
-    print(f"\n== {case['name']}: {v} (worst rel {worst:.2e}, tol {tol:g}; mismatched mask "
-          f"entries {wrong}); expected {case['expect']}{flag}")  # fmt: skip
+    agrees = harness.print_verdict(case["name"], v, worst, tol, f"mismatched mask entries {wrong}",
+                                   case["expect"])  # fmt: skip
     print(f"   {REFERENCE} at {commit[:7]}; {case['note']}")
     print(f"   rates {case['rates']}, labels {case['labels']}, hidden {case['hidden']}; "
           f"fedrolex direction {case['direction']}, bn_linear_weights {case['weights']}; "
@@ -173,10 +166,7 @@ def _print(res: dict[str, Any], tol: float, commit: str) -> bool:
         cells = f"{k['conv']:.1e}, {k['counted']:.1e}, " + \
             f"{max(u['rel'] for u in row['units']):.1e}"  # fmt: skip
         print(f"   {row['round']:>5}  {str(row['split'])} / {str(row['sent']):<24}  {cells}{tail}")
-    if "engine_vs_loop_max_abs" in res:
-        print(f"   fedbug.run vs the hand-built loop, final weights: max |diff| "
-              f"{res['engine_vs_loop_max_abs']:.1e}")  # fmt: skip
-    print(f"   seconds: reference {res['seconds']['reference']}, fedbug {res['seconds']['fedbug']}")
+    harness.print_footer(res)
     res["verdict"], res["worst_rel"], res["mismatched_entries"] = v, worst, wrong
     return agrees
 
@@ -196,18 +186,14 @@ def _print_index(res: dict[str, Any], commit: str) -> bool:
 
 def write_fixture(res: dict[str, Any], commit: str) -> Path:
     case = FedRolexCase.from_json(res["case"])
-    doc = {
-        "reference": {"repo": REFERENCE, "commit": commit},
-        "case": case.to_json(),
-        "inputs": input_digest(case),  # type: ignore[arg-type]
-        "rounds": res["reference_rounds"],
-    }
+    inputs = input_digest(case)  # type: ignore[arg-type]
+    doc = harness.case_fixture(REFERENCE, commit, case.to_json(), inputs=inputs,
+                               rounds=res["reference_rounds"])  # fmt: skip
     return harness.write_fixture(doc, FIXTURES / f"{case.name}.json")
 
 
 def write_index_fixture(res: dict[str, Any], commit: str) -> Path:
-    doc = {"reference": {"repo": REFERENCE, "commit": commit}, "case": res["case"],
-           "split": res["reference_split"]}  # fmt: skip
+    doc = harness.case_fixture(REFERENCE, commit, res["case"], split=res["reference_split"])
     return harness.write_fixture(doc, FIXTURES / f"{res['case']['name']}.json")
 
 
@@ -220,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c.name:34} {getattr(c, 'expect', 'match'):6} {c.note}")
         return 0
     commit, info = harness.header(REFERENCE, a.fedrolex, a.threads)
-    if not commit.startswith(COMMIT):
-        print(f"note: {a.fedrolex} is at {commit}, not {COMMIT}")
+    harness.note_commit(a.fedrolex, commit, COMMIT)
 
     def one(case: Any) -> tuple[dict[str, Any], bool, Any]:
         if isinstance(case, IndexCase):

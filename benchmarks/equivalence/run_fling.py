@@ -37,10 +37,9 @@ from typing import Any
 import torch
 
 from benchmarks.equivalence import fling_cases, harness, reference_fling
-from benchmarks.equivalence.fedbug_side import unit_stats
+from benchmarks.equivalence.fedbug_side import unit_rows, unit_stats, worst_rel
 from benchmarks.equivalence.fling_cases import FlingScenario, ScheduleCase
 from benchmarks.equivalence.reference_fedbug import commit_of
-from benchmarks.equivalence.run_pfllib import _rows, _worst
 from fedbug.core.units import find_units
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,8 +152,8 @@ def _self_distance(case: FlingScenario, fb: Any) -> list[float]:
     nudged, units = fling_cases.fedbug_run(case, perturb=1e-7), range(fb.space.num_units)
     out = []
     for r in range(len(case.fling_rounds)):
-        rows = _rows(fb, nudged.rounds[r], fb.rounds[r], units)
-        out.append(_worst([x for x in rows if x["max_abs_change"] > 0]))
+        rows = unit_rows(fb.space, fb.initial, nudged.rounds[r], fb.rounds[r], units)
+        out.append(worst_rel([x for x in rows if x["max_abs_change"] > 0]))
     return out
 
 
@@ -162,9 +161,7 @@ def compare_train(
     case: FlingScenario, path: str, engine: bool, sensitivity: bool
 ) -> dict[str, Any]:
     mods = reference_fling.load(path)
-    t0 = time.perf_counter()
-    fb = fling_cases.fedbug_run(case)
-    t_fb = time.perf_counter() - t0
+    fb, t_fb = harness.timed(fling_cases.fedbug_run, case)
     initial = fling_cases.build_model(case).state_dict()
     t0 = time.perf_counter()
     params, sent = reference_fling.run_train(path, case, initial)
@@ -176,7 +173,7 @@ def compare_train(
         before = (ref[r - 1], fb.rounds[r - 1]) if r else (fb.initial, fb.initial)
         rounds.append({
             "round": rnd + 1,
-            "global": _rows(fb, fb.rounds[r], ref[r], units),
+            "global": unit_rows(fb.space, fb.initial, fb.rounds[r], ref[r], units),
             "steps": _steps(fb.space, fb.rounds[r], ref[r]),
             "moved_fling": _moved(fb.space, before[0], ref[r]),
             "moved_fedbug": _moved(fb.space, before[1], fb.rounds[r]),
@@ -187,7 +184,7 @@ def compare_train(
         "case": case.to_json(),
         "rounds": rounds,
         "units": [u.name for u in fb.space.units],
-        "seconds": {"reference": round(t_ref, 2), "fedbug": round(t_fb, 2)},
+        "seconds": harness.seconds(t_ref, t_fb),
         "bytes_up": {"fling": sent, "fedbug": fling_cases.bytes_up(fb)},
         "twin_max_abs": _twin_equal(mods, case),
         "lr_ignored": reference_fling.lr_is_ignored(path, case, initial),
@@ -204,7 +201,7 @@ def compare_train(
 
 def _print_train(res: dict[str, Any], tol: float) -> bool:
     case = res["case"]
-    worst_by_round = [_worst(row["global"]) for row in res["rounds"]]
+    worst_by_round = [worst_rel(row["global"]) for row in res["rounds"]]
     worst = max(worst_by_round)
     # the same units moved, and were sent, on both sides (whatever the rounding)
     same_sends = all(row["moved_fling"] == row["moved_fedbug"] for row in res["rounds"])
@@ -238,10 +235,7 @@ def _print_train(res: dict[str, Any], tol: float) -> bool:
     print(f"   bytes up per round: {res['bytes_up']}")
     print(f"   fedbug's ResNet-8 vs Fling's class, same weights: max |out diff| "
           f"{res['twin_max_abs']:.1e}; Fling's train ignores lr: {res['lr_ignored']}")  # fmt: skip
-    if "engine_vs_loop_max_abs" in res:
-        print(f"   fedbug.run vs the hand-built loop, final weights: max |diff| "
-              f"{res['engine_vs_loop_max_abs']:.1e}")  # fmt: skip
-    print(f"   seconds: Fling {res['seconds']['reference']}, fedbug {res['seconds']['fedbug']}")
+    harness.print_footer(res, "Fling")
     res["verdict"], res["worst_by_round"] = verdict, worst_by_round
     return agrees
 
@@ -258,12 +252,8 @@ def write_schedule_fixture(results: list[dict[str, Any]], commits: dict[str, str
 
 def write_train_fixture(res: dict[str, Any], commit: str) -> Path:
     case = FlingScenario.from_json(res["case"])
-    doc = {
-        "reference": {"repo": REPO, "commit": commit},
-        "case": res["case"],
-        "inputs": fling_cases.input_digest(case),
-        "rounds": res["reference_stats"],
-    }
+    doc = harness.case_fixture(REPO, commit, res["case"], inputs=fling_cases.input_digest(case),
+                               rounds=res["reference_stats"])  # fmt: skip
     return harness.write_fixture(doc, FIXTURES / f"{case.name}.json")
 
 

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks.equivalence import harness, reference_heterofl
-from benchmarks.equivalence.fedbug_side import unit_stats
+from benchmarks.equivalence.fedbug_side import unit_rows, unit_stats
 from benchmarks.equivalence.heterofl_case import (
     CASES,
     COMMIT,
@@ -59,16 +58,6 @@ def to_fedbug(fb: FedbugRun, state: dict[str, torch.Tensor]) -> torch.Tensor:
     if torch.isnan(out).any():
         raise RuntimeError("the code's state does not cover fedbug's flat space")
     return out
-
-
-def unit_rows(fb: FedbugRun, got: torch.Tensor, ref: torch.Tensor) -> list[dict[str, Any]]:
-    rows = []
-    for unit, sl in zip(fb.space.units, fb.space.unit_slices):
-        diff = float((got[sl] - ref[sl]).abs().max())
-        moved = float((ref[sl] - fb.initial[sl]).abs().max())
-        rel = diff / moved if moved > 0 else (0.0 if diff == 0 else math.inf)
-        rows.append({"unit": unit.name, "max_abs_diff": diff, "max_abs_change": moved, "rel": rel})
-    return rows
 
 
 def index_doc(idx: dict[str, Any]) -> dict[str, Any]:
@@ -100,20 +89,22 @@ def model_check(path: str, case: HeteroFLCase) -> float:
 
 
 def compare(case: HeteroFLCase, path: str, engine: bool = True, sensitivity: bool = False) -> dict:
-    t0 = time.perf_counter()
-    fb = fedbug_run(case)
-    t_fb = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    fb, t_fb = harness.timed(fedbug_run, case)
     initial = by_name(fb.space, fb.initial)
-    ref = reference_heterofl.run(path, case, initial, client_data(case))
-    t_ref = time.perf_counter() - t0
+    ref, t_ref = harness.timed(reference_heterofl.run, path, case, initial, client_data(case))
     shapes = {k: v.shape for k, v in initial.items()}
     split = [mask_mismatches(shapes, i, m) for i, m in zip(ref.split, fb.masks)]
     rounds, saved = [], []
     for r, state in enumerate(ref.rounds):
         w_ref = to_fedbug(fb, state)
         sent = [mask_mismatches(shapes, i, m) for i, m in zip(ref.combined[r], fb.sent[r])]
-        rounds.append({"round": r + 1, "units": unit_rows(fb, fb.rounds[r], w_ref), "sent": sent})
+        rounds.append(
+            {
+                "round": r + 1,
+                "units": unit_rows(fb.space, fb.initial, fb.rounds[r], w_ref),
+                "sent": sent,
+            }
+        )
         saved.append(
             {
                 "round": r + 1,
@@ -128,14 +119,14 @@ def compare(case: HeteroFLCase, path: str, engine: bool = True, sensitivity: boo
         "reference_split": [index_doc(i) for i in ref.split],
         "reference_rounds": saved,
         "model_check_max_abs": model_check(path, case),
-        "seconds": {"reference": round(t_ref, 2), "fedbug": round(t_fb, 2)},
+        "seconds": harness.seconds(t_ref, t_fb),
     }
     if engine:
         out["engine_vs_loop_max_abs"] = float((fedbug_engine(case) - fb.rounds[-1]).abs().max())
     if sensitivity:
         other = fedbug_run(case, perturb=1e-7)
         out["sensitivity"] = [
-            max(u["rel"] for u in unit_rows(fb, other.rounds[r], fb.rounds[r]))
+            max(u["rel"] for u in unit_rows(fb.space, fb.initial, other.rounds[r], fb.rounds[r]))
             for r in range(case.rounds)
         ]
     return out
@@ -152,10 +143,8 @@ def verdict(res: dict[str, Any], tol: float) -> tuple[str, float, int]:
 def _print(res: dict[str, Any], tol: float, commit: str) -> bool:
     case = res["case"]
     v, worst, wrong = verdict(res, tol)
-    agrees = (v == "MATCH") == (case["expect"] == "match")
-    flag = "" if agrees else "  <-- UNEXPECTED"
-    print(f"\n== {case['name']}: {v} (worst rel {worst:.2e}, tol {tol:g}; mismatched mask "
-          f"entries {wrong}); expected {case['expect']}{flag}")  # fmt: skip
+    agrees = harness.print_verdict(case["name"], v, worst, tol, f"mismatched mask entries {wrong}",
+                                   case["expect"])  # fmt: skip
     print(f"   {REFERENCE} at {commit[:7]}; {case['note']}")
     print(f"   rates {case['rates']}, labels {case['labels']}, hidden {case['hidden']}, norm "
           f"{case['norm']}, scale {case['scale']}, mask {case['mask']}; {case['local_epochs']} "
@@ -170,23 +159,17 @@ def _print(res: dict[str, Any], tol: float, commit: str) -> bool:
         cells = ", ".join(f"{u['rel']:.1e}" for u in row["units"])
         tail = f"   {res['sensitivity'][r]:.0e}" if "sensitivity" in res else ""
         print(f"   {row['round']:>5}  {str(row['sent']):<28}  {cells}{tail}")
-    if "engine_vs_loop_max_abs" in res:
-        print(f"   fedbug.run vs the hand-built loop, final weights: max |diff| "
-              f"{res['engine_vs_loop_max_abs']:.1e}")  # fmt: skip
-    print(f"   seconds: reference {res['seconds']['reference']}, fedbug {res['seconds']['fedbug']}")
+    harness.print_footer(res)
     res["verdict"], res["worst_rel"], res["mismatched_entries"] = v, worst, wrong
     return agrees
 
 
 def write_fixture(res: dict[str, Any], commit: str) -> Path:
     case = HeteroFLCase.from_json(res["case"])
-    doc = {
-        "reference": {"repo": REFERENCE, "commit": commit},
-        "case": case.to_json(),
-        "inputs": input_digest(case),
-        "split": res["reference_split"],
-        "rounds": res["reference_rounds"],
-    }
+    doc = harness.case_fixture(
+        REFERENCE, commit, case.to_json(), inputs=input_digest(case),
+        split=res["reference_split"], rounds=res["reference_rounds"],
+    )  # fmt: skip
     return harness.write_fixture(doc, FIXTURES / f"{case.name}.json")
 
 
@@ -199,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c.name:24} {c.expect:6} {c.note}")
         return 0
     commit, info = harness.header(REFERENCE, a.heterofl, a.threads)
-    if commit != COMMIT:
-        print(f"note: {a.heterofl} is at {commit}, not {COMMIT}")
+    harness.note_commit(a.heterofl, commit, COMMIT)
 
     def one(case: HeteroFLCase) -> tuple[dict[str, Any], bool, Any]:
         res = compare(case, a.heterofl, engine=not a.no_engine, sensitivity=a.sensitivity)
