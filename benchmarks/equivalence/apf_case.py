@@ -14,7 +14,6 @@ and keeps, after every round, the global weights and the server's APF state;
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +52,7 @@ def decode(text: str) -> list[int]:
 
 
 @dataclass(frozen=True)
-class ApfCase:
+class ApfCase(scenario.JsonCase):
     name: str
     stable_threshold: float
     ema_alpha: float = 0.99
@@ -71,15 +70,6 @@ class ApfCase:
     expect: str = "match"
     note: str = ""
     apf_extra: dict[str, Any] = field(default_factory=dict)  # more of fedbug's apf: block
-
-    def to_json(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
-        doc["dims"] = list(self.dims)
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> ApfCase:
-        return cls(**{**doc, "dims": tuple(doc["dims"])})
 
     def apf_block(self) -> dict[str, Any]:
         return {

@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -113,7 +113,7 @@ def fedbug_aggregate(space: ParamSpace, weights: Tensor, deltas: list[Tensor]) -
 
 
 @dataclass(frozen=True)
-class RoundCase:
+class RoundCase(scenario.JsonCase):
     """One round, every device with its reference freezing configuration."""
 
     name: str
@@ -128,13 +128,6 @@ class RoundCase:
     @property
     def fixture(self) -> bool:
         return self.expect == "match"
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "freezes": [list(f) for f in self.freezes]}
-
-    @staticmethod
-    def from_json(d: dict[str, Any]) -> RoundCase:
-        return RoundCase(**{**d, "freezes": tuple(tuple(f) for f in d["freezes"])})
 
 
 ROUND_CASES = [

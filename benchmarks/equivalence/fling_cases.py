@@ -196,7 +196,7 @@ NORM = functools.partial(nn.BatchNorm2d, track_running_stats=False)
 
 
 @dataclass(frozen=True)
-class FlingScenario:
+class FlingScenario(scenario.JsonCase):
     """A train case: Fling's rounds ``fling_rounds`` (0-based, run in that order from the
     initial weights; fedbug's rounds one higher) of ResNet-8 with ``optimizer`` at ``lr``."""
 
@@ -220,15 +220,6 @@ class FlingScenario:
     def consecutive(self) -> bool:
         """Rounds 1..n in order: what ``fedbug.run`` runs."""
         return self.fling_rounds == tuple(range(len(self.fling_rounds)))
-
-    def to_json(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
-        doc["fling_rounds"] = list(self.fling_rounds)
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> FlingScenario:
-        return cls(**{**doc, "fling_rounds": tuple(doc["fling_rounds"])})
 
 
 #: Adam (FedPart's optimizer) takes a step of about lr x sign(g) on every entry, so the few

@@ -32,6 +32,7 @@ from fedbug.models.cnn import StandardCNN
 
 INPUT_SHAPE = (3, 32, 32)
 M = TypeVar("M", bound=nn.Module)
+C = TypeVar("C", bound="JsonCase")
 
 
 @dataclass(frozen=True)
@@ -152,3 +153,26 @@ def perturb(model: nn.Module, by: float) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(1 + by * torch.randn(p.shape, generator=g))
+
+
+class JsonCase:
+    """``to_json`` / ``from_json`` for a frozen case dataclass whose tuple fields (tuples of tuples
+    included) travel as JSON lists; every other field as it is."""
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {k: _lists(v) if isinstance(v, tuple) else v for k, v in doc.items()}
+
+    @classmethod
+    def from_json(cls: type[C], doc: dict[str, Any]) -> C:
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        tuples = {f.name for f in fields if str(f.type).startswith("tuple")}
+        return cls(**{k: _tuples(v) if k in tuples else v for k, v in doc.items()})
+
+
+def _lists(v: Any) -> Any:
+    return [_lists(x) for x in v] if isinstance(v, (tuple, list)) else v
+
+
+def _tuples(v: Any) -> Any:
+    return tuple(_tuples(x) for x in v) if isinstance(v, (tuple, list)) else v
