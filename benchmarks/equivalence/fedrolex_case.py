@@ -18,30 +18,25 @@ algorithm's ``server_update`` and server state); :func:`fedbug_engine` runs the 
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
 
-import fedbug
 from benchmarks.equivalence import scenario
 from benchmarks.equivalence.heterofl_case import (
     INPUT_SHAPE,
+    FedbugRun,
     PreActResNet18,
     build_model,
     by_name,
     client_data,
+    full_masks,
     input_digest,
-    settings,
+    width_engine,
+    width_rounds,
 )
 from fedbug.algorithms.width.fedrolex import FedRolex, FedRolexParams
-from fedbug.core.units import ParamSpace, find_units
-from fedbug.engine.aggregate import Aggregate
-from fedbug.engine.client import ClientData, ClientRuntime, ClientTask, train_client
-from fedbug.policies import build_policy
 
 REFERENCE = "AIoT-MLSys-Lab/FedRolex"
 COMMIT = "8135109"  # full hash resolved from the checkout by the harness
@@ -49,7 +44,7 @@ __all__ = ["INPUT_SHAPE", "by_name", "client_data", "input_digest"]
 
 
 @dataclass(frozen=True)
-class IndexCase:
+class IndexCase(scenario.JsonCase):
     name: str = "resnet18-r1-r0.25-windows"
     rates: tuple[float, ...] = (1.0, 0.25)
     hidden: tuple[int, ...] = (64, 128, 256, 512)
@@ -58,18 +53,9 @@ class IndexCase:
     direction: str = "backward"
     note: str = "split_model's index sets against fedbug's masks, the window wrapping per layer"
 
-    def to_json(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
-        return {**doc, **{k: list(doc[k]) for k in ("rates", "hidden", "code_rounds")}}
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> IndexCase:
-        keys = ("rates", "hidden", "code_rounds")
-        return cls(**{**doc, **{k: tuple(doc[k]) for k in keys}})
-
 
 @dataclass(frozen=True)
-class FedRolexCase:
+class FedRolexCase(scenario.JsonCase):
     name: str
     rates: tuple[float, ...] = (1.0, 0.5)  # client i trains at rates[i]
     labels: tuple[tuple[int, ...], ...] = ((0, 1, 2, 3), (0, 1, 2, 3))
@@ -88,23 +74,6 @@ class FedRolexCase:
     expect: str = "match"
     note: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
-        doc["rates"], doc["hidden"] = list(self.rates), list(self.hidden)
-        doc["labels"] = [list(y) for y in self.labels]
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> FedRolexCase:
-        return cls(
-            **{
-                **doc,
-                "rates": tuple(doc["rates"]),
-                "hidden": tuple(doc["hidden"]),
-                "labels": tuple(tuple(y) for y in doc["labels"]),
-            }
-        )
-
     @property
     def input_shape(self) -> tuple[int, ...]:
         return INPUT_SHAPE
@@ -120,9 +89,8 @@ class FedRolexCase:
         }
 
 
-def _algorithm(block: dict[str, Any], model: torch.nn.Module) -> tuple[FedRolex, Any]:
-    alg = FedRolex(params=FedRolexParams(**block))
-    return alg, alg.wrap_model(model, "linear")
+def _algorithm(block: dict[str, Any]) -> FedRolex:
+    return FedRolex(params=FedRolexParams(**block))
 
 
 def fedbug_index_masks(c: IndexCase) -> list[list[dict[str, Tensor]]]:
@@ -130,22 +98,13 @@ def fedbug_index_masks(c: IndexCase) -> list[list[dict[str, Tensor]]]:
     where it holds the whole model)."""
     model = PreActResNet18(c.hidden, c.classes)
     block = {"rates": list(c.rates), "assign": "fixed", "direction": c.direction}
-    alg, _ = _algorithm(block, model)
-    full = {n: torch.ones(p.shape, dtype=torch.bool) for n, p in model.named_parameters()}
+    alg = _algorithm(block)
+    alg.wrap_model(model, "linear")
+    full = full_masks(model)
     return [
         [alg.param_masks(alg.window_key(rate, r + 1)) or full for rate in c.rates]
         for r in c.code_rounds
     ]
-
-
-@dataclass
-class FedbugRun:
-    space: ParamSpace
-    names: list[str]
-    initial: Tensor
-    masks: list[list[dict[str, Tensor]]] = field(default_factory=list)  # per round, per client
-    rounds: list[Tensor] = field(default_factory=list)  # global weights after each round
-    sent: list[list[dict[str, Tensor]]] = field(default_factory=list)  # per round, per client
 
 
 def fedbug_run(c: FedRolexCase, perturb: float = 0.0) -> FedbugRun:
@@ -154,66 +113,17 @@ def fedbug_run(c: FedRolexCase, perturb: float = 0.0) -> FedbugRun:
     * N(0, 1) (seeded)."""
     model = build_model(c)  # type: ignore[arg-type] - HeteroFL's case fields
     scenario.perturb(model, perturb)
-    names = [n for n, _ in model.named_parameters()]
-    alg, wrapped = _algorithm(c.fedrolex_block(), model)
-    space = ParamSpace(wrapped, find_units(wrapped, torch.zeros(2, *INPUT_SHAPE)))
-    sets = settings(c)  # type: ignore[arg-type]
-    rt = ClientRuntime(wrapped, space, build_policy("none"), alg, sets, lambda x: x)
-    clients = [ClientData(x, y) for x, y in client_data(c)]  # type: ignore[arg-type]
-    weights = space.flatten(wrapped)
-    full = {n: torch.ones(p.shape, dtype=torch.bool) for n, p in model.named_parameters()}
-    out = FedbugRun(space, names, weights.clone())
-    state = alg.init_server_state(weights, len(clients))
-    for r in range(1, c.rounds + 1):
-        agg, sent, masks = Aggregate(space, "uniform"), [], []
-        for i, d in enumerate(clients):
-            extra = alg.client_config(i, None)
-            task = ClientTask(r, i, 0, c.lr, float(len(d)), {}, c.rounds, extra)
-            res = train_client(weights, task, d, {}, rt)
-            agg.add(res.delta, res.uploaded, res.num_samples, res.entries, res.extras)
-            masks.append(alg.param_masks(alg.window_key(c.rates[i], r)) or full)
-            sent.append({k: v.bool() for k, v in by_name(space, res.entries.float()).items()})
-        step = alg.server_update(weights, agg, state, r, len(clients))
-        weights, state = step.weights, step.state
-        out.rounds.append(weights.clone())
-        out.masks.append(masks)
-        out.sent.append(sent)
-    return out
+    alg, full = _algorithm(c.fedrolex_block()), full_masks(model)
+
+    def masks(r: int) -> list[dict[str, Tensor]]:
+        return [alg.param_masks(alg.window_key(rate, r)) or full for rate in c.rates]
+
+    return width_rounds(c, alg, model, masks)
 
 
 def fedbug_engine(c: FedRolexCase) -> Tensor:
     """The final global weights of the same case run by ``fedbug.run``."""
-    data = client_data(c)  # type: ignore[arg-type]
-    dataset = fedbug.FederatedDataset.from_clients(
-        "equivalence", data, test=(data[0][0], data[0][1]), num_classes=c.classes
-    )
-    doc: dict[str, Any] = {
-        "name": c.name,
-        "model": "mlp",
-        "num_clients": len(data),
-        "clients_per_round": len(data),
-        "partition": "natural",
-        "augment": "none",
-        "rounds": c.rounds,
-        "local_steps": c.local_epochs,
-        "batch_size": settings(c).batch_size,  # type: ignore[arg-type]
-        "lr": c.lr,
-        "momentum": c.momentum,
-        "weight_decay": c.weight_decay,
-        "clip_grad_norm": 1.0,
-        "weighting": "uniform",
-        "algorithm": "fedrolex",
-        "fedrolex": c.fedrolex_block(),
-        "count_flops": False,
-        "eval_every": c.rounds,
-        "checkpoint_every": c.rounds,
-        "memory_format": "contiguous",
-        "threads": torch.get_num_threads(),
-    }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = fedbug.config(**doc)
-        return fedbug.run(cfg, model=build_model(c), dataset=dataset).weights  # type: ignore[arg-type]
+    return width_engine(c, "fedrolex", c.fedrolex_block())
 
 
 # -- the cases ---------------------------------------------------------------------------------

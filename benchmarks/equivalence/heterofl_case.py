@@ -18,8 +18,8 @@ sub-model masks and the entries it sent; :func:`fedbug_engine` runs the case thr
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 import fedbug
 from benchmarks.equivalence import scenario
+from fedbug.algorithms.width.base import WidthAlgorithm
 from fedbug.algorithms.width.heterofl import HeteroFL, HeteroFLParams
 from fedbug.core.units import ParamSpace, find_units
 from fedbug.engine.aggregate import Aggregate
@@ -42,7 +43,7 @@ INPUT_SHAPE = (3, 16, 16)
 
 
 @dataclass(frozen=True)
-class HeteroFLCase:
+class HeteroFLCase(scenario.JsonCase):
     name: str
     rates: tuple[float, ...] = (1.0, 0.5)  # client i trains at rates[i]
     labels: tuple[tuple[int, ...], ...] = ((0, 1, 2, 3), (0, 1, 2, 3))  # each client's 4 labels
@@ -60,23 +61,6 @@ class HeteroFLCase:
     init_seed: int = 0
     expect: str = "match"
     note: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
-        doc["rates"], doc["hidden"] = list(self.rates), list(self.hidden)
-        doc["labels"] = [list(y) for y in self.labels]
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> HeteroFLCase:
-        return cls(
-            **{
-                **doc,
-                "rates": tuple(doc["rates"]),
-                "hidden": tuple(doc["hidden"]),
-                "labels": tuple(tuple(y) for y in doc["labels"]),
-            }
-        )
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -162,7 +146,8 @@ class FedbugRun:
     space: ParamSpace
     names: list[str]  # the model's parameter names (the reference's state-dict keys)
     initial: Tensor
-    masks: list[dict[str, Tensor]]  # each client's sub-model masks by parameter name
+    # HeteroFL: each client's sub-model masks by parameter name; FedRolex: per round, per client
+    masks: list[Any] = field(default_factory=list)
     rounds: list[Tensor] = field(default_factory=list)  # global weights after each round
     sent: list[list[dict[str, Tensor]]] = field(default_factory=list)  # per round, per client
 
@@ -183,23 +168,30 @@ def by_name(space: ParamSpace, flat: Tensor) -> dict[str, Tensor]:
     return {k.removeprefix("model."): v for k, v in space.state_dict(flat).items()}
 
 
-def fedbug_run(c: HeteroFLCase, perturb: float = 0.0) -> FedbugRun:
-    """The global weights after each of ``c.rounds`` rounds (every client every round), the
-    clients' masks and the entries each sent. ``perturb``: each initial weight times
-    1 + perturb * N(0, 1) (seeded)."""
-    model = build_model(c)
-    scenario.perturb(model, perturb)
+def full_masks(model: nn.Module) -> dict[str, Tensor]:
+    """All-True masks by parameter name (a client holding the whole model)."""
+    return {n: torch.ones(p.shape, dtype=torch.bool) for n, p in model.named_parameters()}
+
+
+def width_rounds(
+    c: Any,
+    alg: WidthAlgorithm,
+    model: nn.Module,
+    round_masks: Callable[[int], list[dict[str, Tensor]]] | None = None,
+) -> FedbugRun:
+    """fedbug's round loop of a width method ``alg`` on the case's clients (a HeteroFL or
+    FedRolex case: its fields ``rates``, ``labels``, ``rounds``, ``lr`` and training settings):
+    every client every round, ``Aggregate`` with ``weighting: uniform``, the algorithm's
+    ``server_update`` with its server state. Keeps the global weights after each round and
+    the entries each client sent; ``round_masks(r)``, where given, each round's masks."""
     names = [n for n, _ in model.named_parameters()]
-    alg = HeteroFL(params=HeteroFLParams(**c.heterofl_block()))
     wrapped = alg.wrap_model(model, "linear")
     space = ParamSpace(wrapped, find_units(wrapped, torch.zeros(2, *INPUT_SHAPE)))
     rt = ClientRuntime(wrapped, space, build_policy("none"), alg, settings(c), lambda x: x)
     clients = [ClientData(x, y) for x, y in client_data(c)]
     weights = space.flatten(wrapped)
-    full = {n: torch.ones(p.shape, dtype=torch.bool) for n, p in model.named_parameters()}
-    masks = [alg.param_masks(r) or full for r in c.rates]
-    out = FedbugRun(space, names, weights.clone(), masks)
-    alg.init_server_state(weights, len(clients))
+    out = FedbugRun(space, names, weights.clone())
+    state = alg.init_server_state(weights, len(clients))
     for r in range(1, c.rounds + 1):
         agg, sent = Aggregate(space, "uniform"), []
         for i, d in enumerate(clients):
@@ -208,14 +200,35 @@ def fedbug_run(c: HeteroFLCase, perturb: float = 0.0) -> FedbugRun:
             res = train_client(weights, task, d, {}, rt)
             agg.add(res.delta, res.uploaded, res.num_samples, res.entries, res.extras)
             sent.append({k: v.bool() for k, v in by_name(space, res.entries.float()).items()})
-        weights = alg.server_update(weights, agg, {}, r, len(clients)).weights
+        if round_masks is not None:
+            out.masks.append(round_masks(r))
+        step = alg.server_update(weights, agg, state, r, len(clients))
+        weights, state = step.weights, step.state
         out.rounds.append(weights.clone())
         out.sent.append(sent)
     return out
 
 
+def fedbug_run(c: HeteroFLCase, perturb: float = 0.0) -> FedbugRun:
+    """The global weights after each of ``c.rounds`` rounds (every client every round), the
+    clients' masks and the entries each sent. ``perturb``: each initial weight times
+    1 + perturb * N(0, 1) (seeded)."""
+    model = build_model(c)
+    scenario.perturb(model, perturb)
+    alg = HeteroFL(params=HeteroFLParams(**c.heterofl_block()))
+    out = width_rounds(c, alg, model)
+    out.masks = [alg.param_masks(r) or full_masks(model) for r in c.rates]
+    return out
+
+
 def fedbug_engine(c: HeteroFLCase) -> Tensor:
     """The final global weights of the same case run by ``fedbug.run``."""
+    return width_engine(c, "heterofl", c.heterofl_block())
+
+
+def width_engine(c: Any, algorithm: str, block: dict[str, Any]) -> Tensor:
+    """The final global weights of a HeteroFL or FedRolex case run by ``fedbug.run`` with
+    ``algorithm`` and its options ``block``."""
     data = client_data(c)
     dataset = fedbug.FederatedDataset.from_clients(
         "equivalence", data, test=(data[0][0], data[0][1]), num_classes=c.classes
@@ -235,8 +248,8 @@ def fedbug_engine(c: HeteroFLCase) -> Tensor:
         "weight_decay": c.weight_decay,
         "clip_grad_norm": 1.0,
         "weighting": "uniform",
-        "algorithm": "heterofl",
-        "heterofl": c.heterofl_block(),
+        "algorithm": algorithm,
+        algorithm: block,
         "count_flops": False,
         "eval_every": c.rounds,
         "checkpoint_every": c.rounds,
