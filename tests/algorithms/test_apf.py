@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from executor_checks import assert_same_run, flower_run
 from tiny import TwoLayer, data, set_weights, tiny_config, without_timing
 
 from fedbug.algorithms import ALGORITHMS
@@ -313,29 +314,13 @@ def test_worker_processes_give_the_in_process_numbers():
 def test_flowers_message_path_gives_the_in_process_numbers():
     """The mask travels in the payload and the held entries in each reply: with entries frozen
     in rounds 2 and 3, Flower's serialised messages give the in-process numbers bitwise."""
-    pytest.importorskip("flwr")
-    import json
-
-    from flowergrid import LoopbackGrid, task_identity
-
-    from fedbug.integrations.flower.clientapp import app as client_app
-    from fedbug.integrations.flower.executor import FlowerExecutor
-
     cfg = tiny_config(
         algorithm="apf", apf={"stable_threshold": 0.5, "ema_alpha": 0.5}, rounds=3, threads=1,
         count_flops=False,
     )  # fmt: skip
     here = run_experiment(cfg)
     assert here.records[-1]["apf_frozen"] > 0
-    there_cfg = cfg.model_copy(update={"executor": "flower-simulation"})
-    run_config = {"config": json.dumps(there_cfg.model_dump(mode="json"))}
-    grid = LoopbackGrid(client_app, cfg.num_clients, run_config)
-    with task_identity():
-        there = run_experiment(
-            there_cfg, executor_factory=lambda exp: FlowerExecutor(grid, exp, map_once=True)
-        )
-    assert without_timing(there.records) == without_timing(here.records)
-    assert torch.equal(there.weights, here.weights)
+    assert_same_run(flower_run(cfg), here)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from executor_checks import assert_same_run, flower_run
 from test_heterofl import SGD, narrow_step
 from test_width_planner import TinyResNet, rows_cols, vec
 from tiny import tiny_config, without_timing
@@ -298,31 +299,14 @@ def test_processes_executor_gives_the_in_process_numbers():
     cfg = _cfg(fedrolex={"bn_linear_weights": "code_counts"}, rounds=3)
     here = run_experiment(cfg)
     there = run_experiment(cfg.model_copy(update={"executor": "processes", "workers": 2}))
-    assert without_timing(here.records) == without_timing(there.records)
-    assert torch.equal(here.weights, there.weights)
+    assert_same_run(there, here)
 
 
 def test_flowers_message_path_gives_the_in_process_numbers():
     """The rate in each task's config, the entries and the code_counts extras in each reply."""
-    pytest.importorskip("flwr")
-    import json
-
-    from flowergrid import LoopbackGrid, task_identity
-
-    from fedbug.integrations.flower.clientapp import app as client_app
-    from fedbug.integrations.flower.executor import FlowerExecutor
-
     cfg = _cfg(fedrolex={"bn_linear_weights": "code_counts"}, rounds=3)
     here = run_experiment(cfg)
-    there_cfg = cfg.model_copy(update={"executor": "flower-simulation"})
-    run_config = {"config": json.dumps(there_cfg.model_dump(mode="json"))}
-    grid = LoopbackGrid(client_app, cfg.num_clients, run_config)
-    with task_identity():
-        there = run_experiment(
-            there_cfg, executor_factory=lambda exp: FlowerExecutor(grid, exp, map_once=True)
-        )
-    assert without_timing(there.records) == without_timing(here.records)
-    assert torch.equal(there.weights, here.weights)
+    assert_same_run(flower_run(cfg), here)
 
 
 def test_resume_equals_uninterrupted(tmp_path):

@@ -4,8 +4,9 @@ per-entry mean over holders (label rows included), evaluation at full width, ref
 import pytest
 import torch
 import torch.nn.functional as F
+from executor_checks import assert_same_run, flower_run
 from test_width_planner import TinyResNet
-from tiny import tiny_config, without_timing
+from tiny import tiny_config
 
 from fedbug.algorithms.width.heterofl import HeteroFL, HeteroFLParams, assign_rates, draw_rate
 from fedbug.core.units import ParamSpace, find_units, traced_module_order
@@ -263,32 +264,15 @@ def test_processes_executor_gives_the_in_process_numbers():
     cfg = _cfg(heterofl={"assign": "dynamic"}, threads=1)  # one thread: the same sums
     here = run_experiment(cfg)
     there = run_experiment(cfg.model_copy(update={"executor": "processes", "workers": 2}))
-    assert without_timing(here.records) == without_timing(there.records)
-    assert torch.equal(here.weights, there.weights)
+    assert_same_run(there, here)
 
 
 def test_flowers_message_path_gives_the_in_process_numbers():
     """The rate travels in each task's config and the entries sent (label rows cut) in each
     reply: Flower's serialised messages give the in-process numbers bitwise."""
-    pytest.importorskip("flwr")
-    import json
-
-    from flowergrid import LoopbackGrid, task_identity
-
-    from fedbug.integrations.flower.clientapp import app as client_app
-    from fedbug.integrations.flower.executor import FlowerExecutor
-
     cfg = tiny_config(algorithm="heterofl", threads=1, count_flops=False)
     here = run_experiment(cfg)
-    there_cfg = cfg.model_copy(update={"executor": "flower-simulation"})
-    run_config = {"config": json.dumps(there_cfg.model_dump(mode="json"))}
-    grid = LoopbackGrid(client_app, cfg.num_clients, run_config)
-    with task_identity():
-        there = run_experiment(
-            there_cfg, executor_factory=lambda exp: FlowerExecutor(grid, exp, map_once=True)
-        )
-    assert without_timing(there.records) == without_timing(here.records)
-    assert torch.equal(there.weights, here.weights)
+    assert_same_run(flower_run(cfg), here)
 
 
 # -- refusals ---------------------------------------------------------------------------------
