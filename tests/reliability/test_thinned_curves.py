@@ -232,13 +232,21 @@ def test_one_refused_run_leaves_every_run_unwritten(finished, tmp_path):
     assert not list((tmp_path / "sweep").rglob("metrics.thin.jsonl"))
 
 
-def test_a_simulated_run_is_not_thinned(tmp_path):
+def test_a_thinned_simulated_run_keeps_freezefls_mean_round_length(tmp_path):
+    from fedbug.report.freezefl import run_figures
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("fedbug.engine.run_folder.plot_partition", lambda *a, **k: None)
-        cfg = tiny_config(rounds=2, threads=1, system={"abilities": "uniform"})
+        cfg = tiny_config(rounds=4, eval_every=2, threads=1, system={"abilities": "uniform"})
         fedbug.run(cfg, run_dir=tmp_path / "sim")
-    with pytest.raises(ResultsError, match="simulated run"):
-        thinned_curve(tmp_path / "sim", 1)
+    full = run_figures(RunDir(tmp_path / "sim").read_run(), "test_acc", 0.0)
+    thin_runs([tmp_path / "sim"], 2)
+    (tmp_path / "sim" / "metrics.jsonl").unlink()
+    thinned = RunDir(tmp_path / "sim").read_run()
+    assert thinned["thinned"] and [r["round"] for r in thinned["records"]] == [2, 4]
+    figures = run_figures(thinned, "test_acc", 0.0)
+    assert figures["mean_round_length"] == pytest.approx(full["mean_round_length"], rel=1e-12)
+    assert figures["time_to_target"] == full["time_to_target"] is not None
 
 
 def test_thinning_again_changes_nothing_and_a_thinned_only_run_is_left(run, capsys):

@@ -10,7 +10,8 @@ runs, per group, mean ± std over seeds of:
 
 * best accuracy: the highest value of the metric over the evaluated rounds (the metric is
   ``acc_client_mean`` where the records have it, else ``test_acc``; ``--metric`` overrides);
-* round length: the mean over rounds of ``round_length`` (simulated time units);
+* round length: the mean over rounds of ``round_length`` (simulated time units; of a thinned
+  curve, the last ``sim_clock`` over the rounds);
 * rounds and simulated time to target: the first evaluated round whose metric reaches the
   target (within 1e-9), and ``sim_clock`` at the end of that round. A seed that never reaches it
   is *not reached*: the mean is over the seeds that did, with their count ``[k/n]``.
@@ -157,6 +158,8 @@ def run_figures(run: dict[str, Any], metric: str, target: float | None) -> dict[
     ``target`` (None where it never does)."""
     evaluated = [rec for rec in run["records"] if rec.get(metric) is not None]
     lengths = [rec["round_length"] for rec in run["records"] if rec.get("round_length") is not None]
+    if run.get("thinned") and lengths:  # the rounds between are gone: the clock sums them all
+        lengths = [run["records"][-1]["sim_clock"] / run["thinned"]["rounds"]]
     hit = None
     if target is not None:
         hit = next((rec for rec in evaluated if rec[metric] >= target - TOLERANCE), None)

@@ -23,8 +23,9 @@ figures only, and a rule of "multiples of N and the last" is checked from the de
 alone.
 
 A run is thinned only where that holds: no evaluated round may be dropped (give an N that
-divides ``eval_every``), and a simulated run (``system:``) is not thinned, since FreezeFL's
-table averages ``round_length`` over every round. The full curve comes back by running the
+divides ``eval_every``). A simulated run (``system:``) keeps its clock (``sim_clock``, the sum of
+the round lengths so far) at every kept round, from which FreezeFL's table takes the mean round
+length of a thinned run (the last clock over the rounds). The full curve comes back by running the
 run's config again (a sweep's recorded command, into another folder); ``--check`` compares it
 with the declared SHA-256 where both files are there.
 """
@@ -125,11 +126,6 @@ def thinned_curve(run_dir: Path, every: int = DEFAULT_EVERY) -> bytes:
             f"evaluated rounds (round {lost[0]} first; it evaluates every {eval_every}), and the "
             "reports' best and per-round figures come from them; give an --every that divides "
             f"{eval_every}"
-        )
-    if any(r.get("round_length") is not None for r in records):
-        raise ResultsError(
-            f"{str(rd.path)!r} is a simulated run: FreezeFL's table averages its round_length "
-            "over every round, which a thinned curve would change; keep its full curve"
         )
     declaration = {
         "of": "metrics.jsonl",
