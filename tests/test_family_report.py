@@ -20,13 +20,14 @@ def _run(final, flops, up, down, clients, mem, curve):
 def test_per_client_round_costs_time_to_target_and_the_row():
     m = Method("FedPart", "global", 3)
     m.runs = [
-        _run(0.8, 4e9, 2e6, 8e6, 20, 5e6, [(5, 0.5), (10, 0.72), (15, 0.8)]),
+        _run(0.8, 4e9, 2e6, 8e6, 20, 5e6, [(5, 0.75), (10, 0.72), (15, 0.8)]),
         _run(0.7, 6e9, 4e6, 8e6, 20, 7e6, [(5, 0.6), (10, 0.65), (15, 0.7)]),
     ]
     assert m.per_client_round("total_flops", 1e-9) == (0.2 + 0.3) / 2
     assert m.per_client_round("total_bytes_up", 1e-6) == (0.1 + 0.2) / 2
     assert m.memory() == 7e6
-    assert m.time_to(0.7) == (0.5 * (20.0 + 30.0), 2)  # rounds 10 and 15, 2 time units a round
+    # rounds 10 and 15 (the last), 2 time units a round; round 5 is not a committed round
+    assert m.time_to(0.7) == (0.5 * (20.0 + 30.0), 2)
     assert m.time_to(0.75) == (30.0, 1)
     cells = [c.strip() for c in row(m, 0.75).strip("|").split("|")]
     assert cells[:3] == ["FedPart", "global", "2/3"]

@@ -34,6 +34,7 @@ from fedbug.results import RunDir
 from fedbug.sweeps.sweep import Cell, expand, headline_value
 
 BEGIN, END = "<!-- family:begin -->", "<!-- family:end -->"
+EVERY = 10  # the committed curves keep every 10th round and the last (python -m fedbug.report.thin)
 COSTS = (  # (row key, axis label, scale)
     ("gflops", "GFLOPs per client-round", 1e-9),
     ("mb_up", "MB up per client-round", 1e-6),
@@ -73,14 +74,19 @@ class Method:
         return max(values) if values and None not in values else None  # type: ignore[type-var]
 
     def time_to(self, target: float) -> tuple[float | None, int]:
-        """Mean simulated time to ``target`` over the seeds that reach it, and their number."""
+        """Mean simulated time to ``target`` over the seeds that reach it, and their number, at
+        the committed curves' rounds (every ``EVERY``-th and the last: the same table from a
+        clone as beside the full curves)."""
         times = []
         for r in self.runs:
+            last = r["records"][-1]["round"] if r["records"] else 0
             hit = next(
                 (
                     rec.get("sim_clock")
                     for rec in r["records"]
-                    if rec.get("test_acc") is not None and rec["test_acc"] >= target
+                    if (rec["round"] % EVERY == 0 or rec["round"] == last)
+                    and rec.get("test_acc") is not None
+                    and rec["test_acc"] >= target
                 ),
                 None,
             )
