@@ -28,6 +28,7 @@ from fedbug.errors import ConfigError
 #: (Fjord), personalized evaluation for those without a global model or with their own (FedROD).
 NEEDS = {
     "fjord": {"system": {"abilities": "uniform"}, "count_flops": True},
+    "slt": {"slt": {"constraint": 0.75}},  # the MLP's first layer fits at full width from 0.75
     "fedrod": {"evaluation": "personalized"},
 }
 

@@ -48,6 +48,7 @@ def test_every_policy_algorithm_pair_equals_in_process(algorithm, policy):
         threads=1,
         count_flops=simulated,
         system={"abilities": "uniform"} if simulated else None,
+        **({"slt": {"constraint": 0.75}} if algorithm == "slt" else {}),
     )
     here = run_experiment(cfg)
     there, _ = on_flower(cfg)
