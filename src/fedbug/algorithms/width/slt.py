@@ -418,7 +418,8 @@ class SLT(WidthAlgorithm):
         layers; the code's ``count_data_footprint`` of the popped sub-model)."""
         frozen = self.frozen(key)
         ms = planner.masks(self.inner, self.plan, self.index_sets(key))  # type: ignore[arg-type]
-        return 4 * sum(int(m.sum()) for name, m in ms.items() if layer_of(name) not in frozen)
+        kept = [int(m.count_nonzero()) for name, m in ms.items() if layer_of(name) not in frozen]
+        return 4 * sum(kept)
 
     def stage_ends(self, rounds: int) -> list[int]:
         """The last round of each stage in a run of ``rounds`` rounds."""
