@@ -34,6 +34,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # HeteroFL's combine is a plain mean and its Local.train clips gradients to norm 1
     "heterofl": {"algorithm": "heterofl", "weighting": "uniform", "clip_grad_norm": 1.0},
     "fedrolex": {"algorithm": "fedrolex", "weighting": "uniform", "clip_grad_norm": 1.0},
+    # SLT's embedd_submodel + model_averaging: a plain mean per entry over the holders
+    "slt": {"algorithm": "slt", "weighting": "uniform"},
     "cocofl": {
         "policy": "cocofl",
         "aggregation": "full",
