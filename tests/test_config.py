@@ -10,6 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from tiny import method_needs
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.config import (
@@ -106,11 +107,9 @@ def test_every_algorithm_block_is_present_with_its_defaults():
 
 def test_every_algorithm_and_policy_name_validates():
     for name in ALGORITHMS.names():
-        system = ["system.abilities=uniform"] if name == "fjord" else []  # needs devices
-        assert load_config(None, [f"algorithm={name}", *system]).algorithm == name
+        assert load_config(None, doc={"algorithm": name, **method_needs(name)}).algorithm == name
     for name in POLICIES.names():
-        system = ["system.abilities=uniform"] if name in ("freezefl", "cocofl") else []
-        assert load_config(None, [f"policy={name}", *system]).policy == name
+        assert load_config(None, doc={"policy": name, **method_needs(name)}).policy == name
 
 
 # -- overrides -------------------------------------------------------------------------------

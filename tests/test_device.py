@@ -11,7 +11,7 @@ import traceback
 import pytest
 import torch
 import yaml
-from tiny import TINY_DOC, tiny_config
+from tiny import METHOD_NEEDS, TINY_DOC, tiny_config
 
 import fedbug
 from fedbug.algorithms import ALGORITHMS
@@ -24,13 +24,9 @@ from fedbug.engine.evaluate import Evaluator
 from fedbug.engine.simulation import Simulation
 from fedbug.errors import ConfigError
 
-#: Each registered algorithm's smallest config: a system block for those that need one
-#: (Fjord), personalized evaluation for those without a global model or with their own (FedROD).
-NEEDS = {
-    "fjord": {"system": {"abilities": "uniform"}, "count_flops": True},
-    "slt": {"slt": {"constraint": 0.75}},  # the MLP's first layer fits at full width from 0.75
-    "fedrod": {"evaluation": "personalized"},
-}
+#: Each registered algorithm's smallest config: what it needs (tests/tiny.py's METHOD_NEEDS),
+#: and personalized evaluation for FedROD, whose own head is evaluated so.
+NEEDS = {**METHOD_NEEDS, "fedrod": {"evaluation": "personalized"}}
 
 
 @pytest.mark.parametrize("executor", ["sequential", "processes"])

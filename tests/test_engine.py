@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from tiny import tiny_config, without_timing
+from tiny import method_needs, tiny_config, without_timing
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.engine import run_experiment
@@ -16,17 +16,13 @@ from fedbug.policies import POLICIES
 @pytest.mark.parametrize("policy", POLICIES.names())
 def test_every_policy_algorithm_pair_runs_two_rounds(algorithm, policy):
     evaluation = "global" if ALGORITHMS.get(algorithm).has_global_model else "personalized"
-    simulated = policy in ("freezefl", "cocofl") or algorithm == "fjord"  # they need abilities
     doc = dict(
         algorithm=algorithm,
         policy=policy,
-        count_flops=simulated,
         evaluation=evaluation,
         finetune_epochs=1,
-        system={"abilities": "uniform"} if simulated else None,
+        **{"count_flops": False, **method_needs(algorithm, policy)},
     )
-    if algorithm == "slt":  # the MLP's first layer fits at full width from constraint 0.75
-        doc["slt"] = {"constraint": 0.75}
     if algorithm == "fjord" and policy != "none":  # ordered dropout trains every layer
         with pytest.raises(ConfigError, match="fjord trains every layer's sub-model"):
             tiny_config(**doc)

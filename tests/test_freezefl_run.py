@@ -1,7 +1,7 @@
 """FreezeFL through the engine: simulated devices, freezing, selection, records, resume."""
 
 import pytest
-from tiny import tiny_config, without_timing
+from tiny import method_needs, tiny_config, without_timing
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.config import load_config
@@ -118,8 +118,7 @@ def test_freezefl_with_every_algorithm_runs_or_is_refused_with_its_reason(algori
         with pytest.raises(ConfigError, match="use policy: none"):
             _cfg(**cfg, **kw)
         return
-    if algorithm == "slt":  # the MLP's first layer fits at full width from constraint 0.75
-        kw = {**kw, "slt": {"constraint": 0.75}}
+    kw = {**kw, **method_needs(algorithm)}
     res = run_experiment(_cfg(**cfg, **kw))
     per_client = [c for r in res.records for c in r["per_client"]]
     assert any(c["n_frozen"] > 0 for c in per_client)  # the deadline is tight: clients freeze

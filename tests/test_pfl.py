@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny import tiny_config
+from tiny import method_needs, tiny_config
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.engine import Experiment, run_experiment
@@ -64,11 +64,9 @@ def test_every_algorithm_and_schedule_runs_two_rounds_and_finetunes(algorithm, s
                 tiny_config(**doc)
             return
         cfg = tiny_config(**doc)
-    elif algorithm == "slt":  # the MLP's first layer fits at full width from constraint 0.75
-        slt = {"constraint": 0.75}
-        cfg = tiny_config(algorithm=algorithm, schedule=schedule, count_flops=False, slt=slt, **PFL)
     else:
-        cfg = tiny_config(algorithm=algorithm, schedule=schedule, count_flops=False, **PFL)
+        needs = {"count_flops": False, **method_needs(algorithm)}
+        cfg = tiny_config(algorithm=algorithm, schedule=schedule, **needs, **PFL)
     res = run_experiment(cfg)
     assert len(res.records) == 2
     pfl = res.summary["pfl"]

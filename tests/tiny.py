@@ -88,6 +88,26 @@ TINY_DOC = {
 }
 
 
+#: What a method needs beyond the tiny config to run at all, one place for every registry-driven
+#: matrix: the simulated devices its choices come from (Fjord's widths, FreezeFL's deadline,
+#: CoCoFL's blocks), or an option the tiny MLP calls for (SLT: its first layer fits at full width
+#: from constraint 0.75). A new method that needs something adds a line here.
+METHOD_NEEDS: dict[str, dict[str, Any]] = {
+    "fjord": {"system": {"abilities": "uniform"}, "count_flops": True},
+    "freezefl": {"system": {"abilities": "uniform"}, "count_flops": True},
+    "cocofl": {"system": {"abilities": "uniform"}, "count_flops": True},
+    "slt": {"slt": {"constraint": 0.75}},
+}
+
+
+def method_needs(*names: str | None) -> dict[str, Any]:
+    """The config keys the named methods (algorithm, policy, ...) need (:data:`METHOD_NEEDS`)."""
+    out: dict[str, Any] = {}
+    for name in names:
+        out.update(METHOD_NEEDS.get(name or "", {}))
+    return out
+
+
 def tiny_config(**overrides):
     """A fast digits config: 6 clients, 2 a round, 2 rounds, 2 local steps."""
     doc = {

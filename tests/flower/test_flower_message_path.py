@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("flwr")
 
 from flowergrid import LoopbackGrid, task_identity  # noqa: E402
-from tiny import tiny_config, without_timing  # noqa: E402
+from tiny import method_needs, tiny_config, without_timing  # noqa: E402
 
 from fedbug.algorithms import ALGORITHMS  # noqa: E402
 from fedbug.engine import run_experiment  # noqa: E402
@@ -40,15 +40,12 @@ GLOBAL = [a for a in ALGORITHMS.names() if ALGORITHMS.get(a).has_global_model]
 def test_every_policy_algorithm_pair_equals_in_process(algorithm, policy):
     if algorithm == "fjord" and policy != "none":
         pytest.skip("fjord refuses freeze policies (tests/test_engine.py checks the refusal)")
-    simulated = policy in ("freezefl", "cocofl") or algorithm == "fjord"  # they need abilities
     cfg = tiny_config(
         algorithm=algorithm,
         policy=policy,
         rounds=1,
         threads=1,
-        count_flops=simulated,
-        system={"abilities": "uniform"} if simulated else None,
-        **({"slt": {"constraint": 0.75}} if algorithm == "slt" else {}),
+        **{"count_flops": False, **method_needs(algorithm, policy)},
     )
     here = run_experiment(cfg)
     there, _ = on_flower(cfg)
