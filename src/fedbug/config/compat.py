@@ -16,6 +16,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from fedbug.algorithms import ALGORITHMS
+from fedbug.config.dp import dp_incompatibility
 from fedbug.policies import POLICIES
 from fedbug.selection import SELECTIONS
 
@@ -75,6 +76,9 @@ def incompatibility(cfg: Any) -> str | None:
             f"evaluation: personalized scores each client's accuracy on class labels, which task "
             f"{cfg.task} does not give; use evaluation: global (or mean_of_local_models)"
         )
+    dp_reason = dp_incompatibility(cfg)
+    if dp_reason is not None:
+        return dp_reason
     used = used_blocks(cfg) | _USED_ELSEWHERE.get()
     chosen = {"algorithm": cfg.algorithm, "policy": cfg.policy}
     chosen["selection"] = cfg.resolved_selection()

@@ -19,6 +19,7 @@ _LATER_KEYS = (
     "dataset_options",
     "task",
     "precision",
+    "dp",
 )
 _NOT_HASHED = {
     "on_short_round",  # a run either stops or skips rounds it records; resumable either way

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.config.compat import check_compatible
+from fedbug.config.dp import DPParams
 from fedbug.core.tasks import TASKS
 from fedbug.data import DATASETS
 from fedbug.data.augment import AUGMENTATIONS
@@ -187,6 +188,11 @@ class BaseConfig(BaseModel):
     )
     tracking_uri: str | None = Field(
         None, description="MLflow's tracking URI (default: a local store, mlruns/ beside the run)"
+    )
+    dp: DPParams | None = Field(
+        None,
+        description="client-level differential privacy (DP-FedAvg): clip, noise_multiplier, "
+        "delta, adaptive (pip install 'fedbug[dp]')",
     )
     # reliability
     on_divergence: Literal["stop", "skip_client"] = Field(

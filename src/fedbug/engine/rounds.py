@@ -44,6 +44,7 @@ from fedbug.engine.client import (
     ClientResult,
     ClientTask,
 )
+from fedbug.engine.dp import ServerDP
 from fedbug.engine.evaluation import (
     evaluate_round,
     personalize,
@@ -264,8 +265,12 @@ class RoundLoop:
         self.start = 1
         self.chash = config_hash(cfg)
         before = set(rd.path.iterdir()) if rd is not None else set()
+        # client-level DP (a dp: block): the clip, the noise and the accountant
+        self.dp = ServerDP(cfg, exp.space) if cfg.dp is not None else None
         if rd is not None:
             self.open_folder(rd, resume)
+        if self.dp is not None:
+            self.dp.resume(self.records)
         try:
             self.trackers = self.open_trackers(cleanup, resume)
         except FedbugError:
@@ -356,8 +361,9 @@ class RoundLoop:
         clients = [t.client for t in tasks]
         stream = self.executor.stream_round(self.weights, tasks, LazyStates(self.states, clients))
         required = self.executor.required(len(tasks), self.cfg.min_results)
+        fresh = self.dp.aggregate() if self.dp is not None else None  # clips what it is given
         results, dropped, agg = aggregate_stream(
-            self.exp, r, stream, self.weights, self.states, self.local_mean, required
+            self.exp, r, stream, self.weights, self.states, self.local_mean, required, fresh
         )
         t_train = time.perf_counter() - t_train
         dropped = sorted(self.executor.lost() + dropped, key=lambda d: d["client"])
@@ -377,7 +383,10 @@ class RoundLoop:
             empty = Aggregate(self.exp.space, self.cfg.weighting)
             return ServerStep(self.weights, self.weights, self.server_state), empty
         exp = self.exp
+        noised = self.dp.release(agg, r) if self.dp is not None else {}
         step = exp.algorithm.server_update(self.weights, agg, self.server_state, r, exp.num_clients)
+        if noised:
+            step = dataclasses.replace(step, metrics={**step.metrics, **noised})
         check_weights(exp, r, step.weights)
         return step, agg
 
@@ -439,6 +448,8 @@ class RoundLoop:
         exp, cfg, rd, records = self.exp, self.cfg, self.rd, self.records
         clients = self.sim.summary()
         summary = make_summary(cfg, records, self.chash, seconds, exp, clients, self.weights)
+        if self.dp is not None:
+            summary["dp"] = self.dp.summary()
         if stopped is not None:
             short = self.short.block(str(stopped)) if self.short is not None else None
             summary.update(stopped_fields(stopped, short))
@@ -491,15 +502,17 @@ def aggregate_stream(
     states: ClientStates,
     local_mean: LocalModelMean | None,
     required: int,
+    agg: Aggregate | None = None,
 ) -> tuple[list[ClientResult], list[dict[str, Any]], Aggregate | None]:
     """Screen and aggregate each update as it arrives, in client order, then let its delta and
     state go (kept only where the selection reads the deltas): a round holds one update at a
     time. Returns (the kept results, lightened; ``{"client", "reason"}`` of each one dropped;
     the aggregate, or None when fewer than ``required`` valid updates came, in which case no
     client state or local model was changed). Until ``required`` updates have come, their
-    states and local models wait: a round that is not aggregated writes none."""
+    states and local models wait: a round that is not aggregated writes none. ``agg``: the
+    aggregate to add to (a DP one that clips each update), a plain one by default."""
     cfg = exp.cfg
-    agg = Aggregate(exp.space, cfg.weighting)
+    agg = agg if agg is not None else Aggregate(exp.space, cfg.weighting)
     shared_mask = exp.shared_mask
     keep_deltas = exp.selection.needs_local_deltas
     kept: list[ClientResult] = []

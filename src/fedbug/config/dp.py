@@ -1,0 +1,100 @@
+"""The ``dp:`` block: client-level differential privacy (DP-FedAvg, McMahan et al. 2018, with
+the adaptive clip of Andrew et al. 2021), and the refusals of configs it cannot cover.
+
+The mechanism lives in :mod:`fedbug.engine.dp`; this module holds its options only (pydantic, no
+torch), so the config can validate them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedbug.algorithms import ALGORITHMS
+
+
+class AdaptiveClip(BaseModel):
+    """Andrew et al. 2021's geometric quantile tracking: C <- C exp(-lr (b - target_quantile)),
+    b the noised fraction of clients whose update norm was at most C."""
+
+    model_config = ConfigDict(extra="forbid")
+    target_quantile: float = Field(0.5, ge=0.0, le=1.0)
+    lr: float = Field(0.2, gt=0.0, le=10.0)
+    count_noise: float | None = Field(
+        None,
+        gt=0.0,
+        description="std of the noise on the count of unclipped updates (default: the expected "
+        "clients per round / 20, the paper's choice)",
+    )
+
+
+class DPParams(BaseModel):
+    """Client-level DP: each sent update clipped to L2 norm ``clip`` over the units it sends,
+    N(0, (noise_multiplier clip)^2) added to the sum at the server, the sum divided by the
+    expected number of clients per round; epsilon at ``delta`` by dp-accounting's RDP
+    accountant."""
+
+    model_config = ConfigDict(extra="forbid")
+    clip: float = Field(1.0, gt=0.0, le=1e6, description="L2 clip of each sent update")
+    noise_multiplier: float = Field(
+        1.0, le=1e6, description="z: the noise std is z * clip (0: clip only, no privacy)"
+    )
+    delta: float = Field(1e-5, description="the delta epsilon is reported at, in (0, 1)")
+    adaptive: AdaptiveClip | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> DPParams:
+        if self.noise_multiplier < 0:
+            raise ValueError(
+                f"dp.noise_multiplier={self.noise_multiplier} is negative; give z >= 0"
+            )
+        if not 0.0 < self.delta < 1.0:
+            raise ValueError(f"dp.delta={self.delta} is not in (0, 1); give e.g. 1e-5")
+        return self
+
+
+def expected_clients(cfg: Any) -> float:
+    """The expected number of clients per round: DP-FedAvg's fixed denominator."""
+    if cfg.clients_per_round is not None:
+        return float(cfg.clients_per_round)
+    return cfg.participation * cfg.num_clients
+
+
+def count_noise(cfg: Any) -> float:
+    """The std of the adaptive clip's count noise (the configured one, or m / 20)."""
+    ad = cfg.dp.adaptive
+    return ad.count_noise if ad.count_noise is not None else expected_clients(cfg) / 20.0
+
+
+def dp_incompatibility(cfg: Any) -> str | None:
+    """Why ``cfg``'s ``dp:`` block cannot be honoured (None: it can, or there is none)."""
+    dp = getattr(cfg, "dp", None)
+    if dp is None:
+        return None
+    if cfg.resolved_selection() not in ("bernoulli", "uniform"):
+        return (
+            f"dp: accounts for clients sampled at random (selection bernoulli or uniform), not "
+            f"selection {cfg.resolved_selection()}; choose one of them or remove dp:"
+        )
+    if cfg.weighting != "uniform":
+        return (
+            "dp: DP-FedAvg weighs every clipped update 1 (its fixed-denominator estimator); "
+            "set weighting: uniform"
+        )
+    alg = ALGORITHMS.get(cfg.algorithm)
+    if alg.overrides("client_extras"):
+        return (
+            f"dp: clips and noises the update delta only, and algorithm {cfg.algorithm} also "
+            "sends extra tensors (client_extras) the server would read unprotected; use an "
+            "algorithm that sends one delta (fedavg, fedprox, ...)"
+        )
+    if dp.adaptive is not None and dp.noise_multiplier > 0:
+        z, sb = dp.noise_multiplier, count_noise(cfg)
+        if (2 * sb) ** -2 >= z**-2:
+            return (
+                f"dp.adaptive.count_noise={sb:g} leaves no noise for the update under "
+                f"noise_multiplier {z:g} (Andrew et al.: it needs count_noise > z/2 = {z / 2:g});"
+                " raise count_noise or noise_multiplier"
+            )
+    return None
