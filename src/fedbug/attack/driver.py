@@ -1,0 +1,157 @@
+"""``fedbug attack RUN_FOLDER``: reconstruct a client's inputs from its recorded update and
+score the reconstruction; the results go to ``RUN_FOLDER/attack/round-R-client-K-METHOD/``
+(``scores.json``, ``grid.png``)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fedbug.attack.inversion import Observation, dlg, idlg_labels, inverting_gradients
+from fedbug.attack.records import RecordedUpdate, load_update, recorded
+from fedbug.attack.scoring import image_scores, label_recovery, save_grid
+from fedbug.errors import ConfigError
+from fedbug.results.files import atomic_write_bytes, check_no_links
+
+METHODS = ("auto", "dlg", "idlg", "ig")
+DEFAULT_ITERATIONS = {"dlg": 300, "idlg": 300, "ig": 2000}
+
+
+def pick(run: Path, round: int | None, client: int | None) -> tuple[int, int]:
+    """The round and client to attack (first recorded where not given); one-line refusals."""
+    have = recorded(run)
+    if not have:
+        raise ConfigError(
+            f"{run} recorded no updates; rerun it with record_updates: [round, ...] to attack one"
+        )
+    r = min(have) if round is None else round
+    if r not in have:
+        raise ConfigError(f"--round {r}: not recorded in {run} (recorded: {sorted(have)})")
+    k = have[r][0] if client is None else client
+    if k not in have[r]:
+        raise ConfigError(f"--client {k}: not recorded in round {r} (recorded: {have[r]})")
+    return r, k
+
+
+def observation(up: RecordedUpdate, model: nn.Module) -> Observation:
+    """The update as a gradient: ``-delta / lr - weight_decay * w`` per sent parameter that
+    moved (the server knows the recipe: the decay of the received weights taken out; exact for
+    one SGD step, and for several a scaled gradient, which the cosine distance does not see)."""
+    meta = up.meta
+    lr, wd = float(meta["lr"]), float(meta.get("weight_decay", 0.0))
+    params = dict(model.named_parameters())
+    # a sent parameter that did not move at all was frozen (or had no gradient): the server
+    # can tell, so it is left out of the match rather than matched to zero
+    target = {k: -d / lr - wd * params[k].detach() for k, d in up.deltas.items() if bool(d.any())}
+    if not target:
+        raise ConfigError(f"client {meta['client']}'s recorded update is all zeros: nothing leaks")
+    shape = tuple(meta["input_shape"])
+    return Observation(model, target, shape, int(meta["num_images"]), int(meta["num_classes"]))
+
+
+def build_attacked_model(up: RecordedUpdate) -> nn.Module:
+    """The round's received model, built from the recorded model name and options."""
+    from fedbug.models import build_model
+
+    meta = up.meta
+    model = build_model(
+        meta["model"], tuple(meta["input_shape"]), meta["num_classes"], 0, **meta["model_options"]
+    )
+    names = meta["received_names"]
+    state = model.state_dict()
+    for name, (off, n) in names.items():
+        state[name] = up.received[off : off + n].view(state[name].shape).to(state[name].dtype)
+    model.load_state_dict(state)
+    model.eval()
+    return model
+
+
+def choose_method(method: str, obs: Observation, steps: int) -> str:
+    """``auto``: iDLG for one image and one step, DLG for one step, Inverting Gradients else."""
+    if method != "auto":
+        return method
+    if steps == 1:
+        return "idlg" if obs.num_images == 1 and idlg_labels(obs) is not None else "dlg"
+    return "ig"
+
+
+def reconstruct(
+    obs: Observation, method: str, iterations: int, seed: int
+) -> tuple[Tensor, Tensor, bool]:
+    """(inputs, labels, whether the labels came from iDLG's rule)."""
+    labels = idlg_labels(obs) if method in ("idlg", "ig") else None
+    if method == "idlg" and labels is None:
+        raise ConfigError(
+            "--method idlg needs a one-image update whose classifier was sent; use --method dlg"
+        )
+    if method == "ig":
+        x, y = inverting_gradients(obs, iterations=iterations, seed=seed, labels=labels)
+    else:
+        x, y = dlg(obs, iterations=iterations, seed=seed, labels=labels)
+    return x, y, labels is not None
+
+
+def attack(
+    run: Path | str,
+    round: int | None = None,
+    client: int | None = None,
+    method: str = "auto",
+    iterations: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Attack one recorded update; returns the scores (also written with the grid)."""
+    run = Path(run)
+    if method not in METHODS:
+        raise ConfigError(f"--method {method}: choose one of {', '.join(METHODS)}")
+    r, k = pick(run, round, client)
+    up = load_update(run, r, k)
+    obs = observation(up, build_attacked_model(up))
+    steps = int(up.meta["steps"])
+    chosen = choose_method(method, obs, steps)
+    its = iterations or DEFAULT_ITERATIONS[chosen]
+    x, y, from_rule = reconstruct(obs, chosen, its, seed)
+    out = {
+        "round": r,
+        "client": k,
+        "method": chosen,
+        "iterations": its,
+        "seed": seed,
+        "local_steps": steps,
+        "num_images": obs.num_images,
+        "units_sent": up.meta["units_sent"],
+        "labels_from_idlg_rule": from_rule,
+    }
+    out.update(score(run, f"round-{r}-client-{k}-{chosen}", up, x, y))
+    return out
+
+
+def score(run: Path, name: str, up: RecordedUpdate, x: Tensor, y: Tensor) -> dict[str, Any]:
+    """PSNR/SSIM (per image and mean), label recovery, the grid; written under ``attack/``."""
+    folder = run / "attack" / name
+    check_no_links(run, folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"folder": str(folder)}
+    if up.inputs is None or up.labels is None:
+        out["scored"] = False
+    else:
+        true = up.inputs.reshape(-1, *up.meta["input_shape"]).to(torch.float32)
+        found = x.reshape(true.shape)
+        per = image_scores(true, found) if true.dim() == 4 else []
+        out.update(
+            scored=True,
+            label_recovery=label_recovery(up.labels, y),
+            per_image=per,
+            psnr=sum(p["psnr"] for p in per) / max(1, len(per)),
+            ssim=sum(p["ssim"] for p in per) / max(1, len(per)),
+        )
+        if true.dim() == 4:
+            buf = io.BytesIO()
+            save_grid(true, found, buf)
+            atomic_write_bytes(folder / "grid.png", buf.getvalue())
+    atomic_write_bytes(folder / "scores.json", (json.dumps(out, indent=1) + "\n").encode())
+    return out

@@ -1,0 +1,184 @@
+"""Gradient inversion: reconstruct a client's training inputs from the update the server saw.
+
+* :func:`dlg` -- Deep Leakage from Gradients (Zhu et al. 2019): dummy inputs and soft labels
+  optimised with L-BFGS so that their gradient matches the observed one in squared distance.
+* :func:`idlg_labels` -- iDLG (Zhao et al. 2020): for one image, the label is the row of the
+  last layer's weight gradient whose sum is negative (cross-entropy after a non-negative
+  activation); :func:`dlg` then optimises the inputs only, with that label fixed.
+* :func:`inverting_gradients` -- Inverting Gradients (Geiping et al. 2020): cosine distance
+  between the gradients plus total variation of the images, optimised with Adam (signed
+  gradients, as in the paper's code) for multi-step FedAvg updates, the update being treated as
+  a scaled gradient (the cosine distance does not see the scale).
+
+The attacker sees what the server sees: only the units that were sent take part in the match
+(a frozen or withheld unit's gradient is unknown); every other parameter keeps the round's
+received weights. Nothing here reads the true inputs: they are for scoring only
+(:mod:`fedbug.attack.scoring`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+
+@dataclass
+class Observation:
+    """What the server holds about one client's update, as a gradient to match.
+
+    ``model`` carries the round's received weights; ``target`` maps each sent parameter's name to
+    its observed gradient (for a single SGD step, ``-delta / lr``; for several, ``-delta``, a
+    scaled gradient); ``shape`` is one input's shape (as the model takes it), ``num_images`` how
+    many inputs the update was computed on, ``num_classes`` the model's outputs,
+    ``image_shape`` (``C, H, W``) how a flat input is a picture (None: as the model takes it)."""
+
+    model: nn.Module
+    target: dict[str, Tensor]
+    shape: tuple[int, ...]
+    num_images: int
+    num_classes: int
+    image_shape: tuple[int, ...] | None = None
+
+    def as_images(self, x: Tensor) -> Tensor | None:
+        """``x`` as ``N, C, H, W`` images (None: the inputs are not images)."""
+        if self.image_shape is not None:
+            return x.reshape(x.shape[0], *self.image_shape)
+        return x if x.dim() == 4 else None
+
+
+def _params(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach() for k, v in model.named_parameters()}
+
+
+def dummy_gradient(obs: Observation, x: Tensor, y_soft: Tensor) -> dict[str, Tensor]:
+    """The sent parameters' gradient of the mean cross-entropy of ``x`` against the soft labels
+    ``y_soft`` (probabilities), kept differentiable in ``x`` and ``y_soft``."""
+    params = _params(obs.model)
+    sent = {k: params[k].clone().requires_grad_(True) for k in obs.target}
+    logits = functional_call(obs.model, {**params, **sent}, (x,))
+    loss = -(y_soft * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+    grads = torch.autograd.grad(loss, list(sent.values()), create_graph=True)
+    return dict(zip(sent, grads))
+
+
+def l2_distance(dummy: dict[str, Tensor], target: dict[str, Tensor]) -> Tensor:
+    """DLG's distance: the summed squared difference over the sent parameters."""
+    return sum(((dummy[k] - target[k]) ** 2).sum() for k in target)
+
+
+def cosine_distance(dummy: dict[str, Tensor], target: dict[str, Tensor]) -> Tensor:
+    """Inverting Gradients' distance: 1 - cosine similarity of the concatenated gradients."""
+    dot = sum((dummy[k] * target[k]).sum() for k in target)
+    dn = torch.sqrt(sum((dummy[k] ** 2).sum() for k in target))
+    tn = torch.sqrt(sum((target[k] ** 2).sum() for k in target))
+    return 1 - dot / (dn * tn + 1e-12)
+
+
+def total_variation(x: Tensor) -> Tensor:
+    """Mean absolute difference of neighbouring pixels (images ``N, C, H, W``)."""
+    dx = (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
+    dy = (x[..., 1:, :] - x[..., :-1, :]).abs().mean()
+    return dx + dy
+
+
+def last_layer(obs: Observation) -> str | None:
+    """The sent 2-D weight with ``num_classes`` rows declared last in the model (None: the
+    classifier was not sent)."""
+    names = [
+        k
+        for k, v in obs.model.named_parameters()
+        if v.dim() == 2 and v.shape[0] == obs.num_classes and k in obs.target
+    ]
+    return names[-1] if names else None
+
+
+def idlg_labels(obs: Observation) -> Tensor | None:
+    """iDLG's label for a single-image update: the class whose row of the last layer's weight
+    gradient sums to the most negative value (None: the classifier was not sent, or the update
+    is of more than one image)."""
+    name = last_layer(obs)
+    if name is None or obs.num_images != 1:
+        return None
+    return obs.target[name].sum(dim=1).argmin().reshape(1)
+
+
+def _init(obs: Observation, gen: torch.Generator) -> Tensor:
+    return torch.randn((obs.num_images, *obs.shape), generator=gen)
+
+
+def dlg(
+    obs: Observation,
+    *,
+    iterations: int = 300,
+    seed: int = 0,
+    labels: Tensor | None = None,
+    lr: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """DLG: L-BFGS on dummy inputs (and, without ``labels``, dummy soft labels) to match the
+    observed gradient in squared distance. Returns (the inputs, the labels: argmax of the soft
+    labels, or ``labels``). With ``labels`` from :func:`idlg_labels` this is iDLG."""
+    gen = torch.Generator().manual_seed(seed)
+    x = _init(obs, gen).requires_grad_(True)
+    free = labels is None
+    y_logits = torch.randn((obs.num_images, obs.num_classes), generator=gen).requires_grad_(free)
+    fixed = None if free else nn.functional.one_hot(labels, obs.num_classes).float()
+    opt = torch.optim.LBFGS([x, y_logits] if free else [x], lr=lr)
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        y = torch.softmax(y_logits, -1) if fixed is None else fixed
+        loss = l2_distance(dummy_gradient(obs, x, y), obs.target)
+        loss.backward()
+        return loss
+
+    for _ in range(iterations):
+        loss = opt.step(closure)
+        if not torch.isfinite(loss):
+            break
+    found = y_logits.argmax(-1) if free else labels
+    return x.detach(), found.detach()
+
+
+def inverting_gradients(
+    obs: Observation,
+    *,
+    iterations: int = 1000,
+    seed: int = 0,
+    labels: Tensor | None = None,
+    tv: float = 1e-4,
+    lr: float = 0.1,
+    progress: Callable[[int, float], None] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Inverting Gradients: Adam on the signed gradient of cosine distance + ``tv`` x total
+    variation, learning rate decayed by 10 at 3/8, 5/8 and 7/8 of the iterations (as the
+    paper's code). Without ``labels`` the soft labels are optimised too. Returns (inputs,
+    labels)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = _init(obs, gen).requires_grad_(True)
+    free = labels is None
+    y_logits = torch.randn((obs.num_images, obs.num_classes), generator=gen).requires_grad_(free)
+    fixed = None if free else nn.functional.one_hot(labels, obs.num_classes).float()
+    opt = torch.optim.Adam([x, y_logits] if free else [x], lr=lr)
+    marks = [int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=marks, gamma=0.1)
+    for i in range(iterations):
+        opt.zero_grad()
+        y = torch.softmax(y_logits, -1) if fixed is None else fixed
+        loss = cosine_distance(dummy_gradient(obs, x, y), obs.target)
+        images = obs.as_images(x)
+        if images is not None and tv > 0:
+            loss = loss + tv * total_variation(images)
+        loss.backward()
+        x.grad.sign_()
+        if free:
+            y_logits.grad.sign_()
+        opt.step()
+        sched.step()
+        if progress is not None:
+            progress(i, float(loss))
+    found = y_logits.argmax(-1) if free else labels
+    return x.detach(), found.detach()

@@ -1,0 +1,123 @@
+"""Recorded updates (``record_updates: [round, ...]``): what the server received from each
+client in a chosen round, kept for the attack, in the run folder under ``updates/``.
+
+``updates/round-<R>/global.pt`` holds the round's received weights (``{"weights": flat}``);
+``updates/round-<R>/client-<K>.pt`` the client's sent parameters' deltas by name
+(``delta.<name>``) and, for scoring only, its true inputs and labels of that round (``inputs``,
+``labels``); ``client-<K>.json`` the rest (client, round, samples, local steps, learning rate,
+the units sent and their parameters' names). The tensors are plain: they are saved with
+``torch.save`` and loaded with ``torch.load(weights_only=True)``, which builds tensors and
+containers only and refuses any other pickled object (a planted payload never runs). Files are
+written atomically (:func:`fedbug.results.files.atomic_write_bytes`) and read only from
+below the run folder, never through a link.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedbug.errors import ConfigError
+from fedbug.results.files import atomic_write_bytes, check_no_links
+
+FOLDER = "updates"
+_NAME = re.compile(r"^client-(\d+)\.json$")
+
+
+@dataclass
+class RecordedUpdate:
+    """One client's recorded update: ``deltas`` by parameter name (sent units only),
+    ``received`` the round's global weights (flat), ``inputs``/``labels`` the truth for scoring
+    (None where not recorded), ``meta`` the JSON side (client, round, num_samples, steps, lr,
+    units_sent, params_sent)."""
+
+    deltas: dict[str, Tensor]
+    received: Tensor
+    meta: dict[str, Any]
+    inputs: Tensor | None = None
+    labels: Tensor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _tensor_bytes(tensors: dict[str, Tensor]) -> bytes:
+    buf = io.BytesIO()
+    torch.save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, buf)
+    return buf.getvalue()
+
+
+def round_dir(run: Path, round: int) -> Path:
+    return Path(run) / FOLDER / f"round-{int(round)}"
+
+
+def write_global(run: Path, round: int, weights: Tensor) -> None:
+    """The round's received weights, once per round."""
+    d = round_dir(run, round)
+    d.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(d / "global.pt", _tensor_bytes({"weights": weights}))
+
+
+def write_update(
+    run: Path,
+    meta: dict[str, Any],
+    deltas: dict[str, Tensor],
+    inputs: Tensor | None,
+    labels: Tensor | None,
+) -> None:
+    """One client's update (``meta`` has ``round`` and ``client``) and its truth."""
+    d = round_dir(run, meta["round"])
+    d.mkdir(parents=True, exist_ok=True)
+    tensors = {f"delta.{k}": v for k, v in deltas.items()}
+    if inputs is not None and labels is not None:
+        tensors.update(inputs=inputs, labels=labels)
+    k = int(meta["client"])
+    atomic_write_bytes(d / f"client-{k}.pt", _tensor_bytes(tensors))
+    atomic_write_bytes(d / f"client-{k}.json", (json.dumps(meta, indent=1) + "\n").encode())
+
+
+def load_tensors(run: Path, path: Path) -> dict[str, Tensor]:
+    """A recorded tensor file below ``run``: tensors only (``weights_only=True``); a file
+    holding anything else, or reached through a link, is a one-line :class:`ConfigError`."""
+    check_no_links(Path(run), Path(path))
+    try:
+        out = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{path} is not a recorded update (tensors only): {first}") from e
+    if not isinstance(out, dict) or not all(isinstance(v, Tensor) for v in out.values()):
+        raise ConfigError(f"{path} is not a recorded update: expected a mapping of tensors")
+    return out
+
+
+def recorded(run: Path) -> dict[int, list[int]]:
+    """The recorded rounds and, for each, its clients (sorted)."""
+    base = Path(run) / FOLDER
+    out: dict[int, list[int]] = {}
+    if not base.is_dir():
+        return out
+    for d in sorted(base.iterdir()):
+        m = re.fullmatch(r"round-(\d+)", d.name)
+        if m and d.is_dir() and not d.is_symlink():
+            clients = sorted(int(c[1]) for f in d.iterdir() if (c := _NAME.match(f.name)))
+            if clients:
+                out[int(m[1])] = clients
+    return out
+
+
+def load_update(run: Path, round: int, client: int) -> RecordedUpdate:
+    """Client ``client``'s recorded update of round ``round``."""
+    d = round_dir(run, round)
+    meta_path = d / f"client-{int(client)}.json"
+    check_no_links(Path(run), meta_path)
+    meta = json.loads(meta_path.read_text())
+    tensors = load_tensors(run, d / f"client-{int(client)}.pt")
+    received = load_tensors(run, d / "global.pt")["weights"]
+    deltas = {k[len("delta.") :]: v for k, v in tensors.items() if k.startswith("delta.")}
+    return RecordedUpdate(deltas, received, meta, tensors.get("inputs"), tensors.get("labels"))
