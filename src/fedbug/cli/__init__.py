@@ -1,10 +1,11 @@
-"""The ``fedbug`` command: run, sweep, repair, report, theory, data, cost, flower.
+"""The ``fedbug`` command: run, sweep, repair, report, theory, data, cost, attack, flower.
 
 This module holds the parser and :func:`main` (the console entry point ``fedbug``); each
 command group's body is a module beside it: :mod:`~fedbug.cli.run` (run, sweep),
 :mod:`~fedbug.cli.reports` (report, theory, cost, repair), :mod:`~fedbug.cli.data`,
-:mod:`~fedbug.cli.flower`, and :mod:`~fedbug.cli.progress` (the bars). They import rich,
-matplotlib and the rest of fedbug only inside the commands: the parser needs argparse alone.
+:mod:`~fedbug.cli.flower`, :mod:`~fedbug.cli.attack`, and :mod:`~fedbug.cli.progress` (the
+bars). They import rich, matplotlib and the rest of fedbug only inside the commands: the
+parser needs argparse alone.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import warnings
 from typing import Any
 
+from fedbug.cli.attack import add_attack_parser, cmd_attack
 from fedbug.cli.data import cmd_data
 from fedbug.cli.flower import cmd_flower_app, cmd_flower_worker
 from fedbug.cli.progress import simulated_line
@@ -26,6 +28,7 @@ from fedbug.version import __version__
 
 __all__ = [
     "build_parser",
+    "cmd_attack",
     "cmd_cost",
     "cmd_data",
     "cmd_flower_app",
@@ -211,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--samples-per-client", type=int, default=None, help="default: 500")
     c.add_argument("--out", default=None, help="write DIR/cost.png and DIR/cost.json")
     c.set_defaults(func=cmd_cost)
+
+    add_attack_parser(sub)
 
     f = sub.add_parser("flower", help="Flower helpers (pip install 'fedbug[flower]')")
     fsub = f.add_subparsers(dest="flower_command", required=True, help="which helper")

@@ -36,6 +36,7 @@ _NOT_HASHED = {
     "device",
     "device_data_share",
     "deterministic",
+    "record_updates",  # what a run writes for the attack, not its numbers
 }
 
 

@@ -181,6 +181,11 @@ class BaseConfig(BaseModel):
     flower: FlowerParams = Field(
         default_factory=FlowerParams, description="the Flower executors' settings"
     )
+    record_updates: list[int] = Field(
+        default_factory=list,
+        description="rounds whose received client updates (and, for scoring, the clients' true "
+        "inputs) are written to the run folder's updates/ for `fedbug attack`; never by default",
+    )
     tracking: list[Literal["tensorboard", "mlflow"]] = Field(
         default_factory=list,
         description="also write each round to TensorBoard and/or MLflow (pip install "
@@ -238,6 +243,9 @@ class BaseConfig(BaseModel):
                 f"{self.num_clients}; lower it or add clients"
             )
         check_compatible(self)
+        bad = [r for r in self.record_updates if not 1 <= r <= self.rounds]
+        if bad:
+            raise ValueError(f"record_updates: round {bad[0]} is not in 1..{self.rounds}")
         if self.tracking:
             check_available(self.tracking)
         if self.tracking_uri is not None:

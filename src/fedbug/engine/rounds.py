@@ -55,6 +55,7 @@ from fedbug.engine.evaluation import (
 from fedbug.engine.executors import Executor, build_executor
 from fedbug.engine.experiment import Experiment, ModelSource
 from fedbug.engine.record import RoundRecord
+from fedbug.engine.record_updates import record_stream
 from fedbug.engine.run_folder import open_run, save_checkpoint, write_summary
 from fedbug.engine.short_round import ShortRound
 from fedbug.engine.simulation import Simulation
@@ -360,6 +361,8 @@ class RoundLoop:
         t_train = time.perf_counter()
         clients = [t.client for t in tasks]
         stream = self.executor.stream_round(self.weights, tasks, LazyStates(self.states, clients))
+        if r in self.cfg.record_updates and self.rd is not None:  # for `fedbug attack`
+            stream = record_stream(self.rd.path, self.exp, r, self.weights, tasks, stream)
         required = self.executor.required(len(tasks), self.cfg.min_results)
         fresh = self.dp.aggregate() if self.dp is not None else None  # clips what it is given
         results, dropped, agg = aggregate_stream(
