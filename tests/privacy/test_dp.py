@@ -133,6 +133,17 @@ def test_noise_changes_the_model_and_no_noise_only_clips(tmp_path):
     assert not torch.allclose(plain.weights, noised.weights, atol=1e-3)
 
 
+def test_a_frozen_unit_gets_no_noise_and_keeps_its_value():
+    """policy fixed_head: the head is never sent, so it is neither clipped nor noised."""
+    pytest.importorskip("dp_accounting")
+    cfg = dp_config(policy="fixed_head", rounds=1, dp=DP | {"noise_multiplier": 5.0})
+    start = run_experiment(dp_config(policy="fixed_head", rounds=1, dp=None))  # head unsent too
+    res = run_experiment(cfg)
+    n_head = 32 * 10 + 10  # the mlp's classifier, Linear(32, 10)
+    assert torch.equal(res.weights[-n_head:], start.weights[-n_head:])
+    assert not torch.allclose(res.weights[:-n_head], start.weights[:-n_head], atol=1e-3)
+
+
 @pytest.mark.parametrize(
     ("over", "message"),
     [

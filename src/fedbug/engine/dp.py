@@ -16,6 +16,11 @@ sent keeps its value, as without DP.
 The noise of round r comes from a generator seeded by (seed, r), so a resumed run draws what the
 uninterrupted one did; the adaptive clip is read back from the last record (``dp_clip_next``,
 a float that JSON keeps exactly). A deployment wanting real secrecy would seed from the OS.
+
+What the guarantee covers: the weights the server releases and what is computed from them
+(test accuracy). The run folder's per-client figures (training loss, sample counts, the
+updates' drift) are the trusted server's own log, not noised; so is any server step that reads
+the updates other than through their noised sum or mean (FedExp's sum of squared norms).
 """
 
 from __future__ import annotations
