@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from tiny import tiny_config, without_timing
+from tiny import method_needs, tiny_config, without_timing
 
 from fedbug.cli import main
 from fedbug.config.dp import AdaptiveClip
@@ -162,6 +162,23 @@ def test_a_frozen_unit_gets_no_noise_and_keeps_its_value():
 def test_refusals(over, message):
     with pytest.raises(ConfigError, match=message):
         dp_config(**over)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"algorithm": "slt", **method_needs("slt")},
+        {"fedrolex": {"bn_linear_weights": "code_counts"}},
+    ],
+)
+def test_extras_sent_by_a_session_are_refused_when_they_arrive(over):
+    """SLT's sessions send their stage, FedRoLex's under code_counts pieces of the update, as
+    extras, which no config flag shows: the DP aggregate refuses the first update carrying any
+    (FedRoLex's default sends one delta and runs)."""
+    pytest.importorskip("dp_accounting")
+    over = {"algorithm": "fedrolex", **method_needs("fedrolex"), **over}
+    with pytest.raises(ConfigError, match="also sends extra tensors"):
+        run_experiment(dp_config(rounds=1, **over))
 
 
 def test_refusal_exits_2_from_the_cli(tmp_path, capsys):

@@ -35,6 +35,7 @@ from fedbug.config.dp import count_noise, expected_clients
 from fedbug.core.units import ParamSpace
 from fedbug.engine.aggregate import Aggregate
 from fedbug.engine.dp_accountant import Accountant
+from fedbug.errors import ConfigError
 
 _DP_STREAM = 0x44_50  # "DP": keeps the noise apart from every other seeded stream
 
@@ -67,6 +68,12 @@ class DPAggregate(Aggregate):
         extras: dict[str, Tensor] | None = None,
         counted: list[bool] | None = None,
     ) -> None:
+        if extras:  # sent beside the delta by a session (sub-model pieces), not just client_extras
+            raise ConfigError(
+                f"dp: clips and noises the update delta only, and this algorithm also sends "
+                f"extra tensors ({', '.join(sorted(extras))}) the server would read unprotected;"
+                " use an algorithm that sends one delta (fedavg, fedprox, ...)"
+            )
         sent = self.space.unit_mask([u for u, t in enumerate(trained) if t])
         if entries is not None:
             sent &= entries
