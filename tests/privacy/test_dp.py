@@ -99,7 +99,7 @@ def test_adaptive_clip_moves_toward_the_target_quantile():
 
 
 def dp_config(**over):
-    doc = dict(weighting="uniform", dp=DP, rounds=3, checkpoint_every=1)
+    doc = dict(weighting="uniform", dp=DP, rounds=3, checkpoint_every=1, count_flops=False)
     doc.update(over)
     return tiny_config(**doc)
 
