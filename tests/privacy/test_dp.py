@@ -151,6 +151,7 @@ def test_a_frozen_unit_gets_no_noise_and_keeps_its_value():
         ({"dp": DP | {"delta": 1.0}}, r"delta=1.0 is not in \(0, 1\)"),
         ({"dp": DP | {"delta": 0.0}}, r"delta=0.0 is not in \(0, 1\)"),
         ({"algorithm": "scaffold"}, "also sends extra tensors"),
+        ({"algorithm": "fedexp"}, "fedexp's step size reads the sum of the clients' squared"),
         ({"weighting": "samples"}, "set weighting: uniform"),
         ({"selection": "reputation"}, "selection bernoulli or uniform"),
         (

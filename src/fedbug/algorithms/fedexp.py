@@ -44,6 +44,16 @@ class FedExp(FedAvg):
             )
         super().__init__(global_lr, params)
 
+    @classmethod
+    def check_config(cls, cfg: Any) -> str | None:
+        if getattr(cfg, "dp", None) is not None:
+            return (
+                "fedexp's step size reads the sum of the clients' squared update norms, which "
+                "dp: noise does not cover (it would leak past the accountant's epsilon); use "
+                "algorithm: fedavg under dp:"
+            )
+        return super().check_config(cfg)
+
     def server_update(
         self, weights: Tensor, agg: Any, state: dict[str, Tensor], round: int, num_clients: int
     ) -> ServerStep:
