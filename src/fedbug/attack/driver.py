@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from fedbug.attack.inversion import Observation, dlg, idlg_labels, inverting_gradients
 from fedbug.attack.records import RecordedUpdate, load_update, recorded
-from fedbug.attack.scoring import image_scores, label_recovery, save_grid
+from fedbug.attack.scoring import image_scores, label_recovery, match_order, save_grid
 from fedbug.errors import ConfigError
 from fedbug.results.files import atomic_write_bytes, check_no_links
 
@@ -131,7 +131,8 @@ def attack(
 
 
 def score(run: Path, name: str, up: RecordedUpdate, x: Tensor, y: Tensor) -> dict[str, Any]:
-    """PSNR/SSIM (per image and mean), label recovery, the grid; written under ``attack/``."""
+    """PSNR/SSIM (per image, each true image paired with its nearest distinct reconstruction,
+    and their mean), label recovery, the grid; written under ``attack/``."""
     folder = run / "attack" / name
     check_no_links(run, folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -141,6 +142,7 @@ def score(run: Path, name: str, up: RecordedUpdate, x: Tensor, y: Tensor) -> dic
     else:
         true = up.inputs.reshape(-1, *up.meta["input_shape"]).to(torch.float32)
         found = x.reshape(true.shape)
+        found = found[match_order(true, found)]
         per = image_scores(true, found) if true.dim() == 4 else []
         out.update(
             scored=True,

@@ -29,6 +29,17 @@ def _as_numpy(images: Tensor) -> np.ndarray:
     return images.detach().to(torch.float64).permute(0, 2, 3, 1).cpu().numpy()
 
 
+def match_order(true: Tensor, found: Tensor) -> Tensor:
+    """The order of ``found`` that pairs each true image with a distinct reconstruction at the
+    least total squared error (an update does not say which of its images is which); the
+    assignment is SciPy's (a dependency of scikit-learn)."""
+    from scipy.optimize import linear_sum_assignment
+
+    cost = torch.cdist(true.flatten(1).double(), found.flatten(1).double()) ** 2
+    _, cols = linear_sum_assignment(cost.numpy())
+    return torch.as_tensor(cols, dtype=torch.long)
+
+
 def image_scores(true: Tensor, found: Tensor) -> list[dict[str, float]]:
     """Per image (``N, C, H, W``, matched in order): PSNR and SSIM of the reconstruction,
     clamped to the true images' value range, which is also the data range of both scores."""
