@@ -73,6 +73,19 @@ def test_client_state_lives_on_the_node_and_matches_in_process():
     assert trained
 
 
+@pytest.mark.slow
+def test_client_level_dp_gives_the_in_process_numbers():
+    """Clipped on receipt and noised at the server from a generator seeded by the round: the
+    Flower message path gives the in-process run bit for bit, epsilon included."""
+    dp = {"clip": 0.5, "noise_multiplier": 1.0, "delta": 1e-5}
+    cfg = tiny_config(rounds=2, threads=1, weighting="uniform", dp=dp)
+    here = run_experiment(cfg)
+    there, _ = on_flower(cfg)
+    assert without_timing(there.records) == without_timing(here.records)
+    assert torch.equal(there.weights, here.weights)
+    assert here.records[-1]["dp_epsilon"] > 0
+
+
 def test_replies_in_any_order_give_the_same_numbers():
     cfg = tiny_config(rounds=2, threads=1, clients_per_round=4)
     a, _ = on_flower(cfg)
