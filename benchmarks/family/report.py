@@ -232,6 +232,8 @@ def plot(works: list[Workload], path: Path) -> None:
                 ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.8)
             if points and min(p[0] for p in points) > 0:
                 ax.set_xscale("log")
+            if not points:
+                ax.text(0.5, 0.5, "no finished run yet", ha="center", transform=ax.transAxes)
             ax.set_xlabel(name)
             ax.set_ylabel("final accuracy (%)")
             ax.set_title(work.name, fontsize=9)
