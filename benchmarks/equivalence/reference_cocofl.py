@@ -19,40 +19,24 @@ progress bar, which the driven path never draws: a stand-in module takes its pla
 from __future__ import annotations
 
 import contextlib
-import importlib.machinery
-import os
 import sys
-import types
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-
-@contextlib.contextmanager
-def _at(path: str | Path) -> Iterator[None]:
-    old = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
+from benchmarks.equivalence import shims
 
 
 def load(path: str | Path) -> dict[str, Any]:
     """The reference's modules, imported from the checkout at ``path``."""
     path = str(Path(path).resolve())
-    if "tqdm" not in sys.modules:
-        stand_in = types.ModuleType("tqdm")
-        stand_in.__spec__ = importlib.machinery.ModuleSpec("tqdm", None)  # torch looks it up
-        stand_in.tqdm = lambda *a, **k: None  # type: ignore[attr-defined]
-        sys.modules["tqdm"] = stand_in
+    shims.install_tqdm()
     if path not in sys.path:
         sys.path.insert(0, path)
-    with _at(path):
+    with contextlib.chdir(path):
         from algorithms.cocofl import CoCoFLDevice, CoCoFLServer
         from nets.QuantizedNets.ResNet import resnet
         from nets.QuantizedNets.utils.utils import filter_table

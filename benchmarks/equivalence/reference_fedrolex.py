@@ -22,11 +22,9 @@ then ``rounds += 1``).
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import types
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,16 +40,6 @@ class ReferenceRun:
     split: list[list[dict[str, Index]]] = field(default_factory=list)  # per round, per client
     combined: list[list[dict[str, Index]]] = field(default_factory=list)  # after combine's cut
     rounds: list[dict[str, Tensor]] = field(default_factory=list)  # global state after step
-
-
-@contextlib.contextmanager
-def _in(root: Path) -> Iterator[None]:
-    before = os.getcwd()
-    os.chdir(root)
-    try:
-        yield
-    finally:
-        os.chdir(before)
 
 
 def _ray() -> types.ModuleType:
@@ -82,7 +70,7 @@ def load(path: str | Path) -> dict[str, Any]:
             raise SystemExit("one FedRolex checkout per process")
         sys.modules.setdefault("ray", _ray())
         sys.path.insert(0, str(root))
-        with _in(root):
+        with contextlib.chdir(root):
             import config  # noqa: F401 - reads config.yml from the working directory
             import resnet_server
             from models import resnet

@@ -20,10 +20,8 @@ which ``combine`` writes back into them) and the global state after ``combine``.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,16 +39,6 @@ class ReferenceRun:
     combined: list[list[dict[str, Index]]] = field(default_factory=list)  # per round, client
 
 
-@contextlib.contextmanager
-def _in(src: Path) -> Iterator[None]:
-    before = os.getcwd()
-    os.chdir(src)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
 _loaded: dict[str, Any] = {}
 
 
@@ -63,7 +51,7 @@ def load(path: str | Path) -> dict[str, Any]:
         if _loaded:
             raise SystemExit("one HeteroFL checkout per process")
         sys.path.insert(0, str(src))
-        with _in(src):
+        with contextlib.chdir(src):
             import config  # noqa: F401 - reads config.yml from the working directory
             import fed
             import models

@@ -24,11 +24,7 @@ module takes its place. The devices' data is a ``Subset`` of a ``TensorDataset``
 from __future__ import annotations
 
 import contextlib
-import importlib.machinery
-import os
 import sys
-import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,30 +33,18 @@ import torch
 from torch import Tensor
 from torch.utils.data import Subset, TensorDataset
 
+from benchmarks.equivalence import shims
+
 CONFIGS = "nets/SLTNets/configs/config__resnet20.json"
-
-
-@contextlib.contextmanager
-def _at(path: str | Path) -> Iterator[None]:
-    old = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
 
 
 def load(path: str | Path) -> dict[str, Any]:
     """The reference's modules, imported from the checkout at ``path``."""
     path = str(Path(path).resolve())
-    if "tqdm" not in sys.modules:
-        stand_in = types.ModuleType("tqdm")
-        stand_in.__spec__ = importlib.machinery.ModuleSpec("tqdm", None)  # torch looks it up
-        stand_in.tqdm = lambda iterable=None, *a, **k: iterable  # type: ignore[attr-defined]
-        sys.modules["tqdm"] = stand_in
+    shims.install_tqdm()
     if path not in sys.path:
         sys.path.insert(0, path)
-    with _at(path):
+    with contextlib.chdir(path):
         from algorithms import fedavg
         from algorithms.fd import SubsetDevice
         from algorithms.slt import SLTServer

@@ -25,6 +25,7 @@ written in memory (``WRITTEN``) and writes no file.
 
 from __future__ import annotations
 
+import importlib.machinery
 import sys
 import types
 
@@ -172,6 +173,17 @@ def install_h5py() -> None:
     h5.__doc__ = "fedbug equivalence harness stand-in (benchmarks/equivalence/shims.py)"
     h5.File = H5File
     sys.modules["h5py"] = h5
+
+
+def install_tqdm() -> None:
+    """Put a stand-in ``tqdm`` (``tqdm(iterable)`` gives the iterable back, no bar) in
+    ``sys.modules`` unless the real one is there (k1l1's CoCoFL and SLT import it)."""
+    if "tqdm" in sys.modules:
+        return
+    stand_in = types.ModuleType("tqdm")
+    stand_in.__spec__ = importlib.machinery.ModuleSpec("tqdm", None)  # torch looks it up
+    stand_in.tqdm = lambda iterable=None, *a, **k: iterable  # type: ignore[attr-defined]
+    sys.modules["tqdm"] = stand_in
 
 
 def install_torchvision() -> None:
