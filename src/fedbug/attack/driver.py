@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedbug.attack.inversion import Observation, dlg, idlg_labels, inverting_gradients
+from fedbug.attack.inversion import INITS, Observation, dlg, idlg_labels, inverting_gradients
 from fedbug.attack.records import RecordedUpdate, load_update, recorded
 from fedbug.attack.scoring import image_scores, label_recovery, match_order, save_grid
 from fedbug.errors import ConfigError
@@ -81,18 +81,19 @@ def choose_method(method: str, obs: Observation, steps: int) -> str:
 
 
 def reconstruct(
-    obs: Observation, method: str, iterations: int, seed: int
+    obs: Observation, method: str, iterations: int, seed: int, init: str = "normal"
 ) -> tuple[Tensor, Tensor, bool]:
-    """(inputs, labels, whether the labels came from iDLG's rule)."""
+    """(inputs, labels, whether the labels came from iDLG's rule); ``init``: the dummy inputs'
+    start (:data:`fedbug.attack.inversion.INITS`)."""
     labels = idlg_labels(obs) if method in ("idlg", "ig") else None
     if method == "idlg" and labels is None:
         raise ConfigError(
             "--method idlg needs a one-image update whose classifier was sent; use --method dlg"
         )
     if method == "ig":
-        x, y = inverting_gradients(obs, iterations=iterations, seed=seed, labels=labels)
+        x, y = inverting_gradients(obs, iterations=iterations, seed=seed, labels=labels, init=init)
     else:
-        x, y = dlg(obs, iterations=iterations, seed=seed, labels=labels)
+        x, y = dlg(obs, iterations=iterations, seed=seed, labels=labels, init=init)
     return x, y, labels is not None
 
 
@@ -103,24 +104,29 @@ def attack(
     method: str = "auto",
     iterations: int | None = None,
     seed: int = 0,
+    init: str = "normal",
 ) -> dict[str, Any]:
-    """Attack one recorded update; returns the scores (also written with the grid)."""
+    """Attack one recorded update; returns the scores (also written with the grid). ``init``:
+    ``normal`` (DLG's and Inverting Gradients' code) or ``uniform`` (iDLG's code, Fling's)."""
     run = Path(run)
     if method not in METHODS:
         raise ConfigError(f"--method {method}: choose one of {', '.join(METHODS)}")
+    if init not in INITS:
+        raise ConfigError(f"--init {init}: choose one of {', '.join(INITS)}")
     r, k = pick(run, round, client)
     up = load_update(run, r, k)
     obs = observation(up, build_attacked_model(up))
     steps = int(up.meta["steps"])
     chosen = choose_method(method, obs, steps)
     its = iterations or DEFAULT_ITERATIONS[chosen]
-    x, y, from_rule = reconstruct(obs, chosen, its, seed)
+    x, y, from_rule = reconstruct(obs, chosen, its, seed, init)
     out = {
         "round": r,
         "client": k,
         "method": chosen,
         "iterations": its,
         "seed": seed,
+        "init": init,
         "local_steps": steps,
         "num_images": obs.num_images,
         "units_sent": up.meta["units_sent"],

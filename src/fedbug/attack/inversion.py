@@ -106,8 +106,19 @@ def idlg_labels(obs: Observation) -> Tensor | None:
     return obs.target[name].sum(dim=1).argmin().reshape(1)
 
 
-def _init(obs: Observation, gen: torch.Generator) -> Tensor:
-    return torch.randn((obs.num_images, *obs.shape), generator=gen)
+INITS = ("normal", "uniform")
+
+
+def _init(obs: Observation, gen: torch.Generator, init: str) -> Tensor:
+    """The dummy inputs: ``normal`` N(0, 1) (DLG's and Inverting Gradients' code,
+    ``torch.randn``) or ``uniform`` on [0, 1) (iDLG's code and Fling's ``DLGAttacker``,
+    ``torch.rand``); drawn first from the seed's generator, the soft labels' logits next."""
+    shape = (obs.num_images, *obs.shape)
+    if init == "normal":
+        return torch.randn(shape, generator=gen)
+    if init == "uniform":
+        return torch.rand(shape, generator=gen)
+    raise ValueError(f"init {init!r}: choose one of {', '.join(INITS)}")
 
 
 def dlg(
@@ -117,12 +128,17 @@ def dlg(
     seed: int = 0,
     labels: Tensor | None = None,
     lr: float = 1.0,
+    init: str = "normal",
 ) -> tuple[Tensor, Tensor]:
     """DLG: L-BFGS on dummy inputs (and, without ``labels``, dummy soft labels) to match the
     observed gradient in squared distance. Returns (the inputs, the labels: argmax of the soft
-    labels, or ``labels``). With ``labels`` from :func:`idlg_labels` this is iDLG."""
+    labels, or ``labels``). With ``labels`` from :func:`idlg_labels` this is iDLG. ``init``: the
+    dummy inputs' distribution (:func:`_init`); with ``uniform``, iterations and the seed's
+    global draw (``torch.manual_seed(seed)``) this is step for step Fling's ``DLGAttacker``
+    (``distance_measure='euclid'``, ``use_gt_labels=False``, ``optim_backend='lbfgs'``) on the
+    same target gradient (benchmarks/equivalence/run_fling_attack.py)."""
     gen = torch.Generator().manual_seed(seed)
-    x = _init(obs, gen).requires_grad_(True)
+    x = _init(obs, gen, init).requires_grad_(True)
     free = labels is None
     y_logits = torch.randn((obs.num_images, obs.num_classes), generator=gen).requires_grad_(free)
     fixed = None if free else nn.functional.one_hot(labels, obs.num_classes).float()
@@ -152,13 +168,14 @@ def inverting_gradients(
     tv: float = 1e-4,
     lr: float = 0.1,
     progress: Callable[[int, float], None] | None = None,
+    init: str = "normal",
 ) -> tuple[Tensor, Tensor]:
     """Inverting Gradients: Adam on the signed gradient of cosine distance + ``tv`` x total
     variation, learning rate decayed by 10 at 3/8, 5/8 and 7/8 of the iterations (as the
-    paper's code). Without ``labels`` the soft labels are optimised too. Returns (inputs,
-    labels)."""
+    paper's code). Without ``labels`` the soft labels are optimised too. ``init`` as for
+    :func:`dlg`. Returns (inputs, labels)."""
     gen = torch.Generator().manual_seed(seed)
-    x = _init(obs, gen).requires_grad_(True)
+    x = _init(obs, gen, init).requires_grad_(True)
     free = labels is None
     y_logits = torch.randn((obs.num_images, obs.num_classes), generator=gen).requires_grad_(free)
     fixed = None if free else nn.functional.one_hot(labels, obs.num_classes).float()

@@ -27,6 +27,13 @@ def add_attack_parser(sub: argparse._SubParsersAction) -> None:
     )
     a.add_argument("--iterations", type=int, default=None, help="default: 300 (DLG), 2000 (IG)")
     a.add_argument("--seed", type=int, default=0, help="the dummy inputs' seed")
+    a.add_argument(
+        "--init",
+        choices=("normal", "uniform"),
+        default="normal",
+        help="the dummy inputs' start: normal N(0, 1) (DLG's, Inverting Gradients' code) or "
+        "uniform [0, 1) (iDLG's code, Fling's DLGAttacker)",
+    )
     a.add_argument("--json", action="store_true", help="print the scores as JSON")
     a.set_defaults(func=cmd_attack)
 
@@ -39,7 +46,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
         raise ConfigError(f"--iterations {args.iterations}: give a positive count")
     from fedbug.attack import attack
 
-    s = attack(run, args.round, args.client, args.method, args.iterations, args.seed)
+    s = attack(run, args.round, args.client, args.method, args.iterations, args.seed, args.init)
     if args.json:
         print(json.dumps(s, indent=1))
         return 0
