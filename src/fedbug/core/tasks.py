@@ -9,7 +9,9 @@ Built-in tasks, chosen with ``task:`` in a config (or given as an object to ``fe
   ``micro_f1`` (the headline; a label is predicted when its logit > 0) and ``subset_acc``
   (every label of a sample right).
 * ``next_token``: cross-entropy of next-token prediction (outputs (N, V) or (N, T, V), targets
-  (N,) or (N, T)); ``acc`` (the headline) and ``perplexity`` = exp(mean loss).
+  (N,) or (N, T); (N, T, V) against (N,), a causal LM's scores at every position against the
+  token after each sequence, scores the last position); ``acc`` (the headline) and
+  ``perplexity`` = exp(mean loss).
 
 Metrics are computed streaming: :meth:`Task.batch_sums` gives additive sums of one batch
 (float64), :meth:`Task.finish` turns the sums over the whole test set into the figures. A run
@@ -185,6 +187,8 @@ class NextToken(Task):
 
     @staticmethod
     def _flat(output: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        if output.dim() == y.dim() + 2:  # a score at every position, one target per sequence:
+            output = output[:, -1]  # the last position's (a causal LM's next token)
         return output.reshape(-1, output.shape[-1]), y.reshape(-1)
 
     def loss(self, output: Any, y: Tensor) -> Tensor:
@@ -210,7 +214,8 @@ class NextToken(Task):
     def output_problem(self, output: Any, y: Tensor, num_classes: int) -> str | None:
         if not isinstance(output, Tensor) or output.dim() < 2:
             return _scores_problem(output, y, num_classes)
-        if output.shape[-1] != num_classes or output[..., 0].numel() != y.numel():
+        last = output[:, -1] if output.dim() == y.dim() + 2 else output
+        if output.shape[-1] != num_classes or last[..., 0].numel() != y.numel():
             return (
                 f"gives outputs of shape {_shape(output.shape)} for targets of shape "
                 f"{_shape(y.shape)}; next_token needs one score per token id for each target, "

@@ -152,8 +152,27 @@ def find_units(
                 for p, _ in model.get_submodule(n).named_parameters(recurse=False)
             ]
             units.append(Unit(group[0] or "root", tuple(group), tuple(params)))
+    units = _tied_once(model, units)
     _check_cover(model, units)
     return units
+
+
+def _tied_once(model: nn.Module, units: list[Unit]) -> list[Unit]:
+    """Each parameter once, under the name ``named_parameters`` gives it, in the first unit that
+    holds it: a tied weight (GPT-2's head reuses its token embedding's matrix, ``lm_head.weight``
+    is ``transformer.wte.weight``) trains with its first unit, input to output; a unit that held
+    nothing else is dropped."""
+    first = {id(p): n for n, p in model.named_parameters()}
+    seen: set[str] = set()
+    out = []
+    for u in units:
+        names = [first[id(model.get_parameter(p))] for p in u.params]
+        kept = tuple(dict.fromkeys(n for n in names if n not in seen))
+        seen.update(kept)
+        if u.params and not kept:
+            continue  # it held only a tied weight: no unit of its own
+        out.append(u if kept == u.params else Unit(u.name, u.modules, kept))
+    return out
 
 
 def _check_cover(model: nn.Module, units: list[Unit]) -> None:
@@ -190,6 +209,13 @@ def _buffer_units(units: list[Unit], buffers: dict[str, Tensor]) -> dict[str, in
     return out
 
 
+def _non_persistent(model: nn.Module, name: str) -> bool:
+    """Whether a buffer is left out of the state dict (a rotary embedding's ``inv_freq``, which
+    the model computes from its config): no state, so no place in the flat vector."""
+    owner, _, attr = name.rpartition(".")
+    return attr in model.get_submodule(owner)._non_persistent_buffers_set
+
+
 class ParamSpace:
     """All of a model's parameters and float buffers laid out unit by unit in one flat vector."""
 
@@ -197,7 +223,9 @@ class ParamSpace:
         self.units = units
         named_params = dict(model.named_parameters())
         named_buffers = {
-            n: b for n, b in model.named_buffers() if b is not None and b.is_floating_point()
+            n: b
+            for n, b in model.named_buffers()
+            if b is not None and b.is_floating_point() and not _non_persistent(model, n)
         }
         self.names: list[str] = []
         self.is_param: list[bool] = []

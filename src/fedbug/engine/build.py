@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm
 from fedbug.config import BaseConfig
+from fedbug.core.blocks import block_units
 from fedbug.core.layout import Layout, build_layout, extra_units
 from fedbug.core.units import ParamSpace, Unit, check_traced, find_units, traced_module_order
 from fedbug.errors import ConfigError
@@ -57,7 +58,10 @@ def build_parts(cfg: BaseConfig, algorithm: Algorithm, model: nn.Module, example
     """Wrap ``model`` for ``algorithm``, cut it into units on the prepared batch ``example``,
     lay them out, set the algorithm up on the layout, and build the config's freeze policy and
     round schedule on it. ``model`` becomes part of the template: pass a copy to keep it."""
-    listed = cfg.units if cfg.units is not None else _declared_units(model)
+    if cfg.units == "blocks":  # embedding, each repeated block, head (fedbug.core.blocks)
+        listed: UnitNames | None = block_units(model, example)
+    else:
+        listed = cfg.units if cfg.units is not None else _declared_units(model)
     classifier = classifier_of(model, example, listed)
     template = algorithm.wrap_model(model, classifier)
     rename = _renamer(model, template)

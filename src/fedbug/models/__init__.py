@@ -16,6 +16,7 @@ or :func:`allow_import` in Python. Nothing in a config or a run folder can allow
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import sys
@@ -30,6 +31,7 @@ from fedbug.core.registry import Registry
 from fedbug.core.seeding import derive_seed
 from fedbug.errors import ConfigError
 from fedbug.models.cnn import DigitsCNN, StandardCNN
+from fedbug.models.hf import build_hf, is_hf
 from fedbug.models.leaf_cnn import FreezeFLCNN, LeafFemnistCNN
 from fedbug.models.logreg import LogisticRegression
 from fedbug.models.lstm import ShakespeareLSTM
@@ -53,8 +55,17 @@ MODELS.register("logreg")(LogisticRegression)
 
 
 def is_import_path(name: str) -> bool:
-    """Whether a model name is an import path (``package.module:Name``)."""
-    return ":" in name
+    """Whether a model name is an import path (``package.module:Name``; ``hf:...`` names a
+    Hugging Face model, :mod:`fedbug.models.hf`)."""
+    return ":" in name and not is_hf(name)
+
+
+def model_kwargs(cfg: Any) -> dict[str, Any]:
+    """A config's keyword options of its model builder: ``model_options``, and for a Hugging
+    Face model its ``hf_config`` and ``task`` (which picks the head)."""
+    if not is_hf(cfg.model):
+        return dict(cfg.model_options)
+    return {**cfg.model_options, "hf_config": cfg.hf_config, "task": cfg.task}
 
 
 #: set to ``1`` to let an import path name a factory function (inherited by child processes)
@@ -137,7 +148,10 @@ def build_model(
         own = import_model(name) if is_import_path(name) else None
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    builder = MODELS.get(name) if own is None else None
+    if own is None and is_hf(name):
+        builder = functools.partial(build_hf, name=name)
+    else:
+        builder = MODELS.get(name) if own is None else None  # type: ignore[assignment]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "model"))
         try:
@@ -160,6 +174,8 @@ __all__ = [
     "import_model",
     "import_root",
     "is_import_path",
+    "is_hf",
+    "model_kwargs",
     "StandardCNN",
     "DigitsCNN",
     "MLP",

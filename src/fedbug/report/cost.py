@@ -52,7 +52,7 @@ from fedbug.core.units import ParamSpace, Unit
 from fedbug.engine.build import build_freezing, build_parts
 from fedbug.engine.client import step_units
 from fedbug.errors import ConfigError
-from fedbug.models import build_model
+from fedbug.models import build_model, model_kwargs
 from fedbug.policies import StepCtx, build_policy
 from fedbug.policies.schedule import RoundSchedule
 from fedbug.system import freeze_rows
@@ -217,7 +217,7 @@ def cost_report(
 def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -> dict[str, Any]:
     s = _setting(cfg, samples_per_client, participants)
     _, _, kind = DATASET_SHAPES[cfg.dataset]
-    model = build_model(cfg.model, s.input_shape, s.num_classes, cfg.seed, **cfg.model_options)
+    model = build_model(cfg.model, s.input_shape, s.num_classes, cfg.seed, **model_kwargs(cfg))
     x, y = _example_batch(s.input_shape, s.num_classes, kind, cfg.batch_size, cfg.seed)
     per_round = s.steps * s.clients  # batches trained a round, over all clients counted
     copies = optimizer_state_copies(cfg.optimizer, cfg.momentum)

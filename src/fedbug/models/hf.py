@@ -1,0 +1,136 @@
+"""Hugging Face ``transformers`` models as fedbug models (``pip install 'fedbug[hf]'``).
+
+Two ways to name one in a config:
+
+* ``model: hf:<name or local folder>``: ``from_pretrained`` from a local folder or the local
+  Hugging Face cache, never from the network (``local_files_only``); a model found in neither
+  is one :class:`~fedbug.errors.ConfigError` saying where fedbug looked and how to fetch it.
+  ``hf_config:`` beside it overrides keys of the saved config.
+* ``model: hf`` with ``hf_config: {model_type: gpt2, n_layer: 2, n_embd: 32, ...}``: the
+  architecture built from those keys (``AutoConfig.for_model``) with random weights drawn under
+  the run's model seed, as every fedbug model is; how the tests run, with no weights to fetch.
+
+The task picks the head: ``next_token`` a causal LM (``AutoModelForCausalLM``; ``vocab_size``
+defaults to the data set's ``num_classes``, its vocabulary), ``classification`` a sequence
+classifier (``AutoModelForSequenceClassification`` with ``num_labels`` the data set's classes).
+The model takes token ids (N, T) and returns its logits as a tensor (a forward hook takes
+``.logits`` out of the model's output), so fedbug's tasks, unit tracing, FLOP and memory
+counter and flat-weight binding treat it as any other module. A causal LM's logits are
+(N, T, V); against one target per sequence (LEAF Shakespeare's next character) ``next_token``
+scores the last position. ``use_cache`` is off: a training step keeps no key/value cache.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from fedbug.errors import ConfigError
+
+#: the ``AutoModelFor...`` class of each task's head
+HEADS = {
+    "next_token": "AutoModelForCausalLM",
+    "classification": "AutoModelForSequenceClassification",
+}
+PREFIX = "hf:"
+INSTALL = "pip install 'fedbug[hf]'"
+
+
+def is_hf(name: str) -> bool:
+    """Whether a model name names a Hugging Face model (``hf`` or ``hf:<name or folder>``)."""
+    return name == "hf" or name.startswith(PREFIX)
+
+
+def _transformers() -> Any:
+    try:
+        return importlib.import_module("transformers")
+    except ImportError:
+        raise ConfigError(f"Hugging Face models need the transformers package: {INSTALL}") from None
+
+
+def check_hf_model(name: str, hf_config: dict[str, Any] | None, task: str) -> None:
+    """Refuse, in one line, a Hugging Face model a config cannot build: transformers missing,
+    ``model: hf`` without ``hf_config.model_type``, a task without a head, ``hf_config`` beside
+    a model that is not a Hugging Face one."""
+    if not is_hf(name):
+        if hf_config is not None:
+            raise ConfigError(
+                f"hf_config: has no effect under model: {name}; use model: hf (a model built "
+                "from hf_config) or model: hf:<name or folder>, or remove hf_config"
+            )
+        return
+    _transformers()
+    if task not in HEADS:
+        raise ConfigError(f"task: {task} has no Hugging Face head; use task: {' or '.join(HEADS)}")
+    if name == "hf" and not (hf_config or {}).get("model_type"):
+        raise ConfigError(
+            "model: hf builds its architecture from hf_config, which needs model_type "
+            "(hf_config: {model_type: gpt2, n_layer: 2, n_embd: 32, n_head: 2}); or name a "
+            "pretrained model, model: hf:<name or folder>"
+        )
+
+
+def build_hf(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    name: str = "hf",
+    hf_config: dict[str, Any] | None = None,
+    task: str = "classification",
+) -> nn.Module:
+    """The Hugging Face model ``name`` names (``hf`` or ``hf:<name or folder>``) with the head
+    of ``task``, returning logits (module docstring). Random weights come from torch's global
+    generator, which :func:`fedbug.models.build_model` seeds from the run's seed."""
+    check_hf_model(name, hf_config, task)
+    transformers = _transformers()
+    head = getattr(transformers, HEADS[task])
+    keys = dict(hf_config or {})
+    if task == "classification":
+        keys.setdefault("num_labels", num_classes)
+    if name == "hf":
+        model_type = keys.pop("model_type")
+        if task == "next_token":
+            keys.setdefault("vocab_size", num_classes)
+        config = transformers.AutoConfig.for_model(model_type, **keys)
+        model = head.from_config(config)
+    else:
+        model = _pretrained(transformers, head, name.removeprefix(PREFIX), keys)
+    if len(input_shape) != 1:
+        raise ValueError(
+            f"a Hugging Face model reads token ids, inputs of shape (T,); the data set's are "
+            f"{input_shape}: use a token data set (inputs='tokens')"
+        )
+    model.config.use_cache = False
+    model.register_forward_hook(_logits)
+    return model  # type: ignore[no-any-return]
+
+
+def _pretrained(transformers: Any, head: Any, where: str, keys: dict[str, Any]) -> nn.Module:
+    try:
+        config = transformers.AutoConfig.from_pretrained(where, local_files_only=True, **keys)
+        return head.from_pretrained(  # type: ignore[no-any-return]
+            where, config=config, local_files_only=True, ignore_mismatched_sizes=bool(keys)
+        )
+    except OSError:
+        raise ConfigError(not_found(where)) from None
+
+
+def not_found(where: str) -> str:
+    """Where fedbug looked for a pretrained model ``where`` and how to get it, in one line."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    folder = Path(where).expanduser().resolve()
+    return (
+        f"model hf:{where}: no model folder at {folder} and not in the Hugging Face cache "
+        f"{HF_HUB_CACHE} (fedbug never downloads); fetch it once where there is network with "
+        f"`hf download {where}` (the same cache, or set HF_HUB_CACHE), or give the folder that "
+        "holds its config.json and weights"
+    )
+
+
+def _logits(module: nn.Module, args: Any, output: Any) -> Any:
+    """Forward hook: the model's logits in place of its output object (a module-level
+    function, so a model with it pickles for worker processes)."""
+    return getattr(output, "logits", output)
