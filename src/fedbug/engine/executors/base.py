@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from fedbug.core.protocol import ClientResult, ClientTask
+
+if TYPE_CHECKING:
+    from fedbug.engine.aggregate import Aggregate
 
 
 class Executor:
@@ -46,6 +49,12 @@ class Executor:
         """``{"client", "reason"}`` for each client of the last round whose update never came
         (a Flower node that failed or timed out); none by default."""
         return []
+
+    def round_aggregate(self) -> Aggregate | None:
+        """The aggregate the round's updates go into, where the executor makes it (Flower's
+        secure aggregation, whose sums come from the executor, not from the updates); None:
+        the round loop's own."""
+        return None
 
     def required(self, selected: int, min_results: int) -> int:
         """Valid updates a round of ``selected`` clients needs to be aggregated."""

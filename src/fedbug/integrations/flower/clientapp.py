@@ -24,6 +24,7 @@ from fedbug.engine.client import train_client
 from fedbug.integrations.flower.messages import decode_task, encode_reply, sent_units
 from fedbug.integrations.flower.node_cache import cache_dir, entry_path, load_or_build
 from fedbug.integrations.flower.node_state import NodeStates
+from fedbug.integrations.flower.secagg_client import is_secure, secagg_mod, secure_reply
 
 app = ClientApp()
 
@@ -109,7 +110,7 @@ def _save_state(
     context.state[STATE_INFO] = ConfigRecord({"client": client})
 
 
-@app.train()
+@app.train(mods=[secagg_mod])  # Flower's SecAgg+ on the messages of its protocol only
 def train(msg: Message, context: Context) -> Message:
     """Train the client the message names from the weights it carries; reply with its update."""
     exp, runtime = experiment_for(context.run_config, context.node_config)
@@ -130,4 +131,6 @@ def train(msg: Message, context: Context) -> Message:
         _save_state(context, exp, task.client, task.round, result.state)
     mask = exp.algorithm.shared_mask(exp.space.num_units)
     sent = sent_units(result, mask, exp.cfg.upload)
+    if is_secure(msg):  # flower.secagg: the reply secaggplus_mod masks
+        return Message(secure_reply(result, exp, task, sent), reply_to=msg)
     return Message(encode_reply(result, exp.space, sent), reply_to=msg)

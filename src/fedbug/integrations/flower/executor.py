@@ -138,20 +138,7 @@ class FlowerExecutor(Executor):
         self.dropped = []
         self.map_nodes()
         exp = self.exp
-        sendable: list[tuple[ClientTask, int]] = []
-        nodeless = "no SuperNode holds this partition"
-        silent, asked = self.unanswered
-        if silent:  # the likely cause: the nodes that hold it did not say so in time
-            nodeless += (
-                f" ({silent} of {asked} SuperNodes did not say which partition they hold within "
-                f"round_timeout ({self.params.round_timeout:g} s))"
-            )
-        for t in sorted(tasks, key=lambda t: t.client):
-            node = self.node_for(t.client)
-            if node is not None:
-                sendable.append((t, node))
-            else:
-                self.dropped.append({"client": t.client, "reason": nodeless})
+        sendable = self.assign(tasks)
         if not sendable:
             return
         shared = encode_weights(weights, exp.space)  # one copy for all the round's messages
@@ -177,6 +164,29 @@ class FlowerExecutor(Executor):
                 self.dropped.append({"client": t.client, "reason": result})
             else:
                 yield result
+
+    def assign(self, tasks: list[ClientTask]) -> list[tuple[ClientTask, int]]:
+        """(task, node) for each task in client order whose client a node can train; the others
+        go to :attr:`dropped` with the reason."""
+        sendable: list[tuple[ClientTask, int]] = []
+        for t in sorted(tasks, key=lambda t: t.client):
+            node = self.node_for(t.client)
+            if node is not None:
+                sendable.append((t, node))
+            else:
+                self.dropped.append({"client": t.client, "reason": self.nodeless()})
+        return sendable
+
+    def nodeless(self) -> str:
+        """Why a client has no node."""
+        nodeless = "no SuperNode holds this partition"
+        silent, asked = self.unanswered
+        if silent:  # the likely cause: the nodes that hold it did not say so in time
+            nodeless += (
+                f" ({silent} of {asked} SuperNodes did not say which partition they hold within "
+                f"round_timeout ({self.params.round_timeout:g} s))"
+            )
+        return nodeless
 
     def _read(self, reply: Message | str, client: int) -> ClientResult | str:
         """The client's update, or why it has none."""

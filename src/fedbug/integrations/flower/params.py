@@ -6,6 +6,8 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fedbug.integrations.flower.secagg_params import SecAggParams
+
 
 class FlowerParams(BaseModel):
     """Where the SuperLink is and how long a round waits for replies."""
@@ -44,6 +46,12 @@ class FlowerParams(BaseModel):
         le=60.0,
         description="the longest wait between pulls; waits start at 10 ms and grow by half "
         "each pull, so short rounds are not rounded up to a poll",
+    )
+    secagg: SecAggParams | None = Field(
+        None,
+        description="secure aggregation by Flower's SecAgg+: the server sees only the round's "
+        "sum (num_shares, reconstruction_threshold, max_weight, clipping_range, "
+        "quantization_range, modulus_range, timeout)",
     )
 
     def required(self, selected: int, default: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -18,6 +19,15 @@ from flwr.serverapp import Grid, ServerApp
 from fedbug.integrations.flower.executor import FlowerExecutor
 
 app = ServerApp()
+
+
+def executor_class(cfg: Any) -> type[FlowerExecutor]:
+    """The plain Flower executor, or the one whose rounds SecAgg+ sums (``flower.secagg``)."""
+    if cfg.flower.secagg is None:
+        return FlowerExecutor
+    from fedbug.integrations.flower.secagg import SecAggExecutor
+
+    return SecAggExecutor
 
 
 @app.main()
@@ -37,7 +47,7 @@ def main(grid: Grid, context: Context) -> None:
         Path(out) if out else None,
         resume=bool(rc.get("resume", False)),
         lock_token=str(rc.get("lock-token", "")) or None,
-        executor_factory=lambda exp: FlowerExecutor(
+        executor_factory=lambda exp: executor_class(cfg)(
             grid,
             exp,
             map_once=cfg.executor == "flower-simulation",

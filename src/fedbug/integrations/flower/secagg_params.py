@@ -1,0 +1,89 @@
+"""The ``flower.secagg`` block: secure aggregation by Flower's own SecAgg+ (pydantic only, no
+``flwr``; read by the Flower executors, refused elsewhere by :mod:`fedbug.config.secagg`).
+
+The options mirror :class:`flwr.server.workflow.SecAggPlusWorkflow`'s arguments, with its
+defaults (``num_shares`` and ``reconstruction_threshold``, which it has none for: those of
+Flower's SecAgg+ example, 3 and 2).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SecAggParams(BaseModel):
+    """Flower's SecAgg+ (``SecAggPlusWorkflow``): each value is clipped to
+    [-clipping_range, clipping_range] and stochastically rounded to one of quantization_range
+    levels; the masked integers are summed modulo modulus_range."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_shares: int | float = Field(
+        3,
+        gt=0,
+        description="shares each client's secrets are split into (its neighbours + itself); "
+        "a float: that fraction of the round's clients",
+    )
+    reconstruction_threshold: int | float = Field(
+        2,
+        gt=0,
+        description="shares needed to rebuild a secret (int < num_shares, or a fraction in "
+        "(0, 1] of num_shares)",
+    )
+    max_weight: float = Field(
+        1000.0,
+        gt=0.0,
+        le=1e12,
+        description="weighting: samples: a client's update is scaled by num_samples / "
+        "max_weight before quantisation (keep it at least the largest client)",
+    )
+    clipping_range: float = Field(
+        8.0, gt=0.0, le=1e9, description="each sent value is clipped to +-clipping_range"
+    )
+    quantization_range: int = Field(
+        4194304, ge=2, description="integer levels over [-clipping_range, clipping_range]"
+    )
+    modulus_range: int = Field(
+        4294967296, ge=4, le=4294967296, description="the masks' modulus (a power of 2, <= 2^32)"
+    )
+    timeout: float | None = Field(
+        None,
+        gt=0.0,
+        le=1e7,
+        description="seconds each of SecAgg+'s four stages waits for replies (default: "
+        "flower.round_timeout)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SecAggParams:
+        m, q = self.modulus_range, self.quantization_range
+        if m & (m - 1):
+            raise ValueError(
+                f"flower.secagg.modulus_range={m} is not a power of 2; give e.g. 2**32"
+            )
+        if q >= m:
+            raise ValueError(
+                f"flower.secagg.quantization_range={q} must be below modulus_range={m}"
+            )
+        t, s = self.reconstruction_threshold, self.num_shares
+        if isinstance(t, float) and t > 1:
+            raise ValueError(
+                f"flower.secagg.reconstruction_threshold={t} as a fraction must be in (0, 1]"
+            )
+        if isinstance(s, int) and s == 2:
+            raise ValueError("flower.secagg.num_shares=2 is refused by SecAgg+; give 3 or more")
+        if isinstance(t, int) and isinstance(s, int) and t != 1 and s != 1 and t >= s:
+            raise ValueError(
+                f"flower.secagg.reconstruction_threshold={t} must be below num_shares={s}"
+            )
+        return self
+
+    @property
+    def step(self) -> float:
+        """The width of one quantisation level: 2 clipping_range / quantization_range."""
+        return 2.0 * self.clipping_range / self.quantization_range
+
+    def sum_bound(self, clients: int) -> float:
+        """The largest error of one summed value over ``clients`` clients (each value within
+        +-clipping_range): each client's stochastic rounding moves it by less than one level."""
+        return clients * self.step

@@ -1,0 +1,138 @@
+"""What a client puts into SecAgg+'s secure sum, and the round's aggregate rebuilt from the sum.
+
+Each client sends one vector of the same length (so SecAgg+ can add them), in segments:
+
+- ``delta``: a_i Delta_i over every shared unit, zeros in the units it did not send;
+- ``weight``: a_i per unit it sent (or counts in unchanged, ``aggregation: full``), else 0;
+- under ``weighting: samples`` also ``raw`` (Delta_i, unweighted) and ``count`` (1 per unit);
+- ``sq_norm``: ||Delta_i||^2 / D over what it sent (D the shared space's size, so the value stays
+  inside the clipping range); ``loss``: its train loss;
+- each extra tensor (SCAFFOLD's control-variate change), then a 1 that counts it.
+
+a_i = num_samples / max_weight under ``weighting: samples``, 1 under ``uniform``. The sum over
+the round's clients gives every per-unit sum *and* per-unit weight and count the plain
+:class:`~fedbug.engine.aggregate.Aggregate` keeps, so partial uploads (FreezeFL) aggregate layer
+by layer exactly as in the clear; the server never sees one client's vector. Weights and counts
+are sums of integers: they are rounded back to integers, which is exact while the quantisation
+error of a sum stays below 1/2 (checked).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedbug.core.units import ParamSpace
+from fedbug.engine.aggregate import Aggregate
+from fedbug.engine.client import ClientResult
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The segments of the summed vector, for one run's space, weighting and extras."""
+
+    space: ParamSpace
+    weighted: bool  # weighting: samples (a_i = num_samples / max_weight)
+    max_weight: float
+    extras: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def segments(self) -> list[tuple[str, int]]:
+        total, units = self.space.total, self.space.num_units
+        seg = [("delta", total), ("weight", units)]
+        if self.weighted:
+            seg += [("raw", total), ("count", units)]
+        seg += [("sq_norm", 1), ("loss", 1)]
+        for key, shape in self.extras:
+            seg += [(f"extra:{key}", math.prod(shape)), (f"extra-n:{key}", 1)]
+        return seg
+
+    def size(self) -> int:
+        return sum(n for _, n in self.segments())
+
+    def split(self, vec: np.ndarray) -> dict[str, np.ndarray]:
+        """The named segments of a vector of this layout."""
+        out, off = {}, 0
+        for name, n in self.segments():
+            out[name] = vec[off : off + n]
+            off += n
+        return out
+
+
+def extras_layout(extras: dict[str, Tensor]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple((k, tuple(extras[k].shape)) for k in sorted(extras))
+
+
+def client_vector(
+    result: ClientResult, layout: Layout, sent: list[bool], counted: list[bool]
+) -> np.ndarray:
+    """The client's vector (float64): ``sent`` the units whose delta it sends, ``counted`` those
+    it counts in with a zero update where it sent nothing (``aggregation: full``)."""
+    space = layout.space
+    a = result.num_samples / layout.max_weight if layout.weighted else 1.0
+    mask = torch.zeros(space.total, dtype=torch.bool)
+    for u, s in enumerate(sent):
+        if s:
+            mask[space.unit_slices[u]] = True
+    delta = torch.where(mask, result.delta, torch.zeros(())).double()
+    ind = torch.tensor([float(s or c) for s, c in zip(sent, counted, strict=True)]).double()
+    parts: dict[str, Tensor] = {"delta": a * delta, "weight": a * ind}
+    if layout.weighted:
+        parts |= {"raw": delta, "count": ind}
+    sq = float(torch.dot(delta, delta)) / space.total
+    parts |= {"sq_norm": torch.tensor([sq]), "loss": torch.tensor([float(result.train_loss or 0)])}
+    for key, _ in layout.extras:
+        parts[f"extra:{key}"] = result.extras[key].double().reshape(-1)
+        parts[f"extra-n:{key}"] = torch.ones(1, dtype=torch.float64)
+    return torch.cat([parts[name].reshape(-1) for name, _ in layout.segments()]).numpy()
+
+
+def _integers(values: np.ndarray, bound: float) -> np.ndarray:
+    """Sums of integers back to integers, where the quantisation error allows it."""
+    return np.rint(values) if bound < 0.5 else values
+
+
+class SecureAggregate(Aggregate):
+    """An :class:`Aggregate` whose sums are set from SecAgg+'s secure sum (:meth:`set_sum`);
+    :meth:`add` counts each client only (its update never reaches the server)."""
+
+    def __init__(self, space: ParamSpace, weighting: str) -> None:
+        super().__init__(space, "samples" if weighting == "samples" else "uniform")
+        self.mean_loss: float | None = None
+
+    def set_sum(self, layout: Layout, total: np.ndarray, clients: int, bound: float) -> None:
+        """The round's sum (of ``layout``) over ``clients`` clients; ``bound``: the largest
+        quantisation error of one summed value."""
+        seg, space, mw = layout.split(total), self.space, layout.max_weight
+        scale = mw if layout.weighted else 1.0
+        self._wsum = torch.from_numpy(scale * seg["delta"]).float()
+        weights = scale * seg["weight"]
+        self._unit_w = [float(w) for w in _integers(weights, scale * bound)]
+        if layout.weighted:
+            self._raw = torch.from_numpy(seg["raw"].copy()).float()
+            counts = _integers(seg["count"], bound)
+        else:
+            self._raw = self._wsum.clone()
+            counts = np.array(self._unit_w)
+        self._unit_n = [int(c) if float(c).is_integer() else float(c) for c in counts]
+        self.sq_norm_sum = float(seg["sq_norm"][0]) * space.total
+        self.mean_loss = float(seg["loss"][0]) / clients if clients else None
+        for key, shape in layout.extras:
+            self._extras[key] = torch.from_numpy(seg[f"extra:{key}"].copy()).float().view(shape)
+            self._extra_n[key] = int(_integers(seg[f"extra-n:{key}"], bound)[0])
+
+    def add(
+        self,
+        delta: Tensor,
+        trained: list[bool],
+        num_samples: int,
+        entries: Tensor | None = None,
+        extras: dict[str, Tensor] | None = None,
+        counted: list[bool] | None = None,
+    ) -> None:
+        """Count one client whose vector is in the secure sum (the sums are already set)."""
+        self.count += 1
+        self.num_samples += num_samples
