@@ -86,6 +86,19 @@ def test_client_level_dp_gives_the_in_process_numbers():
     assert here.records[-1]["dp_epsilon"] > 0
 
 
+@pytest.mark.slow
+def test_dp_sgd_gives_the_in_process_numbers():
+    """DP-SGD's Poisson batches and noise come from the client's (seed, round, client) stream:
+    on a Flower node, the same numbers and the same per-client epsilon."""
+    pytest.importorskip("opacus")
+    cfg = tiny_config(rounds=2, threads=1, dp_sgd={"clip": 1.0, "noise_multiplier": 1.0})
+    here = run_experiment(cfg)
+    there, _ = on_flower(cfg)
+    assert without_timing(there.records) == without_timing(here.records)
+    assert torch.equal(there.weights, here.weights)
+    assert here.records[-1]["dp_sgd_epsilon"] > 0
+
+
 def test_replies_in_any_order_give_the_same_numbers():
     cfg = tiny_config(rounds=2, threads=1, clients_per_round=4)
     a, _ = on_flower(cfg)

@@ -1,13 +1,14 @@
 """The ``dp:`` block: client-level differential privacy (DP-FedAvg, McMahan et al. 2018, with
-the adaptive clip of Andrew et al. 2021), and the refusals of configs it cannot cover.
+the adaptive clip of Andrew et al. 2021); the ``dp_sgd:`` block: sample-level DP-SGD on each
+client (Abadi et al. 2016, through Opacus); and the refusals of configs they cannot cover.
 
-The mechanism lives in :mod:`fedbug.engine.dp`; this module holds its options only (pydantic, no
-torch), so the config can validate them.
+The mechanisms live in :mod:`fedbug.engine.dp` and :mod:`fedbug.engine.dp_sgd`; this module
+holds their options only (pydantic, no torch), so the config can validate them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -54,6 +55,37 @@ class DPParams(BaseModel):
         return self
 
 
+class DPSGDParams(BaseModel):
+    """Sample-level DP-SGD on each client: every sample's gradient over the step's trainable
+    units clipped to L2 norm ``clip``, N(0, (noise_multiplier clip)^2) added to their sum, the
+    sum divided by the batch size; epsilon per client at ``delta`` (its data set is what is
+    protected) by dp-accounting's RDP accountant."""
+
+    model_config = ConfigDict(extra="forbid")
+    clip: float = Field(1.0, gt=0.0, le=1e6, description="L2 clip of each sample's gradient")
+    noise_multiplier: float = Field(
+        1.0, le=1e6, description="z: the noise std is z * clip (0: clip only, no privacy)"
+    )
+    delta: float = Field(1e-5, description="the delta epsilon is reported at, in (0, 1)")
+    sampling: Literal["poisson", "shuffle"] = Field(
+        "poisson",
+        description="poisson: each sample joins a step's batch with probability "
+        "batch_size / n (what the accountant assumes); shuffle: the usual fixed batches of a "
+        "shuffled epoch (Opacus's poisson_sampling=False; the epsilon reported is then the "
+        "Poisson one, an approximation)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> DPSGDParams:
+        if self.noise_multiplier < 0:
+            raise ValueError(
+                f"dp_sgd.noise_multiplier={self.noise_multiplier} is negative; give z >= 0"
+            )
+        if not 0.0 < self.delta < 1.0:
+            raise ValueError(f"dp_sgd.delta={self.delta} is not in (0, 1); give e.g. 1e-5")
+        return self
+
+
 def expected_clients(cfg: Any) -> float:
     """The expected number of clients per round: DP-FedAvg's fixed denominator."""
     if cfg.clients_per_round is not None:
@@ -97,4 +129,24 @@ def dp_incompatibility(cfg: Any) -> str | None:
                 f"noise_multiplier {z:g} (Andrew et al.: it needs count_noise > z/2 = {z / 2:g});"
                 " raise count_noise or noise_multiplier"
             )
+    return None
+
+
+def dp_sgd_incompatibility(cfg: Any) -> str | None:
+    """Why ``cfg``'s ``dp_sgd:`` block cannot be honoured (None: it can, or there is none).
+    The model itself is checked when it is built (Opacus's validator; engine.dp_sgd)."""
+    if getattr(cfg, "dp_sgd", None) is None:
+        return None
+    alg = ALGORITHMS.get(cfg.algorithm)
+    if alg.overrides("extra_loss"):
+        return (
+            f"dp_sgd: clips each sample's gradient, and algorithm {cfg.algorithm} adds a loss "
+            "over the whole batch (extra_loss) that has no per-sample gradient; use an "
+            "algorithm whose terms act on the weights (fedavg, fedprox, feddyn, scaffold, ...)"
+        )
+    if cfg.precision != "fp32":
+        return (
+            f"dp_sgd: per-sample gradients are computed in float32; precision {cfg.precision} "
+            "is not supported with it: set precision: fp32"
+        )
     return None

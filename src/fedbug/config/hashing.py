@@ -20,6 +20,7 @@ _LATER_KEYS = (
     "task",
     "precision",
     "dp",
+    "dp_sgd",
 )
 _NOT_HASHED = {
     "on_short_round",  # a run either stops or skips rounds it records; resumable either way

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.config.compat import check_compatible
-from fedbug.config.dp import DPParams
+from fedbug.config.dp import DPParams, DPSGDParams
 from fedbug.core.tasks import TASKS
 from fedbug.data import DATASETS
 from fedbug.data.augment import AUGMENTATIONS
@@ -198,6 +198,11 @@ class BaseConfig(BaseModel):
         None,
         description="client-level differential privacy (DP-FedAvg): clip, noise_multiplier, "
         "delta, adaptive (pip install 'fedbug[dp]')",
+    )
+    dp_sgd: DPSGDParams | None = Field(
+        None,
+        description="sample-level DP-SGD on each client (Opacus's per-sample gradients): clip, "
+        "noise_multiplier, delta, sampling (pip install 'fedbug[dp]')",
     )
     # reliability
     on_divergence: Literal["stop", "skip_client"] = Field(

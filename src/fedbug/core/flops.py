@@ -69,9 +69,12 @@ class StepCost:
     saved_weights: int
     trained: int
 
-    def memory(self, state_copies: int) -> StepMemory:
-        """With an optimiser keeping ``state_copies`` copies (:func:`optimizer_state_copies`)."""
-        return StepMemory(self.activations, self.trained, state_copies * self.trained)
+    def memory(self, state_copies: int, per_sample: int = 0) -> StepMemory:
+        """With an optimiser keeping ``state_copies`` copies (:func:`optimizer_state_copies`);
+        under DP-SGD the gradients include ``per_sample`` more copies (the batch's per-sample
+        gradients of the trained parameters)."""
+        grads = self.trained * (1 + per_sample)
+        return StepMemory(self.activations, grads, state_copies * self.trained)
 
 
 class _SavedBytes:

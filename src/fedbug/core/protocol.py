@@ -18,6 +18,16 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class SampleDP:
+    """Sample-level DP-SGD's client settings (the ``dp_sgd:`` block; see
+    :mod:`fedbug.engine.dp_sgd`)."""
+
+    clip: float
+    noise_multiplier: float
+    sampling: str = "poisson"
+
+
+@dataclass(frozen=True)
 class TrainSettings:
     """Local-training settings that stay fixed for a run."""
 
@@ -29,6 +39,7 @@ class TrainSettings:
     weight_decay: float = 1e-3
     clip_grad_norm: float | None = None
     count_flops: bool = True
+    dp_sgd: SampleDP | None = None
 
 
 @dataclass(frozen=True)

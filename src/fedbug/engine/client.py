@@ -30,6 +30,7 @@ from fedbug.core.flops import (
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask, TrainSettings
 from fedbug.core.seeding import torch_generator
 from fedbug.core.units import ParamSpace
+from fedbug.engine.dp_sgd import PerSampleGradients
 from fedbug.policies import FreezePolicy, StepCtx
 from fedbug.policies.base import EpochAction, EpochCtx, PolicySession
 
@@ -118,6 +119,10 @@ class ClientRuntime:
             head = model.get_submodule(classifier or space.units[-1].modules[-1])
             head.register_forward_pre_hook(self._capture)
         self.flop_count = FlopCache(self.flop_model, algorithm.loss)
+        #: DP-SGD's per-sample gradients (a ``dp_sgd:`` block), None without
+        self.private = (
+            PerSampleGradients(model, settings.dp_sgd) if settings.dp_sgd is not None else None
+        )
 
     def _capture(self, _m: nn.Module, inputs: tuple[Tensor, ...]) -> None:
         self._features = inputs[0]
@@ -154,6 +159,10 @@ class ClientRuntime:
     ) -> int:
         """The FLOPs of :meth:`step_cost`."""
         return self.step_cost(units, x, y, loss).flops
+
+    def trainable_params(self, units: tuple[int, ...]) -> list[tuple[nn.Parameter, Tensor]]:
+        """The parameters of ``units`` with their gradient views, in unit order."""
+        return [pg for u in units for pg in self.unit_params[u]]
 
     @property
     def state_copies(self) -> int:
@@ -220,6 +229,12 @@ class LocalRound:
         load_local_parts(rt.flat, self.state, rt.space)
         self.n = len(data)
         self.gen = torch_generator(task.seed, "client", task.round, task.client)
+        # DP-SGD's batch draws and noise: a stream of their own, so the rest draws as without
+        self.dp_gen = (
+            torch_generator(task.seed, "dp-sgd", task.round, task.client)
+            if rt.private is not None
+            else None
+        )
         self.scaler = torch.amp.GradScaler(dev.type) if rt.precision == "fp16" else None
         self.session = rt.algorithm.start_client(task, data.y, rt, self.gen)
         self.policy = rt.policy.start_client(task)
@@ -275,9 +290,13 @@ class LocalRound:
         an epoch), augmented and moved where augmentation comes first, then prepared."""
         rt, bs = self.rt, self.rt.settings.batch_size
         pos = (k - 1) % self.per_epoch
-        if pos == 0:
-            self.perm = torch.randperm(self.n, generator=self.gen).to(self.xs.device)
-        idx = self.perm[pos * bs : (pos + 1) * bs]
+        if rt.private is not None and rt.private.poisson:
+            assert self.dp_gen is not None
+            idx = rt.private.poisson_batch(self.n, bs, self.dp_gen).to(self.xs.device)
+        else:
+            if pos == 0:
+                self.perm = torch.randperm(self.n, generator=self.gen).to(self.xs.device)
+            idx = self.perm[pos * bs : (pos + 1) * bs]
         x, y = self.xs[idx], self.ys[idx]  # a client's samples and labels live on one device
         if rt.augment is not None:
             x = rt.augment(x, self.gen)
@@ -304,15 +323,13 @@ class LocalRound:
         session.before_step(x, y)
         for r in ctx.regions:
             rt.grad[r].zero_()
-        with autocast(rt.device, rt.precision):
-            loss = session.loss(rt.model(x), y)
-            self.loss_sum += loss.detach().float()
-            loss = alg.extra_loss(ctx, loss, rt._features)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(self.opt)  # the algorithm's terms and clipping see true gradients
-        else:
-            loss.backward()
+        if len(y):  # (a DP-SGD Poisson draw can be empty: the step is then its noise alone)
+            self.backward(x, y)
+        if rt.private is not None:
+            assert self.dp_gen is not None
+            rt.private.privatize(
+                rt.trainable_params(units), rt.settings.batch_size, self.dp_gen, units
+            )
         alg.adjust_grads(ctx)
         if rt.settings.clip_grad_norm:
             clip_grad_norm(rt.grad, ctx.regions, rt.settings.clip_grad_norm)
@@ -323,10 +340,29 @@ class LocalRound:
         else:
             self.opt.step()
         session.after_step()
-        if rt.settings.count_flops:
+        if rt.settings.count_flops and len(y):
             cost = rt.step_cost(units, x, y, session.loss)
             self.flops += cost.flops
-            self.peak = peak_memory(self.peak, cost.memory(rt.state_copies))
+            per_sample = len(y) if rt.private is not None else 0
+            self.peak = peak_memory(self.peak, cost.memory(rt.state_copies, per_sample))
+
+    def backward(self, x: Tensor, y: Tensor) -> None:
+        """The step's loss (with the algorithm's terms) and its backward pass (fp16: scaled,
+        then unscaled, so the algorithm's terms and clipping see true gradients)."""
+        rt, session, scaler = self.rt, self.session, self.scaler
+        if rt.private is not None:
+            rt.private.clear()
+        with autocast(rt.device, rt.precision):
+            loss = session.loss(rt.model(x), y)
+            self.loss_sum += loss.detach().float()
+            loss = rt.algorithm.extra_loss(self.ctx, loss, rt._features)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(self.opt)
+        elif rt.private is not None:
+            rt.private.backward(loss)
+        else:
+            loss.backward()
 
     def end_of_epoch(self, k: int) -> int:
         """The policy's answer after an epoch that is not the last: restore units to the received

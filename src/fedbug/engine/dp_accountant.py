@@ -6,6 +6,7 @@ replacement (replace-one neighbours)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fedbug.config.dp import expected_clients
@@ -73,3 +74,70 @@ class Accountant:
         if self.fixed is not None:
             return f"{self.fixed} of {self.num_clients} without replacement (RDP, replace-one)"
         return f"Poisson, q={self.q:g} (RDP, add/remove-one)"
+
+
+class SampleAccountant:
+    """DP-SGD's privacy per client (``dp_sgd:``): each local step of client k is the Gaussian
+    mechanism (noise z) on a Poisson sample at rate q_k = min(1, batch_size / n_k); epsilon_k at
+    the config's delta after the steps it took, by dp-accounting's RDP accountant (add/remove-one
+    neighbours: one sample more or less in the client's data). A step's RDP curve is computed
+    once per rate, so epsilon after any step count is a sum and a conversion."""
+
+    def __init__(self, noise_multiplier: float, delta: float, batch_size: int) -> None:
+        self.dpa = _dp_accounting()
+        self.z, self.delta, self.batch_size = noise_multiplier, delta, batch_size
+        self.steps: dict[int, int] = {}  # client -> local steps whose update was released
+        self.sizes: dict[int, int] = {}  # client -> its number of samples
+        self._curves: dict[float, tuple[Any, Any]] = {}
+        self._eps: dict[int, float | None] = {}  # each client's epsilon, after its last spend
+
+    def spend(self, client: int, num_samples: int, steps: int) -> None:
+        self.steps[client] = self.steps.get(client, 0) + steps
+        self.sizes[client] = num_samples
+        self._eps[client] = self.epsilon(client)
+
+    def rate(self, client: int) -> float:
+        return min(1.0, self.batch_size / max(1, self.sizes[client]))
+
+    def epsilon(self, client: int) -> float | None:
+        """Client ``client``'s epsilon (None without noise: no privacy; 0 before any step)."""
+        steps = self.steps.get(client, 0)
+        if steps == 0:
+            return 0.0
+        if self.z == 0:
+            return None
+        orders, rdp = self._curve(self.rate(client))
+        eps, _ = self.dpa.rdp.rdp_privacy_accountant.compute_epsilon(
+            orders, rdp * steps, self.delta
+        )
+        return float(eps)
+
+    def _curve(self, q: float) -> tuple[Any, Any]:
+        if q not in self._curves:
+            dpa = self.dpa
+            acc = dpa.rdp.RdpAccountant()
+            # at orders near 1 and large q the fractional series may not converge: dp-accounting
+            # then leaves those orders out of the conversion (and logs each; not ours to show)
+            absl = logging.getLogger("absl")
+            level = absl.level
+            absl.setLevel(logging.ERROR)
+            try:
+                acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(self.z)), 1)
+            finally:
+                absl.setLevel(level)
+            self._curves[q] = (acc._orders, acc._rdp)  # noqa: SLF001  (see Accountant.one_round)
+        return self._curves[q]
+
+    def worst(self) -> float | None:
+        """The largest epsilon over the clients that spent any (0 before any)."""
+        eps = list(self._eps.values())
+        if any(e is None for e in eps):
+            return None
+        return max((e for e in eps if e is not None), default=0.0)
+
+    def spread(self) -> dict[str, float | int | None]:
+        """The summary's figures: the worst and the median client's epsilon, clients counted."""
+        eps = sorted(e for e in self._eps.values() if e is not None)
+        worst = self.worst()
+        median = eps[len(eps) // 2] if eps and worst is not None else None
+        return {"epsilon": worst, "epsilon_median": median, "clients": len(self._eps)}

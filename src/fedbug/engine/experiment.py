@@ -32,6 +32,7 @@ from fedbug.engine.client import (
     TrainSettings,
     with_memory_format,
 )
+from fedbug.engine.dp_sgd import refuse_unsupported, sample_dp
 from fedbug.engine.dataprep import (
     natural_clients,
     personal_test_sets,
@@ -139,6 +140,8 @@ class ClientSide:
                 self.cfg = cfg = cfg.model_copy(update={"threads": threads})
                 torch.set_num_threads(threads)
         self.model_class = type(model)
+        if cfg.dp_sgd is not None:
+            refuse_unsupported(model)  # before anything is built on it: Opacus's validator
         parts = build_parts(cfg, self.algorithm, model, example)
         self.classifier, self.template = parts.classifier, parts.template
         self.units, self.space, self.layout = parts.units, parts.space, parts.layout
@@ -157,6 +160,7 @@ class ClientSide:
             weight_decay=cfg.weight_decay,
             clip_grad_norm=cfg.clip_grad_norm,
             count_flops=cfg.count_flops,
+            dp_sgd=sample_dp(cfg),
         )
         sizes = [len(p) for p in self.parts]
         self.sizes = sizes

@@ -45,6 +45,7 @@ from fedbug.engine.client import (
     ClientTask,
 )
 from fedbug.engine.dp import ServerDP
+from fedbug.engine.dp_sgd_server import ClientPrivacy
 from fedbug.engine.evaluation import (
     evaluate_round,
     personalize,
@@ -272,6 +273,10 @@ class RoundLoop:
             self.open_folder(rd, resume)
         if self.dp is not None:
             self.dp.resume(self.records)
+        # sample-level DP-SGD (a dp_sgd: block): each client's privacy spent
+        self.dp_sgd = ClientPrivacy(cfg, exp.sizes) if cfg.dp_sgd is not None else None
+        if self.dp_sgd is not None:
+            self.dp_sgd.resume(self.records)
         try:
             self.trackers = self.open_trackers(cleanup, resume)
         except FedbugError:
@@ -319,6 +324,9 @@ class RoundLoop:
         if trained.agg is None and cfg.on_short_round == "stop":
             self.stop_short(r, trained)
         step, agg = self.server_step(r, trained.agg)
+        if self.dp_sgd is not None:  # every update that reached the server spent privacy
+            spent = self.dp_sgd.spend(trained.results)
+            step = dataclasses.replace(step, metrics={**step.metrics, **spent})
         bytes_down = round_bytes(exp, exp.shared, r, self.model_bytes)
         simulated = self.simulate(r, trained.results, bytes_down, step.weights)
         self.weights, self.server_state = step.weights, step.state
@@ -453,6 +461,8 @@ class RoundLoop:
         summary = make_summary(cfg, records, self.chash, seconds, exp, clients, self.weights)
         if self.dp is not None:
             summary["dp"] = self.dp.summary()
+        if self.dp_sgd is not None:
+            summary["dp_sgd"] = self.dp_sgd.summary()
         if stopped is not None:
             short = self.short.block(str(stopped)) if self.short is not None else None
             summary.update(stopped_fields(stopped, short))
