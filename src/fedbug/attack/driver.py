@@ -13,7 +13,17 @@ import torch
 from torch import Tensor, nn
 
 from fedbug.attack.inversion import INITS, Observation, dlg, idlg_labels, inverting_gradients
-from fedbug.attack.records import RecordedUpdate, load_update, recorded
+from fedbug.attack.records import RecordedUpdate, load_tensors, load_update, recorded, round_dir
+from fedbug.attack.replay import (
+    REPLAY_TOL,
+    Finding,
+    algorithm_findings,
+    attack_mode,
+    clipped_findings,
+    config_findings,
+    replay_error,
+    replay_finding,
+)
 from fedbug.attack.scoring import image_scores, label_recovery, match_order, save_grid
 from fedbug.errors import ConfigError
 from fedbug.results.files import atomic_write_bytes, check_no_links
@@ -97,6 +107,81 @@ def reconstruct(
     return x, y, labels is not None
 
 
+def run_config(run: Path) -> Any:
+    """The run's own config (``config.yaml``), validated."""
+    from fedbug.config import load_config
+
+    return load_config(run / "config.yaml")
+
+
+def released_update(run: Path, r: int, cfg: Any) -> tuple[RecordedUpdate, list[Finding]]:
+    """Round ``r``'s released update as one client's: the global weights after the round
+    (round ``r + 1``'s received ones) minus round ``r``'s, over the parameters some client
+    sent, at step ``lr x global_lr``; the truth is every recorded client's inputs of the
+    round. Under ``dp:`` this is the clipped, noised aggregate anyone after the server sees."""
+    nxt = round_dir(run, r + 1) / "global.pt"
+    if not nxt.is_file():
+        raise ConfigError(
+            f"--released: round {r + 1}'s received weights are not recorded; rerun with "
+            f"record_updates: [{r}, {r + 1}]"
+        )
+    ups = [load_update(run, r, k) for k in recorded(run)[r]]
+    first = ups[0]
+    delta = load_tensors(run, nxt)["weights"] - first.received
+    offsets, shapes = first.meta["received_names"], {}
+    for up in ups:
+        shapes.update({k: v.shape for k, v in up.deltas.items()})
+    deltas = {k: delta[offsets[k][0] : offsets[k][0] + offsets[k][1]].view(shp)
+              for k, shp in shapes.items()}  # fmt: skip
+    have = [u for u in ups if u.inputs is not None and u.labels is not None]
+    inputs = torch.cat([u.inputs for u in have]) if len(have) == len(ups) else None
+    labels = torch.cat([u.labels for u in have]) if len(have) == len(ups) else None
+    meta = {**first.meta, "client": "released", "lr": float(first.meta["lr"]) * cfg.global_lr,
+            "num_images": sum(int(u.meta["num_images"]) for u in ups),
+            "steps": max(int(u.meta["steps"]) for u in ups),
+            "units_sent": sorted({x for u in ups for x in u.meta["units_sent"]})}  # fmt: skip
+    found = []
+    if len(ups) > 1:
+        found.append(Finding("warn", "--released", f"the release averages {len(ups)} clients' "
+                             "updates, attacked as one batch of all their inputs (exact for "
+                             "one step, equal weights and no clip)"))  # fmt: skip
+    return RecordedUpdate(deltas, first.received, meta, inputs, labels), found
+
+
+def check_replay(
+    cfg: Any, up: RecordedUpdate, obs: Observation, model_found: list[Finding], chosen: str,
+    released: bool,
+) -> tuple[list[Finding], float | None]:  # fmt: skip
+    """Every :mod:`~fedbug.attack.replay` finding, and the one-step replay error (None where
+    the update is of several steps or no truth was recorded)."""
+    steps = int(up.meta["steps"])
+    found = model_found + algorithm_findings(cfg) + config_findings(cfg, up.meta, chosen, released)
+    found += clipped_findings(cfg, obs, chosen, steps)
+    err = None
+    if steps == 1 and up.inputs is not None and up.labels is not None:
+        err = replay_error(obs, up.inputs, up.labels)
+        found = downgrade(found, err) + replay_finding(err)
+    return found, err
+
+
+def downgrade(found: list[Finding], err: float) -> list[Finding]:
+    """A one-step update whose recorded inputs give its gradient (error within
+    :data:`REPLAY_TOL`) replays exactly whatever the config suggests (FedProx's term is zero at
+    the received weights; no transform drawn): its refusals become warnings."""
+    if err > REPLAY_TOL:
+        return found
+    note = f" (this step replayed exactly: error {err:.1g})"
+    return [Finding("warn", f.key, f.line + note) if f.kind == "refuse" else f for f in found]
+
+
+def refuse(found: list[Finding], allow_inexact: bool) -> None:
+    """The first refusal as one line (exit 2 on the command line) unless ``allow_inexact``."""
+    bad = [f for f in found if f.kind == "refuse"]
+    if bad and not allow_inexact:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ConfigError(f"cannot replay this update exactly: {bad[0]}{more}")
+
+
 def attack(
     run: Path | str,
     round: int | None = None,
@@ -105,24 +190,34 @@ def attack(
     iterations: int | None = None,
     seed: int = 0,
     init: str = "normal",
+    released: bool = False,
+    allow_inexact: bool = False,
 ) -> dict[str, Any]:
-    """Attack one recorded update; returns the scores (also written with the grid). ``init``:
-    ``normal`` (DLG's and Inverting Gradients' code) or ``uniform`` (iDLG's code, Fling's)."""
+    """Attack one recorded update (``released``: the round's released update, the aggregate);
+    returns the scores (also written with the grid). ``init``: ``normal`` (DLG's and Inverting
+    Gradients' code) or ``uniform`` (iDLG's code, Fling's). What the attack cannot replay
+    exactly (:mod:`fedbug.attack.replay`) is refused unless ``allow_inexact``; every finding is
+    in the scores' ``inexact``."""
     run = Path(run)
     if method not in METHODS:
         raise ConfigError(f"--method {method}: choose one of {', '.join(METHODS)}")
     if init not in INITS:
         raise ConfigError(f"--init {init}: choose one of {', '.join(INITS)}")
     r, k = pick(run, round, client)
-    up = load_update(run, r, k)
-    obs = observation(up, build_attacked_model(up))
+    cfg = run_config(run)
+    up, found = released_update(run, r, cfg) if released else (load_update(run, r, k), [])
+    model = build_attacked_model(up)
+    found += attack_mode(model)
+    obs = observation(up, model)
     steps = int(up.meta["steps"])
     chosen = choose_method(method, obs, steps)
+    more, err = check_replay(cfg, up, obs, found, chosen, released)
+    refuse(more, allow_inexact)
     its = iterations or DEFAULT_ITERATIONS[chosen]
     x, y, from_rule = reconstruct(obs, chosen, its, seed, init)
     out = {
         "round": r,
-        "client": k,
+        "client": "released" if released else k,
         "method": chosen,
         "iterations": its,
         "seed": seed,
@@ -131,8 +226,11 @@ def attack(
         "num_images": obs.num_images,
         "units_sent": up.meta["units_sent"],
         "labels_from_idlg_rule": from_rule,
+        "replay_error": err,
+        "inexact": [f"{f.kind}: {f}" for f in more],
     }
-    out.update(score(run, f"round-{r}-client-{k}-{chosen}", up, x, y))
+    who = "released" if released else f"client-{k}"
+    out.update(score(run, f"round-{r}-{who}-{chosen}", up, x, y))
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from fedbug.errors import ConfigError
@@ -34,6 +35,18 @@ def add_attack_parser(sub: argparse._SubParsersAction) -> None:
         help="the dummy inputs' start: normal N(0, 1) (DLG's, Inverting Gradients' code) or "
         "uniform [0, 1) (iDLG's code, Fling's DLGAttacker)",
     )
+    a.add_argument(
+        "--released",
+        action="store_true",
+        help="attack the round's released update (the global weights' change; under dp: the "
+        "noised aggregate); needs the next round recorded too",
+    )
+    a.add_argument(
+        "--allow-inexact",
+        action="store_true",
+        help="attack what cannot be replayed exactly (augmentation, dropout, extra loss terms, "
+        "...) anyway, as an approximation; the reasons go to the scores",
+    )
     a.add_argument("--json", action="store_true", help="print the scores as JSON")
     a.set_defaults(func=cmd_attack)
 
@@ -46,7 +59,19 @@ def cmd_attack(args: argparse.Namespace) -> int:
         raise ConfigError(f"--iterations {args.iterations}: give a positive count")
     from fedbug.attack import attack
 
-    s = attack(run, args.round, args.client, args.method, args.iterations, args.seed, args.init)
+    s = attack(
+        run,
+        args.round,
+        args.client,
+        args.method,
+        args.iterations,
+        args.seed,
+        args.init,
+        released=args.released,
+        allow_inexact=args.allow_inexact,
+    )
+    for line in s["inexact"]:
+        print(f"fedbug attack: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(s, indent=1))
         return 0

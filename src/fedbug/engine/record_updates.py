@@ -61,6 +61,7 @@ def record_one(run: Path, exp: Any, task: ClientTask, res: ClientResult) -> None
         "lr": task.lr,
         "weight_decay": cfg.weight_decay,
         "momentum": cfg.momentum,
+        "augment": exp.dataset.augmentation if cfg.augment == "auto" else cfg.augment,
         "num_images": len(y),
         "units_sent": units,
         "params_sent": sorted(deltas),
