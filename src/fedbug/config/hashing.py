@@ -21,6 +21,8 @@ _LATER_KEYS = (
     "precision",
     "dp",
     "dp_sgd",
+    "hf_config",
+    "adapters",
 )
 _NOT_HASHED = {
     "on_short_round",  # a run either stops or skips rounds it records; resumable either way

@@ -18,7 +18,9 @@ from fedbug.data.augment import AUGMENTATIONS
 from fedbug.errors import FedbugError
 from fedbug.integrations.flower.params import FlowerParams
 from fedbug.integrations.tracking import check_available, check_tracking_uri
-from fedbug.models import MODELS, import_model, is_import_path
+from fedbug.models import MODELS, import_model, is_hf, is_import_path
+from fedbug.models.adapters import AdapterParams
+from fedbug.models.hf import check_hf_model
 from fedbug.policies import POLICIES
 from fedbug.selection import SELECTIONS
 from fedbug.system import SystemParams
@@ -71,7 +73,21 @@ class BaseConfig(BaseModel):
     model_options: dict[str, Any] = Field(
         default_factory=dict, description="keyword options of the model builder"
     )
-    units: list[str | list[str]] | None = None
+    units: list[str | list[str]] | Literal["blocks"] | None = Field(
+        None,
+        description="unit names in order; blocks: embedding, each repeated block, head "
+        "(fedbug.core.blocks); default: one unit per traced layer",
+    )
+    hf_config: dict[str, Any] | None = Field(
+        None,
+        description="model: hf: a Hugging Face config from keys ({model_type: gpt2, n_layer: "
+        "2, ...}), randomly initialised; beside hf:<name>, keys overriding its saved config",
+    )
+    adapters: AdapterParams | None = Field(
+        None,
+        description="LoRA adapters on a Hugging Face model ({kind: lora, r: 8, targets: [...]}):"
+        " only they train and travel; units default to blocks (fedbug.models.adapters)",
+    )
     head_units: int = Field(1, ge=0, le=10_000, description="the last units form the head")
     sublayers: int | list[list[str]] | None = Field(
         None, description="base sub-layers: one per base unit, K groups, or unit-name groups"
@@ -232,8 +248,12 @@ class BaseConfig(BaseModel):
             raise ValueError(_unknown("augment", self.augment, ["auto", *AUGMENTATIONS.names()]))
         if is_import_path(self.model):
             import_model(self.model)  # a ValueError saying what is wrong
-        elif self.model not in MODELS:
-            raise ValueError(_unknown("model", self.model, MODELS.names()))
+        elif self.model not in MODELS and not is_hf(self.model):
+            raise ValueError(_unknown("model", self.model, [*MODELS.names(), "hf", "hf:<name>"]))
+        try:
+            check_hf_model(self.model, self.hf_config, self.task, self.adapters)
+        except FedbugError as e:
+            raise ValueError(str(e)) from None
         if self.dataset not in DATASETS:
             raise ValueError(_unknown("dataset", self.dataset, DATASETS.names()))
         if self.policy not in POLICIES:

@@ -83,7 +83,8 @@ def find_blocks(model: nn.Module) -> list[str]:
 def block_units(model: nn.Module, example_input: Tensor | Sequence[Tensor]) -> list[Entry]:
     """The model's units by block: embedding, each block, head (module docstring), as a unit
     list of submodule names (what ``units:`` takes)."""
-    blocks = find_blocks(model)
+    # a block that owns no parameter (no adapter on its layers) is no unit
+    blocks = [b for b in find_blocks(model) if _numel(model.get_submodule(b))]
     order = traced_module_order(model, example_input)
     first_call: dict[str, int] = {}
     for i, name in enumerate(order):

@@ -126,7 +126,10 @@ def training_cost(
     saved = _SavedBytes(model)
     # oneDNN's fused CPU RNN kernels are one opaque op the counter does not see (an LSTM would
     # count as zero FLOPs); without them an LSTM runs as the matmuls it is made of.
-    with warnings.catch_warnings(), FlopCounterMode(display=False) as counter:
+    # its own random stream (dropout draws), so counting, which runs once per process and key,
+    # leaves the training steps' draws as they are under every executor
+    fork = torch.random.fork_rng(devices=[])
+    with fork, warnings.catch_warnings(), FlopCounterMode(display=False) as counter:
         warnings.simplefilter("ignore")
         with torch.backends.mkldnn.flags(enabled=False):
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, _unpack):

@@ -58,7 +58,8 @@ def build_parts(cfg: BaseConfig, algorithm: Algorithm, model: nn.Module, example
     """Wrap ``model`` for ``algorithm``, cut it into units on the prepared batch ``example``,
     lay them out, set the algorithm up on the layout, and build the config's freeze policy and
     round schedule on it. ``model`` becomes part of the template: pass a copy to keep it."""
-    if cfg.units == "blocks":  # embedding, each repeated block, head (fedbug.core.blocks)
+    blocks = cfg.units == "blocks" or (cfg.units is None and cfg.adapters is not None)
+    if blocks:  # embedding, each repeated block, head (fedbug.core.blocks)
         listed: UnitNames | None = block_units(model, example)
     else:
         listed = cfg.units if cfg.units is not None else _declared_units(model)

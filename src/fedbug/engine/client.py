@@ -28,7 +28,7 @@ from fedbug.core.flops import (
     peak_memory,
 )
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask, TrainSettings
-from fedbug.core.seeding import torch_generator
+from fedbug.core.seeding import derive_seed, torch_generator
 from fedbug.core.units import ParamSpace
 from fedbug.engine.dp_sgd import PerSampleGradients
 from fedbug.policies import FreezePolicy, StepCtx
@@ -189,9 +189,14 @@ def train_client(
     The algorithm's and the policy's per-client halves (:meth:`Algorithm.start_client`,
     :meth:`FreezePolicy.start_client`) are opened here and hold whatever this client needs; the
     result's typed fields come from this loop, then from the policy's and the algorithm's
-    ``finish``. The steps are :class:`LocalRound`'s."""
-    local = LocalRound(weights, task, data, state, runtime)
-    local.train()
+    ``finish``. The steps are :class:`LocalRound`'s. A model's own draws from torch's global
+    generator (dropout in a Hugging Face transformer) come from a stream seeded by (seed,
+    round, client) too, so they repeat whatever ran before."""
+    dev = runtime.device
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.manual_seed(derive_seed(task.seed, "model-draws", task.round, task.client))
+        local = LocalRound(weights, task, data, state, runtime)
+        local.train()
     return local.result()
 
 

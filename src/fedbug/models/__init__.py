@@ -62,10 +62,11 @@ def is_import_path(name: str) -> bool:
 
 def model_kwargs(cfg: Any) -> dict[str, Any]:
     """A config's keyword options of its model builder: ``model_options``, and for a Hugging
-    Face model its ``hf_config`` and ``task`` (which picks the head)."""
+    Face model its ``hf_config``, ``task`` (which picks the head) and ``adapters``."""
     if not is_hf(cfg.model):
         return dict(cfg.model_options)
-    return {**cfg.model_options, "hf_config": cfg.hf_config, "task": cfg.task}
+    adapters = cfg.adapters.model_dump() if cfg.adapters is not None else None
+    return {**cfg.model_options, "hf_config": cfg.hf_config, "task": cfg.task, "adapters": adapters}
 
 
 #: set to ``1`` to let an import path name a factory function (inherited by child processes)

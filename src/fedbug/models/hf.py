@@ -29,6 +29,7 @@ from typing import Any
 from torch import nn
 
 from fedbug.errors import ConfigError
+from fedbug.models.adapters import add_adapters
 
 #: the ``AutoModelFor...`` class of each task's head
 HEADS = {
@@ -51,16 +52,19 @@ def _transformers() -> Any:
         raise ConfigError(f"Hugging Face models need the transformers package: {INSTALL}") from None
 
 
-def check_hf_model(name: str, hf_config: dict[str, Any] | None, task: str) -> None:
+def check_hf_model(
+    name: str, hf_config: dict[str, Any] | None, task: str, adapters: Any = None
+) -> None:
     """Refuse, in one line, a Hugging Face model a config cannot build: transformers missing,
-    ``model: hf`` without ``hf_config.model_type``, a task without a head, ``hf_config`` beside
-    a model that is not a Hugging Face one."""
+    ``model: hf`` without ``hf_config.model_type``, a task without a head, ``hf_config`` or
+    ``adapters`` beside a model that is not a Hugging Face one."""
     if not is_hf(name):
-        if hf_config is not None:
-            raise ConfigError(
-                f"hf_config: has no effect under model: {name}; use model: hf (a model built "
-                "from hf_config) or model: hf:<name or folder>, or remove hf_config"
-            )
+        for key, value in (("hf_config", hf_config), ("adapters", adapters)):
+            if value is not None:
+                raise ConfigError(
+                    f"{key}: has no effect under model: {name}; use model: hf (a model built "
+                    f"from hf_config) or model: hf:<name or folder>, or remove {key}"
+                )
         return
     _transformers()
     if task not in HEADS:
@@ -79,11 +83,13 @@ def build_hf(
     name: str = "hf",
     hf_config: dict[str, Any] | None = None,
     task: str = "classification",
+    adapters: dict[str, Any] | None = None,
 ) -> nn.Module:
     """The Hugging Face model ``name`` names (``hf`` or ``hf:<name or folder>``) with the head
-    of ``task``, returning logits (module docstring). Random weights come from torch's global
-    generator, which :func:`fedbug.models.build_model` seeds from the run's seed."""
-    check_hf_model(name, hf_config, task)
+    of ``task``, returning logits (module docstring), with ``adapters`` where given
+    (:mod:`fedbug.models.adapters`). Random weights come from torch's global generator, which
+    :func:`fedbug.models.build_model` seeds from the run's seed."""
+    check_hf_model(name, hf_config, task, adapters)
     transformers = _transformers()
     head = getattr(transformers, HEADS[task])
     keys = dict(hf_config or {})
@@ -103,6 +109,8 @@ def build_hf(
             f"{input_shape}: use a token data set (inputs='tokens')"
         )
     model.config.use_cache = False
+    if adapters is not None:
+        model = add_adapters(model, adapters)
     model.register_forward_hook(_logits)
     return model  # type: ignore[no-any-return]
 
