@@ -211,6 +211,14 @@ def test_epsilon_of_a_known_setting_grows_like_sqrt_steps_for_small_q():
     assert math.isfinite(e400)
 
 
+def test_a_conv_model_trains_with_per_sample_gradients_checked():
+    """The digits CNN runs channels_last by default, for which Opacus 1.6's conv grad sampler
+    gives zero per-sample gradients; its hooks get NCHW copies, and the per-sample check (which
+    failed before) runs on the first step of every client."""
+    run = run_experiment(dp_config(model="digits_cnn", rounds=1, local_steps=2))
+    assert run.records[0]["dp_sgd_epsilon"] > 0
+
+
 @pytest.mark.slow
 def test_worker_processes_give_the_sequential_numbers():
     cfg = dp_config(rounds=2, threads=1)

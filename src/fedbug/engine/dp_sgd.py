@@ -182,6 +182,14 @@ def _frozen_aware_hooks() -> type:
     from opacus.utils.module_utils import requires_grad
 
     class FrozenAwareHooks(base):  # type: ignore[misc, valid-type]
+        def capture_activations_hook(
+            self, module: nn.Module, forward_input: Any, forward_output: Any
+        ) -> None:
+            # NCHW copies of channels_last inputs: Opacus 1.6's convolution grad sampler gives
+            # zero per-sample gradients for NHWC activations (the check below caught it)
+            dense = [t.contiguous() if isinstance(t, Tensor) else t for t in forward_input]
+            super().capture_activations_hook(module, dense, forward_output)
+
         def capture_backprops_hook(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
             if not requires_grad(module):
                 return
