@@ -96,19 +96,24 @@ def test_random_weights_come_from_the_run_seed():
     assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
 
 
-@pytest.fixture
-def trained(monkeypatch):
-    """Each client's (received weights, result, unit slices) as the sequential executor runs it."""
-    calls: list[tuple[torch.Tensor, Any, list[slice]]] = []
+def spy_clients(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """Each client's (received weights, result, unit slices, trained model) as the sequential
+    executor runs it."""
+    calls: list[tuple[Any, ...]] = []
     inner = sequential.train_client
 
     def spy(weights, task, data, state, runtime):
         result = inner(weights, task, data, state, runtime)
-        calls.append((weights.clone(), result, runtime.space.unit_slices))
+        calls.append((weights.clone(), result, runtime.space.unit_slices, runtime.model))
         return result
 
     monkeypatch.setattr(sequential, "train_client", spy)
     return calls
+
+
+@pytest.fixture
+def trained(monkeypatch):
+    return spy_clients(monkeypatch)
 
 
 @pytest.mark.parametrize("policy", POLICIES.names())
@@ -121,7 +126,7 @@ def test_one_round_by_blocks_under_every_policy_moves_only_trained_units(arch, p
     assert res.records[-1]["train_loss"] == res.records[-1]["train_loss"]  # not NaN
     start = trained[0][0]
     sent = set()
-    for received, result, slices in trained:
+    for received, result, slices, _ in trained:
         assert torch.equal(received, start)
         assert any(result.trained)
         for u, s in enumerate(slices):
@@ -130,7 +135,7 @@ def test_one_round_by_blocks_under_every_policy_moves_only_trained_units(arch, p
             if result.uploaded[u]:
                 sent.add(u)
     if policy == "fixed_last_two":  # the checks bite: the head and the last block stay frozen
-        assert all(result.trained[-2:] == [False, False] for _, result, _ in trained)
+        assert all(result.trained[-2:] == [False, False] for _, result, _, _ in trained)
     for u, s in enumerate(trained[0][2]):  # no client sent it: the global unit is as it was
         if u not in sent:
             assert torch.equal(res.weights[s], start[s])

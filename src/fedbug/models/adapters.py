@@ -21,6 +21,7 @@ policy acts on each block's adapters.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -90,7 +91,9 @@ def add_adapters(model: nn.Module, params: AdapterParams | dict[str, Any]) -> nn
     whole = {id(w) for n, w in model.named_parameters() if _under(n, p.full_layers)}
     base = {id(w) for w in model.parameters()} - whole
     try:
-        model = peft.inject_adapter_in_model(config, model)
+        with warnings.catch_warnings():  # GPT-2's Conv1D keeps its weight transposed: peft
+            warnings.filterwarnings("ignore", "fan_in_fan_out is set to False")  # sees to it
+            model = peft.inject_adapter_in_model(config, model)
     except ValueError as e:  # peft's own refusal (no default targets for this model type)
         raise ConfigError(
             f"adapters: {e} (its layers: {', '.join(layer_names(model))}); name them in "
