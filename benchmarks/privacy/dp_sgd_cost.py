@@ -50,7 +50,7 @@ def config(dataset: str, model: str, policy: dict, dp: bool):
         **policy,
     }
     if dp:
-        doc["dp_sgd"] = {"clip": 1.0, "noise_multiplier": 1.0}
+        doc["dp_sgd"] = {"clip": 1.0, "noise_multiplier": 1.0, "sampling": "shuffle"}
     return load_config(None, doc=doc)
 
 
