@@ -45,7 +45,7 @@ from fedbug.engine.pfl import (
     PersonalizedEvaluator,
 )
 from fedbug.errors import ConfigError
-from fedbug.models import build_model
+from fedbug.models import build_model, model_kwargs
 from fedbug.selection import SELECTIONS
 from fedbug.system import SystemModel, UnitCosts, per_sample_costs
 
@@ -196,7 +196,7 @@ class ClientSide:
         ds, cfg = self.dataset, self.cfg
         if model is None:
             return build_model(
-                cfg.model, ds.input_shape, ds.num_classes, cfg.seed, **cfg.model_options
+                cfg.model, ds.input_shape, ds.num_classes, cfg.seed, **model_kwargs(cfg)
             )
         if isinstance(model, nn.Module):
             return copy.deepcopy(model)
