@@ -48,6 +48,7 @@ from fedbug.config import apply_method
 from fedbug.core.flops import FlopCache, optimizer_state_copies
 from fedbug.core.layout import Layout
 from fedbug.core.protocol import ClientTask
+from fedbug.core.tasks import TASKS, build_task
 from fedbug.core.units import ParamSpace, Unit
 from fedbug.engine.build import build_freezing, build_parts
 from fedbug.engine.client import step_units
@@ -178,7 +179,8 @@ def _build(
 ) -> Built:
     """Algorithm ``name`` on a copy of ``model``, built as a run of it builds it
     (:func:`~fedbug.engine.build.build_parts`), with its client session on the example batch."""
-    alg = build_algorithm(name, cfg.global_lr, {name: cfg.options(name)})
+    task = build_task(cfg.task) if cfg.task in TASKS else None  # the run's loss (next_token)
+    alg = build_algorithm(name, cfg.global_lr, {name: cfg.options(name)}, task)
     plain = cfg.model_copy(update={"algorithm": name, "policy": "none", "schedule": "none"})
     parts = build_parts(plain, alg, copy.deepcopy(model), x[:1])
     task = ClientTask(1, 0, cfg.seed, cfg.lr, s.samples_per_client, rounds=s.rounds)
