@@ -188,6 +188,16 @@ def test_a_saved_folder_loads_as_hf_path(tmp_path):
         assert torch.equal(p, q), n
 
 
+def test_a_saved_classifier_gets_a_new_head_for_the_data_sets_classes(tmp_path):
+    """Saved with 3 labels, loaded for the data set's 12: the encoder as saved, a new head."""
+    saved = build_model("hf", (T,), 3, 5, hf_config=BERT, task="classification")
+    saved.save_pretrained(tmp_path / "bert3")
+    loaded = build_model("hf:" + str(tmp_path / "bert3"), (T,), V, 0, task="classification")
+    assert loaded.classifier.out_features == V and loaded.config.num_labels == V
+    for n, p in saved.bert.named_parameters():
+        assert torch.equal(p, loaded.bert.get_parameter(n)), n
+
+
 def test_a_model_not_on_this_machine_is_one_line_exit_2(tmp_path, capsys):
     doc = {**dict(dataset="digits", num_clients=4, clients_per_round=2, rounds=1, threads=1)}
     path = tmp_path / "c.yaml"
