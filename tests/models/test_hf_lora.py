@@ -14,7 +14,7 @@ import fedbug
 from fedbug.core.blocks import block_units
 from fedbug.core.flops import training_cost
 from fedbug.core.tasks import NextToken
-from fedbug.core.units import find_units
+from fedbug.core.units import ParamSpace, find_units
 from fedbug.engine import run_experiment
 from fedbug.errors import ConfigError
 from fedbug.models import build_model
@@ -169,3 +169,36 @@ def test_adapters_need_a_hugging_face_model():
 
     with pytest.raises(ConfigError, match="adapters: has no effect under model: mlp"):
         load_config(None, doc={"dataset": "digits", "model": "mlp", "adapters": LORA})
+
+
+def _products(space, flat: torch.Tensor, consts: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """Each adapted layer's B A from a flat vector (A from ``consts`` where it is constant)."""
+    named = {**consts, **space.state_dict(flat)}
+    return [named[n] @ named[n.replace("lora_B", "lora_A")] for n in named if ".lora_B." in n]
+
+
+@pytest.mark.parametrize("freeze_a", [True, False])
+def test_ffa_lora_averages_the_products_exactly_plain_lora_does_not(freeze_a, trained):
+    """Two clients of 12 samples each (equal weights): the server's B A against the mean of
+    the clients' B_i A_i. With A frozen (FFA-LoRA) only B travels (GPT-2: 24 x 2 per block)
+    and the two agree to float rounding; averaging A and B apart, they differ."""
+    adapters = {**LORA, "freeze_a": freeze_a}
+    cfg = user_data_config(
+        model="hf", hf_config=GPT2, task="next_token", adapters=adapters, rounds=1, lr=0.5
+    )
+    res = fedbug.run(cfg, dataset=tokens())
+    (w0, r1, _, m1), (_, r2, _, _) = trained
+    space = ParamSpace(m1, find_units(m1, names=block_units(m1, tokens().train_x[:2])))
+    consts = constants(m1)
+    assert res.weights.numel() == (2 * 24 * 2 if freeze_a else 2 * PER_BLOCK["gpt2"])
+    mean = [
+        (a + b) / 2
+        for a, b in zip(
+            _products(space, w0 + r1.delta, consts), _products(space, w0 + r2.delta, consts)
+        )
+    ]
+    server = _products(space, res.weights, consts)
+    gap = max(float((s - m).abs().max()) for s, m in zip(server, mean))
+    scale = max(float(m.abs().max()) for m in mean)
+    assert scale > 1e-3
+    assert (gap < 1e-6 * scale) if freeze_a else (gap > 1e-4 * scale)  # 7e-8, 3e-3 seen

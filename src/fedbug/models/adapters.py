@@ -14,8 +14,16 @@ in ``full_layers``, trained whole: a sequence classifier's new head, ``classifie
 what trains, what is sent up and down (the bytes recorded), what is averaged (the plain mean of
 A and of B, as FedIT / OpenFedLLM do) and what a checkpoint holds, is the adapters alone; the
 base is rebuilt identically everywhere from the run's seed (``hf_config``) or the pretrained
-folder (``hf:<name>``). With ``units: blocks`` (the default under adapters) every freeze
-policy acts on each block's adapters.
+folder (``hf:<name>``).
+
+The mean of the factors is not the factor of the mean: mean(B_i) mean(A_i) != mean(B_i A_i).
+``freeze_a: true`` is FFA-LoRA (Sun et al. 2024, "Improving LoRA in Privacy-preserving
+Federated Learning"): A stays as drawn (from the run's seed, the same on every client) and
+only B trains and travels, so averaging B averages the products exactly,
+mean(B_i) A = mean(B_i A), and A's bytes are never sent.
+
+With ``units: blocks`` (the default under adapters) every freeze policy acts on each block's
+adapters.
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ class AdapterParams(BaseModel):
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input")
     targets: list[str] | None = Field(
         None, min_length=1, description="layer names (or their last parts); default: peft's"
+    )
+    freeze_a: bool = Field(
+        False, description="FFA-LoRA: A stays as drawn, only B trains and travels"
     )
     full_layers: list[str] = Field(
         default_factory=list,
@@ -99,6 +110,8 @@ def add_adapters(model: nn.Module, params: AdapterParams | dict[str, Any]) -> nn
             f"adapters: {e} (its layers: {', '.join(layer_names(model))}); name them in "
             "adapters.targets"
         ) from None
+    if p.freeze_a:
+        base |= {id(w) for n, w in model.named_parameters() if ".lora_A." in n}
     weights_as_constants(model, base)
     return model
 
