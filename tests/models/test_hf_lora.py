@@ -202,3 +202,27 @@ def test_ffa_lora_averages_the_products_exactly_plain_lora_does_not(freeze_a, tr
     scale = max(float(m.abs().max()) for m in mean)
     assert scale > 1e-3
     assert (gap < 1e-6 * scale) if freeze_a else (gap > 1e-4 * scale)  # 7e-8, 3e-3 seen
+
+
+def test_peak_memory_of_a_round_is_what_trains_by_hand():
+    """GPT-2 (d = 8, V = 12, 8 positions): embedding 12*8 + 8*8 = 160 weights, a block 872
+    (two norms 32, qkv 216, projection 72, MLP 288 + 264), the final norm 16: 1920 in all.
+    Gradients and SGD momentum hold 4 bytes per trained weight: all 1920 (every unit), 1032
+    (fixed_last_two: embedding and block 0 of the four block units), 128 (LoRA, r = 2)."""
+    cases = [
+        ({"units": "blocks"}, 1920),
+        ({"units": "blocks", "policy": "fixed_last_two"}, 160 + 872),
+        ({"adapters": LORA}, 2 * PER_BLOCK["gpt2"]),
+    ]
+    totals = []
+    for extra, trained_weights in cases:
+        cfg = user_data_config(
+            model="hf", hf_config=GPT2, task="next_token", rounds=1, momentum=0.9,
+            count_flops=True, **extra,
+        )  # fmt: skip
+        rec = fedbug.run(cfg, dataset=tokens()).records[-1]
+        parts = rec["peak_mem_parts"]
+        assert parts["gradients"] == parts["optimizer"] == 4 * trained_weights
+        assert rec["peak_mem_bytes"] == sum(parts.values())
+        totals.append(rec["peak_mem_bytes"])
+    assert totals[0] > totals[1] > totals[2]
