@@ -144,12 +144,12 @@ def test_one_round_by_blocks_under_every_policy_moves_only_trained_units(arch, p
 def test_flops_of_a_step_by_hand_and_what_freezing_blocks_saves():
     """GPT-2, d = 8, L = 2 blocks, T = 8 tokens, V = 12, a batch of N = 4. The forward pass's
     matmuls per sequence: per block 24 d^2 T (qkv 6, projection 2, MLP 8 + 8) and attention
-    4 T^2 d (scores and their product with values), the head 2 d V T. Backward costs twice
-    the forward where every weight trains; with the embedding and block 0 frozen (block 1 and
-    the head's norm train; the head's matrix is the embedding's), block 0 needs no backward
-    and the head only its input gradient."""
+    4 T^2 d (scores and their product with values), the head 2 d V (the last position only).
+    Backward costs twice the forward where every weight trains; with the embedding and block 0
+    frozen (block 1 and the head's norm train; the head's matrix is the embedding's), block 0
+    needs no backward and the head only its input gradient."""
     d, L, N = 8, 2, 4
-    block, head = 24 * d * d * T + 4 * T * T * d, 2 * d * V * T
+    block, head = 24 * d * d * T + 4 * T * T * d, 2 * d * V
     forward = L * block + head
     m = build("gpt2")
     x = torch.randint(0, V, (N, T))

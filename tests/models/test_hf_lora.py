@@ -108,15 +108,15 @@ def test_base_weights_stay_as_built_through_training(trained):
 
 def test_flops_with_adapters_by_hand():
     """GPT-2 (d = 8, L = 2, T = 8, V = 12, N = 4) with r = 2 adapters on c_attn (8 -> 24):
-    forward as the plain model (per block 24 d^2 T + 4 T^2 d, head 2 d V T) plus A and B,
-    2 r (d + 3d) T = 8 d r T per block. Backward, only the adapters train: the head, whose
-    matrix is frozen, its input gradient only; block 1 every input gradient (block 0 needs
-    them; 24 d^2 T, attention twice its forward) and its adapters' both (2 x 8 d r T); block 0
-    down to its adapters: the MLP and the projection's input gradients (16 + 2) d^2 T, attention
-    8 T^2 d, B's weight and input gradients (2 x 6 d r T) and A's weight gradient (2 d r T), no
-    more (nothing under it trains)."""
+    forward as the plain model (per block 24 d^2 T + 4 T^2 d, head 2 d V on the last position)
+    plus A and B, 2 r (d + 3d) T = 8 d r T per block. Backward, only the adapters train: the
+    head, whose matrix is frozen, its input gradient only; block 1 every input gradient
+    (block 0 needs them; 24 d^2 T, attention twice its forward) and its adapters' both
+    (2 x 8 d r T); block 0 down to its adapters: the MLP and the projection's input gradients
+    (16 + 2) d^2 T, attention 8 T^2 d, B's weight and input gradients (2 x 6 d r T) and A's
+    weight gradient (2 d r T), no more (nothing under it trains)."""
     d, N, r = 8, 4, 2
-    block, head, lora = 24 * d * d * T + 4 * T * T * d, 2 * d * V * T, 8 * d * r * T
+    block, head, lora = 24 * d * d * T + 4 * T * T * d, 2 * d * V, 8 * d * r * T
     forward = 2 * (block + lora) + head
     backward = head + (24 * d * d * T + 8 * T * T * d + 2 * lora)
     backward += 18 * d * d * T + 8 * T * T * d + 12 * d * r * T + 2 * d * r * T

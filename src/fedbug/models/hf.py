@@ -15,14 +15,17 @@ defaults to the data set's ``num_classes``, its vocabulary), ``classification`` 
 classifier (``AutoModelForSequenceClassification`` with ``num_labels`` the data set's classes).
 The model takes token ids (N, T) and returns its logits as a tensor (a forward hook takes
 ``.logits`` out of the model's output), so fedbug's tasks, unit tracing, FLOP and memory
-counter and flat-weight binding treat it as any other module. A causal LM's logits are
-(N, T, V); against one target per sequence (LEAF Shakespeare's next character) ``next_token``
-scores the last position. ``use_cache`` is off: a training step keeps no key/value cache.
+counter and flat-weight binding treat it as any other module. fedbug's ``next_token`` data hold
+one target per sequence (LEAF Shakespeare's character after the 80 before it), so a causal LM
+gives the scores of the token after each sequence, (N, V), as ``shakespeare_lstm`` does: its
+head runs on the last position only (``logits_to_keep=1``, where the model takes it).
+``use_cache`` is off: a training step keeps no key/value cache.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +114,12 @@ def build_hf(
     model.config.use_cache = False
     if adapters is not None:
         model = add_adapters(model, adapters)
-    model.register_forward_hook(_logits)
+    if task == "next_token":
+        if "logits_to_keep" in inspect.signature(model.forward).parameters:
+            model.register_forward_pre_hook(_keep_last, with_kwargs=True)
+        model.register_forward_hook(_last_logits)
+    else:
+        model.register_forward_hook(_logits)
     return model  # type: ignore[no-any-return]
 
 
@@ -139,6 +147,16 @@ def not_found(where: str) -> str:
 
 
 def _logits(module: nn.Module, args: Any, output: Any) -> Any:
-    """Forward hook: the model's logits in place of its output object (a module-level
-    function, so a model with it pickles for worker processes)."""
+    """Forward hook: the model's logits in place of its output object (hooks are module-level
+    functions, so a model with them pickles for worker processes)."""
     return getattr(output, "logits", output)
+
+
+def _last_logits(module: nn.Module, args: Any, output: Any) -> Any:
+    """Forward hook of a causal LM: the last position's logits, (N, V)."""
+    return getattr(output, "logits", output)[:, -1]
+
+
+def _keep_last(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
+    """Forward pre-hook of a causal LM: its head on the last position only."""
+    return args, {**kwargs, "logits_to_keep": 1}
