@@ -16,6 +16,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from fedbug.algorithms import ALGORITHMS
+from fedbug.config.cohort import cohort_incompatibility
 from fedbug.config.dp import dp_incompatibility, dp_sgd_incompatibility
 from fedbug.policies import POLICIES
 from fedbug.selection import SELECTIONS
@@ -77,6 +78,7 @@ def incompatibility(cfg: Any) -> str | None:
             f"{cfg.task} does not give; use evaluation: global (or mean_of_local_models)"
         )
     dp_reason = dp_incompatibility(cfg) or dp_sgd_incompatibility(cfg)
+    dp_reason = dp_reason or cohort_incompatibility(cfg)
     if dp_reason is not None:
         return dp_reason
     used = used_blocks(cfg) | _USED_ELSEWHERE.get()

@@ -32,6 +32,7 @@ _NOT_HASHED = {
     "count_flops",
     "threads",
     "executor",
+    "cohort",
     "workers",
     "flower",
     "tracking",

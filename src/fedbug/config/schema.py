@@ -10,6 +10,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from fedbug.algorithms import ALGORITHMS
+from fedbug.config.cohort import CohortParams
 from fedbug.config.compat import check_compatible
 from fedbug.config.dp import DPParams, DPSGDParams
 from fedbug.core.tasks import TASKS
@@ -189,10 +190,16 @@ class BaseConfig(BaseModel):
         "and seed give the same numbers; false lets cuDNN autotune (faster, numbers vary in "
         "the last bits); not in the config hash",
     )
-    executor: Literal["sequential", "processes", "flower-simulation", "flower-deployment"] = Field(
+    executor: Literal[
+        "sequential", "processes", "cohort", "flower-simulation", "flower-deployment"
+    ] = Field(
         "sequential",
-        description="where clients train: this process (sequential), worker processes, or "
-        "Flower (pip install 'fedbug[flower]'); every executor gives the same numbers",
+        description="where clients train: this process (sequential), worker processes, a "
+        "round's clients as one vectorised step in this process (cohort: equal within float32 "
+        "rounding), or Flower (pip install 'fedbug[flower]'); the others give the same numbers",
+    )
+    cohort: CohortParams = Field(
+        default_factory=CohortParams, description="executor: cohort's settings"
     )
     flower: FlowerParams = Field(
         default_factory=FlowerParams, description="the Flower executors' settings"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -137,14 +137,7 @@ class ClientRuntime:
             for p, g in params:
                 p.requires_grad_(u in on)
                 p.grad = g if u in on else None
-        sl = self.space.unit_slices
-        regions: list[slice] = []
-        for u in units:
-            if regions and regions[-1].stop == sl[u].start:
-                regions[-1] = slice(regions[-1].start, sl[u].stop)
-            else:
-                regions.append(slice(sl[u].start, sl[u].stop))
-        return regions
+        return unit_regions(units, self.space)
 
     def step_cost(
         self, units: tuple[int, ...] | range, x: Tensor, y: Tensor, loss: LossFn | None = None
@@ -272,8 +265,15 @@ class LocalRound:
         self.current: tuple[int, ...] | None = None
 
     def train(self) -> None:
-        """The local steps; a step the policy and the algorithm leave nothing to train is idle,
-        and a policy's end-of-epoch answer may send ``k`` back to 0 (a restart)."""
+        """The local steps, one :meth:`step` each."""
+        for units, x, y in self.steps():
+            self.step(units, x, y)
+
+    def steps(self) -> Iterator[tuple[tuple[int, ...], Tensor, Tensor]]:
+        """Each local step's (units, batch, labels), to be trained before the next is asked
+        for; a step the policy and the algorithm leave nothing to train is idle (counted, not
+        yielded), and a policy's end-of-epoch answer may send ``k`` back to 0 (a restart).
+        The cohort executor trains the steps of several clients' rounds together."""
         rt, task = self.rt, self.task
         k = 0
         while k < self.local_steps:
@@ -286,7 +286,7 @@ class LocalRound:
             if not units:
                 self.idle += 1
                 continue
-            self.step(units, x, y)
+            yield units, x, y
             if k % self.per_epoch == 0 and k < self.local_steps:
                 k = self.end_of_epoch(k)
 
@@ -318,13 +318,7 @@ class LocalRound:
             self.session,
             self.scaler,
         )
-        if units != self.current:
-            self.current = units
-            ctx.regions = rt.set_trainable(units)
-            for u in units:
-                self.trained[u] = True
-        for u in units:
-            self.unit_steps[u] += 1
+        self.mark(units)
         session.before_step(x, y)
         for r in ctx.regions:
             rt.grad[r].zero_()
@@ -345,8 +339,24 @@ class LocalRound:
         else:
             self.opt.step()
         session.after_step()
+        self.count(units, x, y)
+
+    def mark(self, units: tuple[int, ...]) -> None:
+        """A step on ``units``: the runtime's trainable units (when they change), the units
+        trained and each one's step count."""
+        if units != self.current:
+            self.current = units
+            self.ctx.regions = self.rt.set_trainable(units)
+            for u in units:
+                self.trained[u] = True
+        for u in units:
+            self.unit_steps[u] += 1
+
+    def count(self, units: tuple[int, ...], x: Tensor, y: Tensor) -> None:
+        """The step's FLOPs and memory (where counted)."""
+        rt = self.rt
         if rt.settings.count_flops and len(y):
-            cost = rt.step_cost(units, x, y, session.loss)
+            cost = rt.step_cost(units, x, y, self.session.loss)
             self.flops += cost.flops
             per_sample = len(y) if rt.private is not None else 0
             self.peak = peak_memory(self.peak, cost.memory(rt.state_copies, per_sample))
@@ -425,6 +435,18 @@ class LocalRound:
         self.policy.finish(result)
         self.session.finish(result)
         return to_host(result, self.host) if rt.device != self.host else result
+
+
+def unit_regions(units: Sequence[int], space: ParamSpace) -> list[slice]:
+    """Slices of the flat vector covering ``units``, one per run of consecutive units."""
+    sl = space.unit_slices
+    regions: list[slice] = []
+    for u in units:
+        if regions and regions[-1].stop == sl[u].start:
+            regions[-1] = slice(regions[-1].start, sl[u].stop)
+        else:
+            regions.append(slice(sl[u].start, sl[u].stop))
+    return regions
 
 
 def clip_grad_norm(grad: Tensor, regions: list[slice], max_norm: float) -> None:

@@ -279,15 +279,15 @@ class RoundLoop:
             self.dp_sgd.resume(self.records)
         try:
             self.trackers = self.open_trackers(cleanup, resume)
+            # workers start only once the run folder is settled (a refused resume starts none)
+            if executor_factory is not None:
+                self.executor = executor_factory(exp)
+            else:
+                self.executor = build_executor(exp, rd.path if rd is not None else None)
         except FedbugError:
             if rd is not None and self.start == 1:  # a new run refused as it starts: undo it
                 _remove_made(rd, before)
             raise
-        # workers start only once the run folder is settled (a refused resume starts none)
-        if executor_factory is not None:
-            self.executor = executor_factory(exp)
-        else:
-            self.executor = build_executor(exp, rd.path if rd is not None else None)
         self.model_bytes = exp.space.bytes_of(exp.shared_mask)
         self.short: ShortRound | None = None  # the round that stopped the run
 

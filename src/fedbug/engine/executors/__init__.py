@@ -20,6 +20,12 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
     name = exp.cfg.executor
     if name == "sequential":
         return SequentialExecutor(exp.make_runtime(), exp.client_data)
+    if name == "cohort":
+        from fedbug.engine.executors.cohort import CohortExecutor, refuse_model
+
+        runtime = exp.make_runtime()
+        refuse_model(runtime.model, exp.space, exp.augmentation() is not None)
+        return CohortExecutor(runtime, exp.client_data, exp.cfg.cohort.max_clients)
     if name == "processes":
         from fedbug.engine.executors.processes import ProcessExecutor, WorkerSpec
 

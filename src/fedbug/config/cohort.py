@@ -1,0 +1,59 @@
+"""The ``cohort:`` block (``executor: cohort``: a round's clients trained together as one
+vectorised step, :mod:`fedbug.engine.executors.cohort`), and the refusals of configs whose
+local training it cannot vectorise exactly. Pydantic only, no torch: the model- and
+data-dependent checks (buffers, dropout, augmentation) run where the model is built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedbug.algorithms import ALGORITHMS
+from fedbug.policies import POLICIES, FreezePolicy
+
+#: Algorithm hooks that act inside a local step on the one runtime's flat vectors (or open a
+#: per-client session of their own): not vectorised yet, so refused under the cohort executor.
+_STEP_HOOKS = ("start_client", "extra_loss", "adjust_grads", "adjust_grads_after_clipping")
+
+
+class CohortParams(BaseModel):
+    """Options of ``executor: cohort``."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_clients: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="clients trained together at most (a round's clients go in chunks of this "
+        "many; the memory of a chunk grows with it); default: the whole round",
+    )
+
+
+def cohort_incompatibility(cfg: Any) -> str | None:
+    """Why ``cfg``'s local training cannot run under ``executor: cohort`` (None: it can, or
+    another executor is chosen)."""
+    if cfg.executor != "cohort":
+        return None
+    fix = "or use executor: sequential"
+    alg = ALGORITHMS.get(cfg.algorithm)
+    hooks = [h for h in _STEP_HOOKS if alg.overrides(h)]
+    if hooks:
+        return (
+            f"executor: cohort trains clients as one vectorised step, and algorithm "
+            f"{cfg.algorithm} acts inside each client's step ({', '.join(hooks)}), which is not "
+            f"vectorised yet; use fedavg (or a personalised algorithm without step hooks) {fix}"
+        )
+    policy = POLICIES.get(cfg.policy)
+    if policy.start_client is not FreezePolicy.start_client:
+        return (
+            f"executor: cohort plans every client's steps from the policy's schedule, and policy "
+            f"{cfg.policy} keeps a per-client session that may act between epochs; {fix}"
+        )
+    if cfg.optimizer != "sgd":
+        return f"executor: cohort vectorises SGD (momentum, weight decay); {fix}"
+    if cfg.precision != "fp32":
+        return f"executor: cohort runs in float32, not precision {cfg.precision}; {fix}"
+    if getattr(cfg, "dp_sgd", None) is not None:
+        return f"executor: cohort does not compute DP-SGD's per-sample gradients; {fix}"
+    return None

@@ -1,0 +1,196 @@
+"""``executor: cohort``: a round's clients trained together, one vectorised step for all.
+
+Each client's round is planned by the same :class:`~fedbug.engine.client.LocalRound` the
+sequential executor runs (its batches from the client's own generator, its units from the
+policy and the algorithm, its bookkeeping, its result); only the arithmetic of a step is shared.
+At each step the clients whose step has the same trainable units and batch shape form a group,
+and the group's gradients come from one ``torch.func.vmap`` of ``grad`` over
+``functional_call`` with the clients' weights stacked along a leading axis (gradients only for
+the units that train: a frozen unit costs no backward below it). SGD then moves every client of
+the group at once, exactly as ``torch.optim.SGD`` moves one (weight decay on the trained
+parameters, momentum buffers begun at a parameter's first step, per-client gradient clipping
+over the trained units). Clients whose rounds are longer simply go on alone.
+
+The numbers are the sequential executor's within float32 rounding (a batched kernel sums in
+another order), not bit for bit: ``tests/test_cohort.py`` holds every accepted family to 1e-4 of
+each unit's change. What cannot be vectorised is refused before the run
+(:mod:`fedbug.config.cohort`; the model's buffers and dropout, and augmentation, here).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from fedbug.core.protocol import ClientData, ClientResult, ClientTask
+from fedbug.core.units import ParamSpace
+from fedbug.engine.client import ClientRuntime, LocalRound, unit_regions
+from fedbug.engine.executors.base import Executor
+from fedbug.errors import ConfigError
+
+Step = tuple[tuple[int, ...], Tensor, Tensor]
+
+
+def refuse_model(model: nn.Module, space: ParamSpace, augmented: bool) -> None:
+    """One-line refusals of what a vectorised step cannot reproduce: state a forward pass
+    changes (BatchNorm's running statistics), random draws inside the model, augmentation."""
+    fix = "or use executor: sequential"
+    buffers = [n for n, is_param in zip(space.names, space.is_param) if not is_param]
+    if buffers:
+        raise ConfigError(
+            f"executor: cohort cannot update buffers inside a vectorised step ({buffers[0]}, "
+            f"...: BatchNorm's running statistics); use a GroupNorm model {fix}"
+        )
+    drop = [n for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
+    if any(model.get_submodule(n).p > 0 for n in drop):
+        raise ConfigError(
+            f"executor: cohort cannot draw the sequential executor's dropout masks ({drop[0]}); "
+            f"set the dropout to 0 {fix}"
+        )
+    if augmented:
+        raise ConfigError(f"executor: cohort does not augment batches yet; set augment: none {fix}")
+
+
+class CohortExecutor(Executor):
+    """The round's clients in chunks of ``max_clients``, each chunk trained together."""
+
+    def __init__(
+        self,
+        runtime: ClientRuntime,
+        client_data: Callable[[int], ClientData],
+        max_clients: int | None = None,
+    ) -> None:
+        self.rt = runtime
+        self.client_data = client_data
+        self.max_clients = max_clients
+        self.space = runtime.space
+        self.params = [
+            (name, off, n, shape, u)
+            for name, is_param, off, n, shape, u in zip(
+                self.space.names,
+                self.space.is_param,
+                self.space.offsets,
+                self.space.numels,
+                self.space.shapes,
+                self.space.unit_of,
+            )
+            if is_param
+        ]
+
+    def stream_round(
+        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
+    ) -> Iterator[ClientResult]:
+        ordered = sorted(tasks, key=lambda t: t.client)
+        size = self.max_clients or len(ordered) or 1
+        for i in range(0, len(ordered), size):
+            yield from self.train_chunk(weights, ordered[i : i + size], states)
+
+    def train_chunk(
+        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
+    ) -> list[ClientResult]:
+        rt = self.rt
+        rounds: list[LocalRound] = []
+        rows: list[Tensor] = []
+        for t in tasks:  # each opens as it would alone: received weights, its local parts
+            rounds.append(LocalRound(weights, t, self.client_data(t.client), states[t.client], rt))
+            rows.append(rt.flat.clone())
+        sgd = StackedSGD(torch.stack(rows), rt.settings, tasks[0].lr if tasks else 0.0)
+        plans = [r.steps() for r in rounds]
+        active = list(range(len(rounds)))
+        while active:
+            pending: dict[tuple[Any, ...], list[tuple[int, Step]]] = defaultdict(list)
+            for c in active:
+                step = next(plans[c], None)
+                if step is not None:
+                    units, x, y = step
+                    pending[units, tuple(x.shape), tuple(y.shape)].append((c, step))
+            active = [c for group in pending.values() for c, _ in group]
+            for group in pending.values():
+                self.group_step([c for c, _ in group], [s for _, s in group], rounds, sgd)
+        results = []
+        for c, local in enumerate(rounds):
+            rt.flat.copy_(sgd.weights[c])
+            results.append(local.result())
+        return results
+
+    def group_step(
+        self, clients: list[int], steps: list[Step], rounds: list[LocalRound], sgd: StackedSGD
+    ) -> None:
+        """One step of clients that train the same units on batches of one shape."""
+        units = steps[0][0]
+        idx = torch.tensor(clients)
+        x = torch.stack([s[1] for s in steps])
+        y = torch.stack([s[2] for s in steps])
+        for c in clients:
+            rounds[c].mark(units)
+        grads, losses = self.gradients(sgd.weights.index_select(0, idx), units, x, y, rounds)
+        sgd.step(idx, units, grads, self.space)
+        for c, (_, xs, ys), loss in zip(clients, steps, losses):
+            rounds[c].loss_sum += loss
+            rounds[c].count(units, xs, ys)
+
+    def gradients(
+        self,
+        w: Tensor,
+        units: Sequence[int],
+        x: Tensor,
+        y: Tensor,
+        rounds: list[LocalRound],
+    ) -> tuple[Tensor, Tensor]:
+        """(the gradients [clients, total], zero outside ``units``; each client's loss)."""
+        on = set(units)
+        model, loss = self.rt.model, rounds[0].session.loss
+        trained = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in self.params if u in on}
+        fixed = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in self.params if u not in on}
+
+        def client_loss(tr: dict[str, Tensor], fx: dict[str, Tensor], xb: Tensor, yb: Tensor):
+            return loss(functional_call(model, {**tr, **fx}, (xb,)), yb)
+
+        g, value = vmap(grad_and_value(client_loss))(trained, fixed, x, y)
+        out = torch.zeros_like(w)
+        for n, o, k, _s, u in self.params:
+            if u in on:
+                out[:, o : o + k] = g[n].reshape(len(w), k)
+        return out, value.detach()
+
+
+class StackedSGD:
+    """``torch.optim.SGD`` (momentum, no dampening, weight decay) over stacked clients' flat
+    weights, moving only each step's trained units; its buffers begin at a unit's first step."""
+
+    def __init__(self, weights: Tensor, settings: Any, lr: float) -> None:
+        self.weights = weights
+        self.lr, self.momentum = lr, settings.momentum
+        self.weight_decay, self.clip = settings.weight_decay, settings.clip_grad_norm
+        self.buf = torch.zeros_like(weights) if self.momentum else None
+        self.has_buf = torch.zeros(weights.shape, dtype=torch.bool) if self.momentum else None
+
+    def step(self, idx: Tensor, units: Sequence[int], grads: Tensor, space: ParamSpace) -> None:
+        regions = unit_regions(units, space)
+        if self.clip:
+            norm = torch.stack([grads[:, r].norm(dim=1) for r in regions], dim=1).norm(dim=1)
+            scale = (self.clip / (norm + 1e-6)).clamp(max=1.0)
+            for r in regions:
+                grads[:, r] *= scale[:, None]
+        w = self.weights.index_select(0, idx)
+        for r in regions:
+            d = grads[:, r]
+            if self.weight_decay:
+                d = d.add(w[:, r], alpha=self.weight_decay)
+            if self.buf is not None and self.has_buf is not None:
+                held = self.has_buf[idx][:, r]
+                b = torch.where(held, self.buf[idx][:, r].mul(self.momentum).add(d), d)
+                self.buf[idx.unsqueeze(1), _cols(r)] = b
+                self.has_buf[idx.unsqueeze(1), _cols(r)] = True
+                d = b
+            w[:, r] = w[:, r].add(d, alpha=-self.lr)
+        self.weights.index_copy_(0, idx, w)
+
+
+def _cols(r: slice) -> Tensor:
+    return torch.arange(r.start, r.stop).unsqueeze(0)

@@ -1,0 +1,170 @@
+"""``executor: cohort`` (a round's clients as one vectorised step): the sequential executor's
+numbers within float32 rounding for every algorithm x policy pair it accepts (registry-driven),
+unequal rounds, chunks, resume, and one-line refusals of what it cannot vectorise.
+
+Tolerance: a batched kernel (vmap folds the clients into one convolution / matmul) sums in
+another order than one client's kernel, so a gradient differs in its last bits (~1e-7
+relative); over a few steps that stays far below 1e-4 of each unit's change, the figure the
+equivalence harness holds references to (benchmarks/equivalence/README.md)."""
+
+import pytest
+import torch
+from tiny import method_needs, tiny_config, without_timing
+
+from fedbug.algorithms import ALGORITHMS
+from fedbug.engine import run_experiment
+from fedbug.engine.experiment import Experiment
+from fedbug.errors import ConfigError
+from fedbug.policies import POLICIES
+
+FLOATS = ("train_loss", "test_loss", "test_acc", "client_drift")
+
+
+def pair_config(algorithm, policy, **over):
+    has_global = ALGORITHMS.get(algorithm).has_global_model
+    return tiny_config(
+        algorithm=algorithm,
+        policy=policy,
+        evaluation="global" if has_global else "personalized",
+        finetune_epochs=1,
+        **{**method_needs(algorithm, policy), **over},
+    )
+
+
+def pairs():
+    """Every valid algorithm x policy pair the cohort executor accepts (its config-time check
+    decides; pairs invalid under every executor are left out)."""
+    out = []
+    for a in ALGORITHMS.names():
+        for p in POLICIES.names():
+            try:
+                pair_config(a, p)
+            except ConfigError:
+                continue
+            try:
+                pair_config(a, p, executor="cohort")
+            except ConfigError as e:
+                assert "executor: cohort" in str(e), e
+                continue
+            out.append((a, p))
+    return out
+
+
+def assert_close_to_sequential(cfg, tol=1e-4):
+    seq = run_experiment(cfg)
+    coh = run_experiment(cfg.model_copy(update={"executor": "cohort"}))
+    exp = Experiment(cfg)
+    start = exp.initial_weights()
+    for sl in exp.space.unit_slices:  # each unit within tol of its own change
+        change = float((seq.weights[sl] - start[sl]).abs().max())
+        diff = float((coh.weights[sl] - seq.weights[sl]).abs().max())
+        assert diff <= tol * max(change, 1e-6), (sl, diff, change)
+    a, b = without_timing(seq.records), without_timing(coh.records)
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        assert {k: v for k, v in ra.items() if k not in FLOATS} == {
+            k: v for k, v in rb.items() if k not in FLOATS
+        }
+        for k in FLOATS:
+            if ra.get(k) is not None:
+                assert rb[k] == pytest.approx(ra[k], rel=1e-5, abs=1e-6), k
+    return seq, coh
+
+
+def test_the_accepted_pairs_cover_the_plain_and_personalised_families():
+    accepted = pairs()
+    assert {"fedavg", "local", "fedper", "fedbabu"} <= {a for a, _ in accepted}
+    assert {"none", "bottom_up", "top_down", "fedpart"} <= {p for _, p in accepted}
+
+
+@pytest.mark.parametrize("algorithm, policy", pairs())
+def test_every_accepted_pair_gives_the_sequential_numbers(algorithm, policy):
+    cfg = pair_config(algorithm, policy, momentum=0.9, clip_grad_norm=1.0, threads=1)
+    assert_close_to_sequential(cfg)
+
+
+def test_unequal_rounds_partial_batches_and_a_conv_model():
+    """Clients of different sizes (epochs of different step counts, a short last batch): the
+    longer rounds go on alone; the digits CNN through vmap's batched convolutions; FedBug's
+    gradual unfreezing; FLOPs and memory counted as the sequential executor counts them."""
+    cfg = tiny_config(
+        model="digits_cnn",
+        local_steps=None,
+        local_epochs=1,
+        partition="iid",
+        unbalanced_sigma=0.8,
+        batch_size=8,
+        policy="bottom_up",
+        bottom_up={"gu_ratio": 0.5},
+        momentum=0.5,
+        count_flops=True,
+        threads=1,
+    )
+    exp = Experiment(cfg)
+    assert len({exp.sizes[c] for c in range(exp.num_clients)}) > 1
+    assert_close_to_sequential(cfg)
+
+
+def test_chunks_of_clients_give_the_same_numbers():
+    cfg = tiny_config(executor="cohort", threads=1)
+    whole = run_experiment(cfg)
+    one_by_one = run_experiment(
+        tiny_config(executor="cohort", threads=1, cohort={"max_clients": 1})
+    )
+    assert torch.allclose(whole.weights, one_by_one.weights, atol=1e-6)
+
+
+def test_a_resumed_cohort_run_equals_the_uninterrupted_one(tmp_path):
+    cfg = tiny_config(executor="cohort", rounds=3, checkpoint_every=1, threads=1)
+    full = run_experiment(cfg, tmp_path / "full")
+    run_experiment(cfg, tmp_path / "cut", stop_after=2)
+    resumed = run_experiment(cfg, tmp_path / "cut", resume=True)
+    assert without_timing(resumed.records) == without_timing(full.records)
+    assert torch.equal(resumed.weights, full.weights)
+
+
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        ({"algorithm": "fedprox"}, "algorithm fedprox acts inside each client's step"),
+        ({"policy": "freezefl", **method_needs("freezefl")}, "policy freezefl keeps a per-client"),
+        ({"optimizer": "adam"}, "vectorises SGD"),
+        ({"precision": "bf16"}, "not precision bf16"),
+    ],
+)
+def test_config_refusals(over, message):
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(executor="cohort", **over)
+
+
+class WithBatchNorm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8))
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.head(self.norm(self.body(x)))
+
+
+class WithDropout(WithBatchNorm):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.Dropout(0.5)
+
+
+@pytest.mark.parametrize(
+    "model, over, message",
+    [
+        (WithBatchNorm, {}, "cannot update buffers"),
+        (WithDropout, {}, "dropout masks"),
+        (None, {"augment": "flip"}, "does not augment"),
+    ],
+)
+def test_model_and_data_refusals_leave_no_run_folder(tmp_path, model, over, message):
+    import fedbug
+
+    with pytest.raises(ConfigError, match=message):
+        fedbug.run(tiny_config(executor="cohort", **over), tmp_path / "r", model=model)
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
