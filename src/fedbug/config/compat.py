@@ -18,6 +18,7 @@ from typing import Any
 from fedbug.algorithms import ALGORITHMS
 from fedbug.config.cohort import cohort_incompatibility
 from fedbug.config.dp import dp_incompatibility, dp_sgd_incompatibility
+from fedbug.config.secagg import secagg_incompatibility
 from fedbug.policies import POLICIES
 from fedbug.selection import SELECTIONS
 
@@ -81,6 +82,9 @@ def incompatibility(cfg: Any) -> str | None:
     dp_reason = dp_reason or cohort_incompatibility(cfg)
     if dp_reason is not None:
         return dp_reason
+    sa_reason = secagg_incompatibility(cfg)
+    if sa_reason is not None:
+        return sa_reason
     used = used_blocks(cfg) | _USED_ELSEWHERE.get()
     chosen = {"algorithm": cfg.algorithm, "policy": cfg.policy}
     chosen["selection"] = cfg.resolved_selection()

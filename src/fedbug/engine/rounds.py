@@ -372,7 +372,8 @@ class RoundLoop:
         if r in self.cfg.record_updates and self.rd is not None:  # for `fedbug attack`
             stream = record_stream(self.rd.path, self.exp, r, self.weights, tasks, stream)
         required = self.executor.required(len(tasks), self.cfg.min_results)
-        fresh = self.dp.aggregate() if self.dp is not None else None  # clips what it is given
+        # DP's clips what it is given; a secure one's sums come from the executor
+        fresh = self.dp.aggregate() if self.dp is not None else self.executor.round_aggregate()
         results, dropped, agg = aggregate_stream(
             self.exp, r, stream, self.weights, self.states, self.local_mean, required, fresh
         )

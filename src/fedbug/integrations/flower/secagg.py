@@ -57,8 +57,10 @@ class _Workflow(SecAggPlusWorkflow):
     def __init__(self, contents: dict[int, RecordDict], **options: Any) -> None:
         super().__init__(**options)
         self.contents = contents
+        self.state: WorkflowState | None = None  # the session's, for the nodes' errors
 
     def setup_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        self.state = state
         ok = super().setup_stage(grid, context, state)
         state.nid_to_fitins = {nid: self.contents[nid] for nid in state.nid_to_fitins}
         return ok
@@ -179,13 +181,15 @@ class SecAggExecutor(FlowerExecutor):
             workflow(self.grid, context)
         except Exception as e:  # noqa: BLE001  (any failure of the protocol loses the round)
             return [], f"secure aggregation failed: {type(e).__name__}: {_line(str(e))}"
+        failures = workflow.state.failures if workflow.state is not None else []
+        said = f" (a node's error: {_error(failures[0])})" if failures else ""
         if strategy.results is None:
             return [], (
-                "secure aggregation halted: too few clients answered a SecAgg+ stage within "
-                f"{timeout:g} s (it needs 2, and reconstruction_threshold of each one's "
+                f"secure aggregation halted{said}: too few clients answered a SecAgg+ stage "
+                f"within {timeout:g} s (it needs 2, and reconstruction_threshold of each one's "
                 "neighbours)"
             )
-        return strategy.results, "no masked vector in the secure sum (failed or timed out)"
+        return strategy.results, f"no masked vector in the secure sum{said or ' (timed out)'}"
 
     def unmasked(
         self, agg: SecureAggregate, taken: list[tuple[ClientTask, FitRes]]
@@ -236,6 +240,12 @@ class SecAggExecutor(FlowerExecutor):
     def close(self) -> None:
         self.agg = None
         super().close()
+
+
+def _error(failure: BaseException) -> str:
+    """A node's error reply (SecAgg+ keeps ``Exception(Error)``) as one line."""
+    err = failure.args[0] if failure.args else failure
+    return _line(str(getattr(err, "reason", err)))
 
 
 def _line(text: str) -> str:

@@ -1,0 +1,304 @@
+"""``flower.secagg``: rounds summed by Flower's own SecAgg+ give the plain aggregate within the
+quantisation bound, layer by layer for partial uploads, and the server sees no update.
+
+The bound (``SecAggParams.sum_bound``): SecAgg+ clips each sent value to [-c, c] and rounds
+(x + c) Q / (2c) stochastically to an integer, so each client moves each value by less than one
+level, step = 2c/Q; a sum over n clients is off by less than n * step. The per-unit weights and
+counts are sums of integers, recovered exactly; so a unit's mean update, sum_i w_i Delta_i /
+sum_i w_i, is off by less than n * step * s / W_u (s = max_weight under weighting: samples, where
+the vector carries w_i / max_weight, else 1; W_u the unit's exact weight).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from flowergrid import Deployment, LoopbackGrid, only_run, run_records, task_identity  # noqa: E402
+from tiny import method_needs, tiny_config  # noqa: E402
+
+from fedbug.cli import main  # noqa: E402
+from fedbug.engine import run_experiment  # noqa: E402
+from fedbug.engine.aggregate import Aggregate  # noqa: E402
+from fedbug.errors import ConfigError, DivergenceError, ShortRoundError  # noqa: E402
+from fedbug.integrations.flower.clientapp import app as client_app  # noqa: E402
+from fedbug.integrations.flower.executor import FlowerExecutor  # noqa: E402
+from fedbug.integrations.flower.secagg import SecAggExecutor  # noqa: E402
+from fedbug.integrations.flower.secagg_params import SecAggParams  # noqa: E402
+
+
+class PlainAggregates(FlowerExecutor):
+    """The plain executor; each round's aggregate rebuilt from the updates it received."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.aggs: list[Aggregate] = []
+        self.results: list = []
+
+    def stream_round(self, weights, tasks, states):
+        exp = self.exp
+        agg = Aggregate(exp.space, exp.cfg.weighting)
+        self.aggs.append(agg)
+        shared = exp.algorithm.shared_mask(exp.space.num_units)
+        for res in super().stream_round(weights, tasks, states):
+            sent = res.uploaded if exp.cfg.upload == "partial" else shared
+            agg.add(res.delta, sent, res.num_samples, extras=res.extras)
+            self.results.append(res)
+            yield res
+
+
+class SecureAggregates(SecAggExecutor):
+    """The secure executor, keeping each round's aggregate."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.aggs: list[Aggregate] = []
+
+    def round_aggregate(self):
+        agg = super().round_aggregate()
+        self.aggs.append(agg)
+        return agg
+
+
+class SeesReplies(LoopbackGrid):
+    """A loopback grid that keeps every reply the server pulls."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.seen: list = []
+
+    def pull_messages(self, message_ids):
+        out = super().pull_messages(message_ids)
+        self.seen.extend(out)
+        return out
+
+
+class DropsAtStage(LoopbackGrid):
+    """A loopback grid whose node ``dead`` never answers SecAgg+'s stage ``stage``."""
+
+    def __init__(self, *a, dead: int, stage: str, **k):
+        super().__init__(*a, **k)
+        self.dead, self.stage = dead, stage
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            cfg = m.content.config_records.get("secaggplus_configs")
+            gone = m.metadata.dst_node_id == self.dead and cfg and cfg.get("stage") == self.stage
+            self.silent = {self.dead} if gone else set()
+            ids += list(super().push_messages([m]))
+        self.silent = set()
+        return ids
+
+
+def run_on(cfg, executor, grid_cls=LoopbackGrid, *, pooled=False, nodes=None, **grid_kwargs):
+    run_config = {"config": json.dumps(cfg.model_dump(mode="json")), "pooled-nodes": pooled}
+    grid = grid_cls(client_app, nodes or cfg.num_clients, run_config, **grid_kwargs)
+    made = []
+
+    def factory(exp):
+        made.append(executor(grid, exp, map_once=True, pooled=pooled))
+        return made[0]
+
+    with task_identity():
+        res = run_experiment(cfg, executor_factory=factory)
+    return res, made[0], grid
+
+
+def config(secagg=None, **overrides):
+    """CoCoFL on uniform system abilities: slow clients send fewer units (a partial upload)."""
+    doc = {
+        "executor": "flower-simulation",
+        "rounds": 1,
+        "threads": 1,
+        "clients_per_round": 4,
+        "policy": "cocofl",
+        "upload": "partial",
+        "aggregation": "layerwise",
+        "weighting": "samples",
+        **method_needs("cocofl"),
+        "count_flops": True,
+    }
+    doc.update(overrides)
+    if secagg is not None:
+        doc["flower"] = {**doc.get("flower", {}), "secagg": secagg}
+    return tiny_config(**doc)
+
+
+def excess(secure: Aggregate, plain: Aggregate, sa: SecAggParams, n: int) -> float:
+    """The largest |secure - plain| of a unit's mean update over its bound (<= 1: within)."""
+    scale = sa.max_weight if plain.weighting == "samples" else 1.0
+    diff = (secure.mean_delta() - plain.mean_delta()).abs()
+    worst = 0.0
+    for u, s in enumerate(plain.space.unit_slices):
+        w = plain.units_trained_by()[u]
+        if w == 0:
+            assert float(diff[s].max()) == 0.0
+            continue
+        mean = plain.mean_delta()[s].abs()
+        # the bound, and float32's rounding of the mean (a few ulps)
+        bound = sa.sum_bound(n) * scale / w + 4 * torch.finfo(torch.float32).eps * mean
+        worst = max(worst, float((diff[s] / bound).max()))
+    return worst
+
+
+@pytest.fixture(scope="module")
+def plain():
+    res, ex, _ = run_on(config(), PlainAggregates)
+    return res, ex
+
+
+def test_partial_upload_aggregates_layer_by_layer_within_the_bound(plain):
+    _, pex = plain
+    sa_cfg = config(secagg={})
+    _, sex, grid = run_on(sa_cfg, SecureAggregates, SeesReplies)
+    p, s = pex.aggs[0], sex.aggs[0]
+    uploads = {r.client: (r.uploaded, r.num_samples) for r in pex.results}
+    assert any(not all(up) for up, _ in uploads.values()), "no client sent a partial upload"
+    # each unit's weight: the samples of the clients that sent it, exactly (hand count)
+    for u in range(p.space.num_units):
+        expected = sum(n for up, n in uploads.values() if up[u])
+        assert s.units_trained_by()[u] == p.units_trained_by()[u] == expected
+    assert s.count == p.count == len(uploads)
+    assert 0 < excess(s, p, sa_cfg.flower.secagg, len(uploads)) <= 1.0
+    # the server saw no array of any client's: every reply's arrays came back empty
+    trains = [m for m in grid.seen if m.metadata.message_type == "train"]
+    assert len(trains) == 4 * len(uploads)  # SecAgg+'s four stages
+    assert all(len(a) == 0 for m in trains for a in m.content.array_records.values())
+
+
+def test_a_coarse_quantisation_breaks_the_bound(plain):
+    """The check above can fail: 64 levels over [-8, 8] are far outside the default bound
+    (while still within their own)."""
+    _, pex = plain
+    coarse = config(secagg={"quantization_range": 64})
+    _, sex, _ = run_on(coarse, SecureAggregates)
+    p, s = pex.aggs[0], sex.aggs[0]
+    assert excess(s, p, SecAggParams(), p.count) > 100.0
+    assert excess(s, p, coarse.flower.secagg, p.count) <= 1.0
+
+
+def test_uniform_weighting_and_extras_are_summed_and_runs_repeat():
+    """SCAFFOLD's control-variate change is summed too; the stochastic rounding is seeded by
+    the task, so the same config gives the same secure run twice."""
+    base = dict(policy="none", upload="full", weighting="uniform", algorithm="scaffold")
+    base |= dict(rounds=2, count_flops=False, system=None)
+    _, pex, _ = run_on(config(**base), PlainAggregates)
+    cfg = config(secagg={}, **base)
+    a, sex, _ = run_on(cfg, SecureAggregates)
+    b, _, _ = run_on(cfg, SecureAggregates)
+    assert torch.equal(a.weights, b.weights)
+    p, s = pex.aggs[0], sex.aggs[0]
+    assert excess(s, p, cfg.flower.secagg, p.count) <= 1.0
+    assert s.extra_count("c_delta") == p.extra_count("c_delta") == 4
+    bound = cfg.flower.secagg.sum_bound(4)
+    assert float((s.extra_sum("c_delta") - p.extra_sum("c_delta")).abs().max()) <= bound * 1.01
+
+
+@pytest.mark.parametrize("stage", ["collect_masked_vectors", "unmask"])
+def test_a_client_lost_mid_protocol(plain, stage):
+    """Client 3 (node 103, the partial upload) goes silent: before sending its masked vector,
+    it is dropped, and SecAgg+ rebuilds its pairwise masks from its neighbours' shares to unmask
+    the others' sum; after it, its vector stays in the sum (its own mask rebuilt from shares)."""
+    _, pex = plain
+    cfg = config(secagg={})
+    grid = {"dead": 103, "stage": stage}
+    res, sex, _ = run_on(cfg, SecureAggregates, DropsAtStage, **grid)
+    rec = res.records[0]
+    if stage == "unmask":
+        assert rec["clients"] == [0, 1, 3, 4] and "dropped" not in rec
+        p = pex.aggs[0]
+    else:
+        assert rec["clients"] == [0, 1, 4]
+        assert rec["dropped"][0]["client"] == 3
+        assert "no masked vector" in rec["dropped"][0]["reason"]
+        quick = {"round_timeout": 0.5, "poll_interval": 0.05}  # the plain run waits for it
+        _, without, _ = run_on(config(flower=quick), PlainAggregates, silent={103})
+        p = without.aggs[0]
+    assert excess(sex.aggs[0], p, cfg.flower.secagg, len(rec["clients"])) <= 1.0
+
+
+def test_a_pool_of_nodes_serves_each_client_on_its_own_node(plain):
+    """The simulation's pool: the round's i-th client on the i-th node (4 nodes, 6 clients)."""
+    _, pex = plain
+    cfg = config(secagg={})
+    res, sex, grid = run_on(cfg, SecureAggregates, SeesReplies, pooled=True, nodes=4)
+    assert res.records[0]["clients"] == [0, 1, 3, 4]
+    assert excess(sex.aggs[0], pex.aggs[0], cfg.flower.secagg, 4) <= 1.0
+
+
+PLAIN_FEDAVG = dict(policy="none", upload="full", system=None, count_flops=False)
+
+
+def test_a_sub_model_is_refused_by_the_node_with_the_reason():
+    """FjORD sends a subset of each unit's entries; SecAgg+ sums whole units, so each node
+    refuses, and the short round says why."""
+    doc = {**PLAIN_FEDAVG, **method_needs("fjord"), "algorithm": "fjord", "upload": "partial"}
+    with pytest.raises(ShortRoundError, match="fjord sends a sub-model"):
+        run_on(config(secagg={}, **doc), SecureAggregates)
+
+
+def test_a_non_finite_update_stops_the_run_naming_its_client():
+    """A diverged client sends zeros and says so in the clear: the run stops as in the clear."""
+    with pytest.raises(DivergenceError, match="client 0's update has non-finite weights"):
+        run_on(config(secagg={}, lr=1e6, **PLAIN_FEDAVG), SecureAggregates)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"executor": "sequential"}, "executor sequential does not use"),
+        ({"dp": {"clip": 1.0}, "weighting": "uniform"}, "dp: clips each update"),
+        ({"record_updates": [1]}, "record_updates"),
+        ({"selection": "reputation"}, "selection reputation"),
+        ({"evaluation": "mean_of_local_models"}, "mean_of_local_models"),
+        ({"clients_per_round": 1}, "at least 2 clients"),
+        ({"flower": {"supernodes": 3}}, "set flower.supernodes: 4"),
+    ],
+)
+def test_configs_it_cannot_serve_are_refused_in_one_line(overrides, words):
+    with pytest.raises(ConfigError) as e:
+        config(secagg={}, **{**PLAIN_FEDAVG, **overrides})
+    assert words in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_modulus_the_sums_overflow_is_refused():
+    with pytest.raises(ConfigError, match="overflow modulus_range"):
+        config(secagg={"quantization_range": 2**30}, policy="none", system=None)
+    with pytest.raises(ConfigError, match="power of 2"):
+        config(secagg={"modulus_range": 3 * 2**20})
+
+
+SMOKE = Path(__file__).resolve().parents[2] / "configs" / "flower-smoke.yaml"
+
+
+@pytest.mark.slow
+def test_a_loopback_deployment_sums_with_secagg(tmp_path):
+    """A SuperLink and 3 SuperNodes (each its own process): the smoke config (FedDyn, partial
+    uploads of the head) summed by SecAgg+ gives the in-process records within the bound."""
+    d = Deployment(tmp_path / "flower")
+    try:
+        d.start_superlink()
+        for i in range(3):
+            d.start_supernode(i, 3)
+        d.wait_for_nodes(3)
+        flags = ["-s", "num_clients=3", "-s", "clients_per_round=3", "-s", "rounds=2"]
+        assert main(["run", str(SMOKE), *flags, "--out", str(tmp_path / "here"), "-q"]) == 0
+        remote = ["executor=flower-deployment", f"flower.superlink={d.address}"]
+        remote += ["flower.secagg.num_shares=3", "flower.round_timeout=60"]
+        remote = [x for s in remote for x in ("-s", s)]
+        there = ["run", str(SMOKE), *flags, *remote, "--out", str(tmp_path / "there"), "-q"]
+        assert main(there) == 0
+    finally:
+        assert d.stop() == [], "a Flower process outlived the test"
+    here, there = (run_records(only_run(tmp_path / x)) for x in ("here", "there"))
+    for a, b in zip(here, there, strict=True):
+        assert a["clients"] == b["clients"] == [0, 1, 2] and "dropped" not in b
+        assert b["test_loss"] == pytest.approx(a["test_loss"], abs=1e-4)
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-4)
