@@ -18,14 +18,15 @@ The model takes token ids (N, T) and returns its logits as a tensor (a forward h
 counter and flat-weight binding treat it as any other module. fedbug's ``next_token`` data hold
 one target per sequence (LEAF Shakespeare's character after the 80 before it), so a causal LM
 gives the scores of the token after each sequence, (N, V), as ``shakespeare_lstm`` does: its
-head runs on the last position only (``logits_to_keep=1``, where the model takes it).
+head (``get_output_embeddings()``) takes the last position's hidden state only, (N, d), so it
+runs once per sequence and an algorithm that reads the classifier's input (FedROD's personal
+head, FedDecorr) gets one feature row per sample.
 ``use_cache`` is off: a training step keeps no key/value cache.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -114,12 +115,10 @@ def build_hf(
     model.config.use_cache = False
     if adapters is not None:
         model = add_adapters(model, adapters)
-    if task == "next_token":
-        if "logits_to_keep" in inspect.signature(model.forward).parameters:
-            model.register_forward_pre_hook(_keep_last, with_kwargs=True)
-        model.register_forward_hook(_last_logits)
-    else:
-        model.register_forward_hook(_logits)
+    head = model.get_output_embeddings() if task == "next_token" else None
+    if head is not None:
+        head.register_forward_pre_hook(_last_position)
+    model.register_forward_hook(_last_logits if task == "next_token" else _logits)
     return model  # type: ignore[no-any-return]
 
 
@@ -154,9 +153,12 @@ def _logits(module: nn.Module, args: Any, output: Any) -> Any:
 
 def _last_logits(module: nn.Module, args: Any, output: Any) -> Any:
     """Forward hook of a causal LM: the last position's logits, (N, V)."""
-    return getattr(output, "logits", output)[:, -1]
+    logits = getattr(output, "logits", output)
+    return logits[:, -1] if logits.dim() == 3 else logits
 
 
-def _keep_last(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
-    """Forward pre-hook of a causal LM: its head on the last position only."""
-    return args, {**kwargs, "logits_to_keep": 1}
+def _last_position(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Forward pre-hook of a causal LM's head: the last position's hidden state, (N, d) (a copy
+    of the head, FedROD's personal one, given (N, d) features, takes them as they are)."""
+    x = args[0]
+    return (x[:, -1], *args[1:]) if x.dim() == 3 else args
