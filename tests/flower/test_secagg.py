@@ -23,6 +23,7 @@ from flowergrid import Deployment, LoopbackGrid, only_run, run_records, task_ide
 from tiny import method_needs, tiny_config  # noqa: E402
 
 from fedbug.cli import main  # noqa: E402
+from fedbug.config import config_hash  # noqa: E402
 from fedbug.engine import run_experiment  # noqa: E402
 from fedbug.engine.aggregate import Aggregate  # noqa: E402
 from fedbug.errors import ConfigError, DivergenceError, ShortRoundError  # noqa: E402
@@ -266,6 +267,14 @@ def test_configs_it_cannot_serve_are_refused_in_one_line(overrides, words):
         config(secagg={}, **{**PLAIN_FEDAVG, **overrides})
     assert words in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_the_quantisation_has_its_own_run_folder_hash():
+    plain, secure = config(**PLAIN_FEDAVG), config(secagg={}, **PLAIN_FEDAVG)
+    wider = config(secagg={"num_shares": 5, "timeout": 9.0}, **PLAIN_FEDAVG)
+    coarse = config(secagg={"quantization_range": 2**16}, **PLAIN_FEDAVG)
+    assert config_hash(secure) not in (config_hash(plain), config_hash(coarse))
+    assert config_hash(wider) == config_hash(secure)  # the masks cancel exactly
 
 
 def test_a_modulus_the_sums_overflow_is_refused():

@@ -50,6 +50,11 @@ def config_hash(cfg: BaseConfig) -> str:
     # then agree within float32 rounding, not bitwise); it is recorded in config.yaml. Where
     # clients run (executor and its settings) does not change the numbers.
     d = cfg.model_dump(mode="json", exclude=_NOT_HASHED)
+    secagg = cfg.flower.secagg  # SecAgg+'s quantisation changes the numbers (its masks do not)
+    if secagg is not None:
+        d["secagg"] = secagg.model_dump(
+            include={"clipping_range", "quantization_range", "max_weight"}
+        )
     # keys added after run folders existed count only when set, so older folders still resume
     for key in _LATER_KEYS:
         if d.get(key) == BaseConfig.model_fields[key].get_default(call_default_factory=True):
