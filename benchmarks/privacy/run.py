@@ -1,0 +1,186 @@
+"""Issue 32's privacy study, unattended: the attack sweeps, the attacks on their recorded
+updates, and the accuracy-vs-epsilon sweep; every step resumes where it stopped.
+
+    python -m benchmarks.privacy.run attack benchmarks/privacy/attack-digits.yaml --jobs 2
+    python -m benchmarks.privacy.run accuracy benchmarks/privacy/accuracy-fmnist.yaml --jobs 2
+    python -m benchmarks.privacy.run attack benchmarks/privacy/attack-digits.yaml --smoke
+
+``attack``: ``fedbug sweep CONFIG --out RESULTS --resume`` (each run records the updates of the
+rounds in its ``record_updates``), then ``fedbug attack`` on every attackable round of every
+run (a round whose next round is recorded too): the client's own update (the server's view;
+cells without ``dp:`` only, as DP-FedAvg's trusted server sees it unprotected under ``dp:``
+too) and the released update (``--released``: the global model's change, under ``dp:`` the
+clipped and noised aggregate). Method ``auto`` (iDLG or DLG for one step, Inverting Gradients
+for several) with fixed iterations and seed; an attack refused as inexact is recorded as such
+(``round-R-WHO-refused/scores.json``), not forced. An attack whose ``scores.json`` exists is
+skipped. ``accuracy``: ``fedbug sweep CONFIG --out RESULTS --resume``.
+
+``--smoke``: the config cut to its grid's first entries and the last privacy entry (2 cells),
+renamed ``*-smoke``, with few attack iterations, into ``--results`` (default
+``/tmp/privacy-smoke``): a check that the whole path runs, in a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedbug.config.loading import read_config_doc
+from fedbug.sweeps.sweep import expand
+
+RESULTS = Path("benchmarks/privacy/results")
+ITERATIONS = {"dlg": 100, "idlg": 100, "ig": 500}  # see README.md: sizing
+SMOKE_ITERATIONS = {"dlg": 10, "idlg": 10, "ig": 20}
+
+
+@dataclass(frozen=True)
+class Job:
+    run: str
+    round: int
+    released: bool
+    iterations: tuple[tuple[str, int], ...]
+
+    @property
+    def who(self) -> str:
+        return "released" if self.released else "client"
+
+
+def smoke_doc(doc: dict[str, Any]) -> dict[str, Any]:
+    """The config cut to two cells: each grid axis's first entry, the privacy axis's first and
+    last (no DP and the most noise)."""
+    out = copy.deepcopy(doc)
+    out["name"] = f"{doc['name']}-smoke"
+    out["seeds"] = 1
+    grid = out.get("grid") or {}
+    for key, values in grid.items():
+        grid[key] = [values[0], values[-1]] if key == "privacy" and len(values) > 1 else values[:1]
+    return out
+
+
+def write_smoke(config: Path, results: Path) -> Path:
+    import yaml
+
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{config.stem}-smoke.yaml"
+    path.write_text(yaml.safe_dump(smoke_doc(read_config_doc(config)), sort_keys=False))
+    return path
+
+
+def sweep(config: Path, results: Path, jobs: int) -> None:
+    """``fedbug sweep CONFIG --out RESULTS --resume --jobs N`` (finished runs are kept)."""
+    from fedbug.cli import main
+
+    argv = ["sweep", str(config), "--out", str(results), "--resume", "--jobs", str(jobs), "-q"]
+    rc = main(argv)
+    if rc:
+        raise SystemExit(f"fedbug {' '.join(argv)} exited {rc}")
+
+
+def run_folders(config: Path, results: Path) -> list[tuple[Path, Any]]:
+    """Every (cell, seed) run folder of the sweep, with its cell's config."""
+    doc = read_config_doc(config)
+    folder = results / f"{doc['name']}-sweep"
+    out = []
+    for cell, cfg in expand(doc, doc.get("grid") or {}):
+        out += [(folder / f"{cell.slug}-s{s}", cfg) for s in range(int(doc.get("seeds", 1)))]
+    return out
+
+
+def jobs_of(run: Path, cfg: Any, iterations: dict[str, int]) -> list[Job]:
+    """The attacks a finished run calls for, less those already done."""
+    from fedbug.attack.records import recorded
+
+    have = recorded(run)
+    its = tuple(sorted(iterations.items()))
+    out = []
+    for r in sorted(have):
+        if r + 1 not in have:
+            continue
+        views = [True] if cfg.dp is not None else [False, True]
+        for released in views:
+            job = Job(str(run), r, released, its)
+            who = "released" if released else f"client-{have[r][0]}"
+            if not any((run / "attack").glob(f"round-{r}-{who}-*/scores.json")):
+                out.append(job)
+    return out
+
+
+def one_attack(job: Job) -> str:
+    """One ``fedbug attack`` in this process (one torch thread); a refusal is recorded."""
+    import torch
+
+    from fedbug.attack.records import recorded
+    from fedbug.errors import ConfigError
+
+    torch.set_num_threads(1)
+    its = dict(job.iterations)
+    run = Path(job.run)
+    client = recorded(run)[job.round][0]
+    try:
+        s = _attack(run, job, client, its)
+    except ConfigError as e:
+        who = "released" if job.released else f"client-{client}"
+        folder = run / "attack" / f"round-{job.round}-{who}-refused"
+        folder.mkdir(parents=True, exist_ok=True)
+        doc = {"round": job.round, "client": who, "refused": str(e)}
+        (folder / "scores.json").write_text(json.dumps(doc, indent=1) + "\n")
+        return f"{run.name} round {job.round} {job.who}: refused: {e}"
+    return (
+        f"{run.name} round {job.round} {job.who}: {s['method']} PSNR {s.get('psnr', 0):.1f} dB, "
+        f"SSIM {s.get('ssim', 0):.3f}, labels {s.get('label_recovery', 0):.2f}"
+    )
+
+
+def _attack(run: Path, job: Job, client: int, its: dict[str, int]) -> dict[str, Any]:
+    """``auto``'s method (iDLG/DLG for one step, Inverting Gradients for several) at the
+    iteration count of that kind, seed 0."""
+    from fedbug.attack import attack
+    from fedbug.attack.records import load_update
+
+    steps = int(load_update(run, job.round, client).meta["steps"])
+    n = its["ig"] if steps > 1 else its["dlg"]
+    return attack(run, job.round, client, "auto", n, seed=0, released=job.released)
+
+
+def attacks(config: Path, results: Path, jobs: int, iterations: dict[str, int]) -> int:
+    """Every missing attack of the sweep's finished runs, ``jobs`` at a time."""
+    todo = []
+    for run, cfg in run_folders(config, results):
+        if (run / "summary.json").is_file():
+            todo += jobs_of(run, cfg, iterations)
+    print(f"{len(todo)} attacks to run ({config})", flush=True)
+    if jobs <= 1:
+        for job in todo:
+            print(one_attack(job), flush=True)
+        return len(todo)
+    with ProcessPoolExecutor(jobs) as pool:
+        for line in pool.map(one_attack, todo):
+            print(line, flush=True)
+    return len(todo)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("part", choices=("attack", "accuracy"))
+    ap.add_argument("config", type=Path)
+    ap.add_argument("--results", type=Path, default=None, help=f"default {RESULTS}")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="two cells, few iterations")
+    a = ap.parse_args(argv)
+    results = a.results or (Path("/tmp/privacy-smoke") if a.smoke else RESULTS)
+    config = write_smoke(a.config, results) if a.smoke else a.config
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    sweep(config, results, a.jobs)
+    if a.part == "attack":
+        attacks(config, results, a.jobs, SMOKE_ITERATIONS if a.smoke else ITERATIONS)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
