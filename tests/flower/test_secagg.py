@@ -154,7 +154,7 @@ def plain():
     return res, ex
 
 
-def test_partial_upload_aggregates_layer_by_layer_within_the_bound(plain):
+def test_partial_upload_aggregates_layer_by_layer_within_the_bound(plain, recwarn):
     _, pex = plain
     sa_cfg = config(secagg={})
     _, sex, grid = run_on(sa_cfg, SecureAggregates, SeesReplies)
@@ -171,6 +171,7 @@ def test_partial_upload_aggregates_layer_by_layer_within_the_bound(plain):
     trains = [m for m in grid.seen if m.metadata.message_type == "train"]
     assert len(trains) == 4 * len(uploads)  # SecAgg+'s four stages
     assert all(len(a) == 0 for m in trains for a in m.content.array_records.values())
+    assert not [w for w in recwarn if "clipping_range" in str(w.message)]
 
 
 def test_a_coarse_quantisation_breaks_the_bound(plain):
@@ -182,6 +183,15 @@ def test_a_coarse_quantisation_breaks_the_bound(plain):
     p, s = pex.aggs[0], sex.aggs[0]
     assert excess(s, p, SecAggParams(), p.count) > 100.0
     assert excess(s, p, coarse.flower.secagg, p.count) <= 1.0
+
+
+def test_values_beyond_the_clipping_range_are_counted_and_warned_of(plain):
+    _, pex = plain
+    cfg = config(secagg={"clipping_range": 1e-3})
+    with pytest.warns(UserWarning, match=r"were clipped.*raise flower.secagg.clipping_range"):
+        _, sex, _ = run_on(cfg, SecureAggregates)
+    assert sex.aggs[0].clipped > 100
+    assert excess(sex.aggs[0], pex.aggs[0], cfg.flower.secagg, 4) > 1.0
 
 
 def test_uniform_weighting_and_extras_are_summed_and_runs_repeat():
@@ -282,6 +292,8 @@ def test_a_modulus_the_sums_overflow_is_refused():
         config(secagg={"quantization_range": 2**30}, policy="none", system=None)
     with pytest.raises(ConfigError, match="power of 2"):
         config(secagg={"modulus_range": 3 * 2**20})
+    with pytest.raises(ConfigError, match="quantization_range"):
+        config(secagg={"quantization_range": 2**31})  # past SecAgg+'s int32
 
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "flower-smoke.yaml"

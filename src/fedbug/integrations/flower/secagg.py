@@ -24,6 +24,7 @@ neighbours answer the last stage; otherwise the round has no updates (a short ro
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -211,9 +212,17 @@ class SecAggExecutor(FlowerExecutor):
         cfg = self.exp.cfg
         layout = Layout(self.exp.space, cfg.weighting == "samples", self.secagg.max_weight, extras)
         finite = sum(1 for c in clear if not c["non-finite"])
-        agg.set_sum(
-            layout, np.asarray(mean, dtype=np.float64) * n, finite, self.secagg.sum_bound(n)
-        )
+        bound = self.secagg.sum_bound(n)
+        clip = self.secagg.clipping_range
+        agg.set_sum(layout, np.asarray(mean, dtype=np.float64) * n, finite, bound, clip)
+        if agg.clipped > 0.5 + bound * layout.size() / clip:
+            warnings.warn(
+                f"flower.secagg: about {agg.clipped:.0f} of the round's {n} x {layout.size()} "
+                f"values exceeded clipping_range ({self.secagg.clipping_range:g}) and were "
+                "clipped, so the sum is off by more than the quantisation bound; raise "
+                "flower.secagg.clipping_range",
+                stacklevel=2,
+            )
         for (t, _), c in zip(taken, clear, strict=True):
             if self.exp.keeps_client_state:
                 self.has_state.add(t.client)

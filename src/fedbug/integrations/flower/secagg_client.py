@@ -83,7 +83,7 @@ def secure_reply(result: ClientResult, exp: Any, task: ClientTask, sent: list[bo
     counted = shared if cfg.aggregation == "full" else [False] * space.num_units
     reason = non_finite(result)
     if reason is None:
-        vec = client_vector(result, layout, sent, counted)
+        vec = client_vector(result, layout, sent, counted, sa.clipping_range)
     else:
         vec = np.zeros(layout.size())
     clear = {

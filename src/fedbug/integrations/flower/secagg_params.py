@@ -12,9 +12,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class SecAggParams(BaseModel):
-    """Flower's SecAgg+ (``SecAggPlusWorkflow``): each value is clipped to
-    [-clipping_range, clipping_range] and stochastically rounded to one of quantization_range
-    levels; the masked integers are summed modulo modulus_range."""
+    """Flower's SecAgg+ (``SecAggPlusWorkflow``): each sent value x is clipped to [-c, c]
+    (c = clipping_range), mapped to (x + c) Q / (2c) (Q = quantization_range) and rounded
+    stochastically to an integer (up or down, unbiased), masked, and the integers summed modulo
+    modulus_range; the server subtracts the n clients' offsets and scales back.
+
+    The error bound (:meth:`sum_bound`): each client moves each value by less than one level,
+    step = 2c/Q (none for a value on the grid, e.g. an unsent unit's 0 when Q is even), so a sum
+    over n clients is within n * step of the sum of the clipped values. With the defaults
+    (c = 8, Q = 2^22) step = 3.8e-6. Per-unit weights and counts are sums of integers and come
+    back exact while their error stays below 1/2; a unit's mean update is then within
+    n * step * s / W_u (W_u its exact weight; s = max_weight under weighting: samples, else 1).
+    Values beyond +-c are clipped: keep c above the largest |update entry| (times
+    num_samples / max_weight under weighting: samples)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -41,7 +51,10 @@ class SecAggParams(BaseModel):
         8.0, gt=0.0, le=1e9, description="each sent value is clipped to +-clipping_range"
     )
     quantization_range: int = Field(
-        4194304, ge=2, description="integer levels over [-clipping_range, clipping_range]"
+        4194304,
+        ge=2,
+        le=2**31 - 1,  # SecAgg+ quantises to int32
+        description="integer levels over [-clipping_range, clipping_range]",
     )
     modulus_range: int = Field(
         4294967296, ge=4, le=4294967296, description="the masks' modulus (a power of 2, <= 2^32)"

@@ -7,7 +7,10 @@ Each client sends one vector of the same length (so SecAgg+ can add them), in se
 - under ``weighting: samples`` also ``raw`` (Delta_i, unweighted) and ``count`` (1 per unit);
 - ``sq_norm``: ||Delta_i||^2 / D over what it sent (D the shared space's size, so the value stays
   inside the clipping range); ``loss``: its train loss;
-- each extra tensor (SCAFFOLD's control-variate change), then a 1 that counts it.
+- each extra tensor (SCAFFOLD's control-variate change), then a 1 that counts it;
+- ``clipped``: how many of its values SecAgg+ will clip to +-clipping_range, times
+  clipping_range over the vector's length (so the server learns how many values were clipped in
+  the round, not whose).
 
 a_i = num_samples / max_weight under ``weighting: samples``, 1 under ``uniform``. The sum over
 the round's clients gives every per-unit sum *and* per-unit weight and count the plain
@@ -48,7 +51,7 @@ class Layout:
         seg += [("sq_norm", 1), ("loss", 1)]
         for key, shape in self.extras:
             seg += [(f"extra:{key}", math.prod(shape)), (f"extra-n:{key}", 1)]
-        return seg
+        return [*seg, ("clipped", 1)]
 
     def size(self) -> int:
         return sum(n for _, n in self.segments())
@@ -67,10 +70,11 @@ def extras_layout(extras: dict[str, Tensor]) -> tuple[tuple[str, tuple[int, ...]
 
 
 def client_vector(
-    result: ClientResult, layout: Layout, sent: list[bool], counted: list[bool]
+    result: ClientResult, layout: Layout, sent: list[bool], counted: list[bool], clip: float
 ) -> np.ndarray:
     """The client's vector (float64): ``sent`` the units whose delta it sends, ``counted`` those
-    it counts in with a zero update where it sent nothing (``aggregation: full``)."""
+    it counts in with a zero update where it sent nothing (``aggregation: full``); ``clip`` the
+    clipping range (its values beyond it are counted)."""
     space = layout.space
     a = result.num_samples / layout.max_weight if layout.weighted else 1.0
     mask = torch.zeros(space.total, dtype=torch.bool)
@@ -87,7 +91,10 @@ def client_vector(
     for key, _ in layout.extras:
         parts[f"extra:{key}"] = result.extras[key].double().reshape(-1)
         parts[f"extra-n:{key}"] = torch.ones(1, dtype=torch.float64)
-    return torch.cat([parts[name].reshape(-1) for name, _ in layout.segments()]).numpy()
+    names = [name for name, _ in layout.segments()][:-1]
+    vec = torch.cat([parts[name].reshape(-1) for name in names])
+    clipped = clip * float((vec.abs() > clip).sum()) / layout.size()  # within +-clip
+    return torch.cat([vec, torch.tensor([clipped], dtype=torch.float64)]).numpy()
 
 
 def _integers(values: np.ndarray, bound: float) -> np.ndarray:
@@ -102,10 +109,15 @@ class SecureAggregate(Aggregate):
     def __init__(self, space: ParamSpace, weighting: str) -> None:
         super().__init__(space, "samples" if weighting == "samples" else "uniform")
         self.mean_loss: float | None = None
+        #: values clipped to +-clipping_range in the round, all clients (within the bound)
+        self.clipped = 0.0
 
-    def set_sum(self, layout: Layout, total: np.ndarray, clients: int, bound: float) -> None:
-        """The round's sum (of ``layout``) over ``clients`` clients; ``bound``: the largest
-        quantisation error of one summed value."""
+    def set_sum(
+        self, layout: Layout, total: np.ndarray, clients: int, bound: float, clip: float
+    ) -> None:
+        """The round's sum (of ``layout``) over ``clients`` clients whose results are finite;
+        ``bound``: the largest quantisation error of one summed value; ``clip`` the clipping
+        range."""
         seg, space, mw = layout.split(total), self.space, layout.max_weight
         scale = mw if layout.weighted else 1.0
         self._wsum = torch.from_numpy(scale * seg["delta"]).float()
@@ -120,6 +132,7 @@ class SecureAggregate(Aggregate):
         self._unit_n = [int(c) if float(c).is_integer() else float(c) for c in counts]
         self.sq_norm_sum = float(seg["sq_norm"][0]) * space.total
         self.mean_loss = float(seg["loss"][0]) / clients if clients else None
+        self.clipped = float(seg["clipped"][0]) * layout.size() / clip
         for key, shape in layout.extras:
             self._extras[key] = torch.from_numpy(seg[f"extra:{key}"].copy()).float().view(shape)
             self._extra_n[key] = int(_integers(seg[f"extra-n:{key}"], bound)[0])
