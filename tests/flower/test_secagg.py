@@ -155,9 +155,9 @@ def plain():
 
 
 def test_partial_upload_aggregates_layer_by_layer_within_the_bound(plain, recwarn):
-    _, pex = plain
+    _, pex = plain  # plain[0]: its run
     sa_cfg = config(secagg={})
-    _, sex, grid = run_on(sa_cfg, SecureAggregates, SeesReplies)
+    res, sex, grid = run_on(sa_cfg, SecureAggregates, SeesReplies)
     p, s = pex.aggs[0], sex.aggs[0]
     uploads = {r.client: (r.uploaded, r.num_samples) for r in pex.results}
     assert any(not all(up) for up, _ in uploads.values()), "no client sent a partial upload"
@@ -167,6 +167,13 @@ def test_partial_upload_aggregates_layer_by_layer_within_the_bound(plain, recwar
         assert s.units_trained_by()[u] == p.units_trained_by()[u] == expected
     assert s.count == p.count == len(uploads)
     assert 0 < excess(s, p, sa_cfg.flower.secagg, len(uploads)) <= 1.0
+    # the squared norms and the losses go as two values each (on the grid, and the remainder
+    # times Q): within n 2c/Q^2 of their sums, scaled back (D c for a norm, c for a loss)
+    sa, n, total = sa_cfg.flower.secagg, len(uploads), p.space.total
+    fine = n * sa.step / sa.quantization_range
+    assert abs(s.sq_norm_sum - p.sq_norm_sum) <= fine * total * sa.clipping_range + 1e-12
+    plain_loss = plain[0].records[0]["train_loss"]
+    assert abs(res.records[0]["train_loss"] - plain_loss) <= fine * sa.clipping_range + 1e-12
     # the server saw no array of any client's: every reply's arrays came back empty
     trains = [m for m in grid.seen if m.metadata.message_type == "train"]
     assert len(trains) == 4 * len(uploads)  # SecAgg+'s four stages

@@ -210,12 +210,20 @@ class SecAggExecutor(FlowerExecutor):
         n = len(taken)
         extras = tuple((k, tuple(shape)) for k, shape in clear[0]["extras"])
         cfg = self.exp.cfg
-        layout = Layout(self.exp.space, cfg.weighting == "samples", self.secagg.max_weight, extras)
+        sa = self.secagg
+        weighted = cfg.weighting == "samples"
+        layout = Layout(
+            self.exp.space,
+            weighted,
+            sa.max_weight,
+            extras,
+            sa.clipping_range,
+            sa.quantization_range,
+        )
         finite = sum(1 for c in clear if not c["non-finite"])
         bound = self.secagg.sum_bound(n)
-        clip = self.secagg.clipping_range
-        agg.set_sum(layout, np.asarray(mean, dtype=np.float64) * n, finite, bound, clip)
-        if agg.clipped > 0.5 + bound * layout.size() / clip:
+        agg.set_sum(layout, np.asarray(mean, dtype=np.float64) * n, finite, bound)
+        if agg.clipped > 0.5 + bound * layout.size() / layout.clip:
             warnings.warn(
                 f"flower.secagg: about {agg.clipped:.0f} of the round's {n} x {layout.size()} "
                 f"values exceeded clipping_range ({self.secagg.clipping_range:g}) and were "

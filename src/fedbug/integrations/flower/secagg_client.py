@@ -78,12 +78,16 @@ def secure_reply(result: ClientResult, exp: Any, task: ClientTask, sent: list[bo
             "and flower.secagg sums whole units; remove flower.secagg for it"
         )
     sa, cfg, space = exp.cfg.flower.secagg, exp.cfg, exp.space
-    layout = Layout(space, cfg.weighting == "samples", sa.max_weight, extras_layout(result.extras))
+    extras = extras_layout(result.extras)
+    weighted = cfg.weighting == "samples"
+    layout = Layout(
+        space, weighted, sa.max_weight, extras, sa.clipping_range, sa.quantization_range
+    )
     shared = exp.algorithm.shared_mask(space.num_units)
     counted = shared if cfg.aggregation == "full" else [False] * space.num_units
     reason = non_finite(result)
     if reason is None:
-        vec = client_vector(result, layout, sent, counted, sa.clipping_range)
+        vec = client_vector(result, layout, sent, counted)
     else:
         vec = np.zeros(layout.size())
     clear = {

@@ -5,8 +5,10 @@ Each client sends one vector of the same length (so SecAgg+ can add them), in se
 - ``delta``: a_i Delta_i over every shared unit, zeros in the units it did not send;
 - ``weight``: a_i per unit it sent (or counts in unchanged, ``aggregation: full``), else 0;
 - under ``weighting: samples`` also ``raw`` (Delta_i, unweighted) and ``count`` (1 per unit);
-- ``sq_norm``: ||Delta_i||^2 / D over what it sent (D the shared space's size, so the value stays
-  inside the clipping range); ``loss``: its train loss;
+- ``sq_norm``: ||Delta_i||^2 / (D c) over what it sent (D the shared space's size, c the clipping
+  range: within +-c while no entry is clipped); ``loss``: its train loss / c; each of the two as a
+  value on SecAgg+'s grid and the remainder times Q (:func:`two_level`), so their sums are
+  precise (within n 2c/Q^2) where one value would be within n 2c/Q, too coarse for a norm;
 - each extra tensor (SCAFFOLD's control-variate change), then a 1 that counts it;
 - ``clipped``: how many of its values SecAgg+ will clip to +-clipping_range, times
   clipping_range over the vector's length (so the server learns how many values were clipped in
@@ -42,13 +44,15 @@ class Layout:
     weighted: bool  # weighting: samples (a_i = num_samples / max_weight)
     max_weight: float
     extras: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    clip: float = 8.0  # SecAgg+'s clipping_range
+    levels: int = 4194304  # its quantization_range
 
     def segments(self) -> list[tuple[str, int]]:
         total, units = self.space.total, self.space.num_units
         seg = [("delta", total), ("weight", units)]
         if self.weighted:
             seg += [("raw", total), ("count", units)]
-        seg += [("sq_norm", 1), ("loss", 1)]
+        seg += [("sq_norm", 2), ("loss", 2)]
         for key, shape in self.extras:
             seg += [(f"extra:{key}", math.prod(shape)), (f"extra-n:{key}", 1)]
         return [*seg, ("clipped", 1)]
@@ -69,12 +73,28 @@ def extras_layout(extras: dict[str, Tensor]) -> tuple[tuple[str, tuple[int, ...]
     return tuple((k, tuple(extras[k].shape)) for k in sorted(extras))
 
 
+def two_level(x: float, clip: float, levels: int) -> list[float]:
+    """``x`` (clipped to +-clip) as two values within +-clip: the nearest point of SecAgg+'s grid
+    (k 2 clip / levels - clip, which its stochastic rounding leaves as it is: exactly where clip
+    and levels are powers of 2, as by default) and the remainder times ``levels``. Summed over n
+    clients, hi + lo / levels is within n 2 clip / levels^2 of the sum of the x."""
+    step = 2.0 * clip / levels
+    x = min(max(x, -clip), clip)
+    hi = round((x + clip) / step) * step - clip
+    return [hi, (x - hi) * levels]
+
+
+def from_two_level(pair: np.ndarray, levels: int) -> float:
+    """The sum :func:`two_level`'s pairs encode."""
+    return float(pair[0]) + float(pair[1]) / levels
+
+
 def client_vector(
-    result: ClientResult, layout: Layout, sent: list[bool], counted: list[bool], clip: float
+    result: ClientResult, layout: Layout, sent: list[bool], counted: list[bool]
 ) -> np.ndarray:
     """The client's vector (float64): ``sent`` the units whose delta it sends, ``counted`` those
-    it counts in with a zero update where it sent nothing (``aggregation: full``); ``clip`` the
-    clipping range (its values beyond it are counted)."""
+    it counts in with a zero update where it sent nothing (``aggregation: full``); its values
+    beyond the clipping range are counted (``clipped``)."""
     space = layout.space
     a = result.num_samples / layout.max_weight if layout.weighted else 1.0
     mask = torch.zeros(space.total, dtype=torch.bool)
@@ -86,14 +106,17 @@ def client_vector(
     parts: dict[str, Tensor] = {"delta": a * delta, "weight": a * ind}
     if layout.weighted:
         parts |= {"raw": delta, "count": ind}
-    sq = float(torch.dot(delta, delta)) / space.total
-    parts |= {"sq_norm": torch.tensor([sq]), "loss": torch.tensor([float(result.train_loss or 0)])}
+    c, q = layout.clip, layout.levels
+    sq = float(torch.dot(delta, delta)) / (space.total * c)
+    loss = float(result.train_loss or 0) / c
+    parts["sq_norm"] = torch.tensor(two_level(sq, c, q), dtype=torch.float64)
+    parts["loss"] = torch.tensor(two_level(loss, c, q), dtype=torch.float64)
     for key, _ in layout.extras:
         parts[f"extra:{key}"] = result.extras[key].double().reshape(-1)
         parts[f"extra-n:{key}"] = torch.ones(1, dtype=torch.float64)
     names = [name for name, _ in layout.segments()][:-1]
     vec = torch.cat([parts[name].reshape(-1) for name in names])
-    clipped = clip * float((vec.abs() > clip).sum()) / layout.size()  # within +-clip
+    clipped = c * float((vec.abs() > c).sum()) / layout.size()  # within +-c
     return torch.cat([vec, torch.tensor([clipped], dtype=torch.float64)]).numpy()
 
 
@@ -112,12 +135,9 @@ class SecureAggregate(Aggregate):
         #: values clipped to +-clipping_range in the round, all clients (within the bound)
         self.clipped = 0.0
 
-    def set_sum(
-        self, layout: Layout, total: np.ndarray, clients: int, bound: float, clip: float
-    ) -> None:
+    def set_sum(self, layout: Layout, total: np.ndarray, clients: int, bound: float) -> None:
         """The round's sum (of ``layout``) over ``clients`` clients whose results are finite;
-        ``bound``: the largest quantisation error of one summed value; ``clip`` the clipping
-        range."""
+        ``bound``: the largest quantisation error of one summed value."""
         seg, space, mw = layout.split(total), self.space, layout.max_weight
         scale = mw if layout.weighted else 1.0
         self._wsum = torch.from_numpy(scale * seg["delta"]).float()
@@ -130,9 +150,10 @@ class SecureAggregate(Aggregate):
             self._raw = self._wsum.clone()
             counts = np.array(self._unit_w)
         self._unit_n = [int(c) if float(c).is_integer() else float(c) for c in counts]
-        self.sq_norm_sum = float(seg["sq_norm"][0]) * space.total
-        self.mean_loss = float(seg["loss"][0]) / clients if clients else None
-        self.clipped = float(seg["clipped"][0]) * layout.size() / clip
+        c, q = layout.clip, layout.levels
+        self.sq_norm_sum = from_two_level(seg["sq_norm"], q) * space.total * c
+        self.mean_loss = from_two_level(seg["loss"], q) * c / clients if clients else None
+        self.clipped = float(seg["clipped"][0]) * layout.size() / layout.clip
         for key, shape in layout.extras:
             self._extras[key] = torch.from_numpy(seg[f"extra:{key}"].copy()).float().view(shape)
             self._extra_n[key] = int(_integers(seg[f"extra-n:{key}"], bound)[0])
