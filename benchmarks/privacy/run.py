@@ -15,8 +15,9 @@ for several) with fixed iterations and seed; an attack refused as inexact is rec
 (``round-R-WHO-refused/scores.json``), not forced. An attack whose ``scores.json`` exists is
 skipped. ``accuracy``: ``fedbug sweep CONFIG --out RESULTS --resume``.
 
-``--smoke``: the config cut to its grid's first entries and the last privacy entry (2 cells),
-renamed ``*-smoke``, with few attack iterations, into ``--results`` (default
+``--smoke``: the config cut to its grid's first entries and the last privacy entry (2 cells;
+the accuracy sweep also to 2 rounds on 5% of the data), renamed ``*-smoke``, with few attack
+iterations, into ``--results`` (default
 ``/tmp/privacy-smoke``): a check that the whole path runs, in a few minutes.
 """
 
@@ -53,10 +54,13 @@ class Job:
 
 def smoke_doc(doc: dict[str, Any]) -> dict[str, Any]:
     """The config cut to two cells: each grid axis's first entry, the privacy axis's first and
-    last (no DP and the most noise)."""
+    last (no DP and the most noise); a sweep that records nothing (the accuracy one) also cut
+    to 2 rounds on 5% of the data."""
     out = copy.deepcopy(doc)
     out["name"] = f"{doc['name']}-smoke"
     out["seeds"] = 1
+    if not doc.get("record_updates"):
+        out.update(rounds=2, eval_every=1, subsample=0.05)
     grid = out.get("grid") or {}
     for key, values in grid.items():
         grid[key] = [values[0], values[-1]] if key == "privacy" and len(values) > 1 else values[:1]

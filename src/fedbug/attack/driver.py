@@ -230,17 +230,24 @@ def attack(
         "inexact": [f"{f.kind}: {f}" for f in more],
     }
     who = "released" if released else f"client-{k}"
-    out.update(score(run, f"round-{r}-{who}-{chosen}", up, x, y))
-    return out
+    return score(run, f"round-{r}-{who}-{chosen}", up, x, y, out)
 
 
-def score(run: Path, name: str, up: RecordedUpdate, x: Tensor, y: Tensor) -> dict[str, Any]:
-    """PSNR/SSIM (per image, each true image paired with its nearest distinct reconstruction,
-    and their mean), label recovery, the grid; written under ``attack/``."""
+def score(
+    run: Path,
+    name: str,
+    up: RecordedUpdate,
+    x: Tensor,
+    y: Tensor,
+    head: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``head`` (what was attacked, how) with PSNR/SSIM (per image, each true image paired with
+    its nearest distinct reconstruction, and their mean), label recovery; written with the grid
+    under ``attack/``."""
     folder = run / "attack" / name
     check_no_links(run, folder)
     folder.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Any] = {"folder": str(folder)}
+    out: dict[str, Any] = {**(head or {}), "folder": str(folder)}
     if up.inputs is None or up.labels is None:
         out["scored"] = False
     else:

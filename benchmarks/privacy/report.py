@@ -1,0 +1,271 @@
+"""Issue 32's privacy study as tables, a picture and RESULTS.md's block.
+
+    python -m benchmarks.privacy.report --attack benchmarks/privacy/attack-digits.yaml \
+        benchmarks/privacy/attack-fmnist.yaml --accuracy benchmarks/privacy/accuracy-fmnist.yaml \
+        --results benchmarks/privacy/results --out benchmarks/privacy/results \
+        --into benchmarks/RESULTS.md
+
+Attack sweeps: each cell's runs (``<results>/<name>-sweep/<cell slug>-s<seed>``) and their
+attacks (``attack/*/scores.json``, written by ``benchmarks.privacy.run``); per workload, local
+steps and method, the mean PSNR (dB), SSIM and label recovery (%) over the attacked updates,
+as the server sees them (the client's own update, cells without DP) and as released (the
+global model's change), per privacy level; a refused attack counts apart. Accuracy sweep: per
+method and privacy level the final accuracy (mean ± sd over seeds) and the epsilon spent
+(``summary.json``'s ``dp.epsilon`` at its delta). The picture: the released update's PSNR
+against the noise multiplier, and final accuracy against epsilon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fedbug.config.loading import read_config_doc
+from fedbug.report.spread import mean_std, pm
+from fedbug.sweeps.sweep import expand
+
+BEGIN, END = "<!-- privacy:begin -->", "<!-- privacy:end -->"
+SERVER = "server view"
+
+
+@dataclass
+class Scores:
+    """The attacks of one (workload, steps, method, privacy level, view)."""
+
+    psnr: list[float] = field(default_factory=list)
+    ssim: list[float] = field(default_factory=list)
+    labels: list[float] = field(default_factory=list)
+    refused: int = 0
+
+    def add(self, s: dict[str, Any]) -> None:
+        if "refused" in s:
+            self.refused += 1
+        elif s.get("scored"):
+            self.psnr.append(float(s["psnr"]))
+            self.ssim.append(float(s["ssim"]))
+            self.labels.append(float(s["label_recovery"]))
+
+    def text(self) -> str:
+        if not self.psnr:
+            return f"refused ({self.refused})" if self.refused else "-"
+        n = len(self.psnr)
+        cell = (f"{sum(self.psnr) / n:.1f} / {sum(self.ssim) / n:.2f} / "
+                f"{100 * sum(self.labels) / n:.0f}")  # fmt: skip
+        return cell + (f" ({self.refused} refused)" if self.refused else "")
+
+
+@dataclass
+class AttackStudy:
+    name: str
+    levels: list[str]  # privacy labels in the grid's order
+    noise: dict[str, float]  # privacy label -> noise multiplier (0: no DP)
+    epsilon: dict[str, list[float]]
+    cells: dict[tuple[str, str, str, str], Scores]  # (steps, method, level, view)
+    missing: int = 0
+
+
+def _names(cell: Any) -> tuple[str, str, str]:
+    """(method, steps, privacy) from a cell's variant labels (steps '' where not a grid axis)."""
+    names = list(cell.names)
+    return names[0], (names[1] if len(names) == 3 else ""), names[-1]
+
+
+def load_attacks(config: Path, results: Path) -> AttackStudy:
+    doc = read_config_doc(config)
+    folder = results / f"{doc['name']}-sweep"
+    study = AttackStudy(str(doc["name"]), [], {}, defaultdict(list), defaultdict(Scores))
+    for cell, cfg in expand(doc, doc.get("grid") or {}):
+        method, steps, level = _names(cell)
+        if level not in study.levels:
+            study.levels.append(level)
+        study.noise[level] = 0.0 if cfg.dp is None else float(cfg.dp.noise_multiplier)
+        for seed in range(int(doc.get("seeds", 1))):
+            run = folder / f"{cell.slug}-s{seed}"
+            if not (run / "summary.json").is_file():
+                study.missing += 1
+                continue
+            eps = json.loads((run / "summary.json").read_text()).get("dp", {}).get("epsilon")
+            if eps is not None:
+                study.epsilon[level].append(float(eps))
+            for path in sorted((run / "attack").glob("*/scores.json")):
+                s = json.loads(path.read_text())
+                released = "-released-" in path.parent.name or s.get("client") == "released"
+                view = "released" if released else SERVER
+                study.cells[(steps, method, level, view)].add(s)
+    return study
+
+
+def _eps(values: list[float]) -> str:
+    if not values:
+        return "∞"
+    mean = sum(values) / len(values)
+    return f"{mean:.3g}" if math.isfinite(mean) else "∞"
+
+
+def attack_table(study: AttackStudy) -> str:
+    """Rows (local steps, method); columns the server's view without DP, then the release per
+    privacy level, each 'PSNR dB / SSIM / labels %'."""
+    head = ["local steps", "method", f"{SERVER}, no DP"]
+    head += [f"released, {lv} (ε {_eps(study.epsilon.get(lv, []))})" for lv in study.levels]
+    lines = [f"**{study.name}**: PSNR (dB) / SSIM / labels recovered (%), mean over the "
+             "attacked updates", "", "| " + " | ".join(head) + " |",
+             "|" + " --- |" * len(head)]  # fmt: skip
+    rows = sorted({(k[0], k[1]) for k in study.cells}, key=lambda r: (r[0], _order(study, r[1])))
+    for steps, method in rows:
+        first = study.levels[0] if study.levels else ""
+        cells = [steps, method, study.cells.get((steps, method, first, SERVER), Scores()).text()]
+        cells += [
+            study.cells.get((steps, method, lv, "released"), Scores()).text() for lv in study.levels
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    if study.missing:
+        lines += ["", f"In progress: {study.missing} runs not finished."]
+    return "\n".join(lines) + "\n"
+
+
+def _order(study: AttackStudy, method: str) -> int:
+    seen: list[str] = []
+    for _, m, _, _ in study.cells:
+        if m not in seen:
+            seen.append(m)
+    return seen.index(method)
+
+
+@dataclass
+class Accuracy:
+    """Final accuracy and epsilon per (method, privacy level), in the grid's order."""
+
+    name: str
+    rows: dict[tuple[str, str], tuple[list[float], list[float], str]]
+    seeds: int
+    missing: int = 0
+
+
+def load_accuracy(config: Path, results: Path) -> Accuracy:
+    doc = read_config_doc(config)
+    folder, seeds = results / f"{doc['name']}-sweep", int(doc.get("seeds", 1))
+    out = Accuracy(str(doc["name"]), {}, seeds)
+    for cell, cfg in expand(doc, doc.get("grid") or {}):
+        method, _, level = _names(cell)
+        finals: list[float] = []
+        eps: list[float] = []
+        for seed in range(seeds):
+            path = folder / f"{cell.slug}-s{seed}" / "summary.json"
+            if not path.is_file():
+                out.missing += 1
+                continue
+            s = json.loads(path.read_text())
+            finals.append(float(s.get("final", s.get("final_acc"))))
+            if s.get("dp", {}).get("epsilon") is not None:
+                eps.append(float(s["dp"]["epsilon"]))
+        out.rows[(method, level)] = (finals, eps, cfg.evaluation)
+    return out
+
+
+def accuracy_table(acc: Accuracy) -> str:
+    head = "| method | evaluation | privacy | seeds | final acc (%) | ε (δ 1e-5) |"
+    lines = [f"**{acc.name}**: final accuracy against the privacy spent", "", head,
+             "|" + " --- |" * 6]  # fmt: skip
+    for (method, level), (finals, eps, evaluation) in acc.rows.items():
+        shown = pm(*mean_std(finals), len(finals), ".2f", scale=100) if finals else "-"
+        lines.append(f"| {method} | {evaluation} | {level} | {len(finals)}/{acc.seeds} | "
+                     f"{shown} | {_eps(eps) if finals else '-'} |")  # fmt: skip
+    if acc.missing:
+        lines += ["", f"In progress: {acc.missing} runs not finished."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(studies: list[AttackStudy], accs: list[Accuracy], path: Path) -> None:
+    """Left: the released update's mean PSNR against the noise multiplier (no DP drawn at a
+    tenth of the smallest), a line per workload, steps and method. Right: final accuracy
+    against epsilon (no DP drawn past the largest)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for study in studies:
+        zs = [z for z in study.noise.values() if z > 0]
+        floor = min(zs) / 10 if zs else 1.0
+        for steps, method in sorted({(k[0], k[1]) for k in study.cells}):
+            got = [(study.noise[lv] or floor, study.cells.get((steps, method, lv, "released")))
+                   for lv in study.levels]  # fmt: skip
+            pts = [(z, sum(s.psnr) / len(s.psnr)) for z, s in got if s is not None and s.psnr]
+            if pts:
+                left.plot(*zip(*pts), marker="o", lw=1, label=f"{study.name}: {method}, {steps}")
+    left.set_xscale("log")
+    left.set_xlabel("noise multiplier z (leftmost: no DP)")
+    left.set_ylabel("PSNR of the released update's attack (dB)")
+    if left.lines:
+        left.legend(fontsize=6)
+    for acc in accs:
+        _accuracy_panel(right, acc)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _accuracy_panel(ax: Any, acc: Accuracy) -> None:
+    eps_all = [e for f, eps, _ in acc.rows.values() for e in eps if math.isfinite(e)]
+    top = 2 * max(eps_all) if eps_all else 1.0
+    by_method: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for (method, _), (finals, eps, _) in acc.rows.items():
+        if finals:
+            e = sum(eps) / len(eps) if eps else top
+            by_method[method].append((e, 100 * sum(finals) / len(finals)))
+    for method, pts in by_method.items():
+        ax.plot(*zip(*sorted(pts)), marker="o", lw=1, label=f"{acc.name}: {method}")
+    ax.set_xscale("log")
+    ax.set_xlabel("ε at δ 1e-5 (rightmost: no DP)")
+    ax.set_ylabel("final accuracy (%)")
+    if by_method:
+        ax.legend(fontsize=7)
+
+
+def into(path: Path, text: str) -> None:
+    """Put ``text`` between BEGIN and END in ``path``, dated."""
+    doc = path.read_text()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{path}: no {BEGIN} ... {END} block to fill; add the two markers")
+    start, stop = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    block = re.sub(r"State on [^\n]*\n", "", doc[start:stop])
+    keep = block[: block.index("<!-- tables -->")] if "<!-- tables -->" in block else "\n"
+    doc = doc[:start] + keep + f"<!-- tables -->\nState on {when}.\n\n" + text + doc[stop:]
+    path.write_text(doc)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--attack", nargs="*", type=Path, default=[], help="attack sweep configs")
+    ap.add_argument("--accuracy", nargs="*", type=Path, default=[], help="accuracy sweeps")
+    ap.add_argument("--results", type=Path, default=Path("benchmarks/privacy/results"))
+    ap.add_argument("--out", type=Path, help="write privacy.md and privacy.png here")
+    ap.add_argument("--into", type=Path, help="also fill the block of this file (RESULTS.md)")
+    a = ap.parse_args(argv)
+    studies = [load_attacks(c, a.results) for c in a.attack]
+    accs = [load_accuracy(c, a.results) for c in a.accuracy]
+    text = "\n".join([*(attack_table(s) for s in studies), *(accuracy_table(x) for x in accs)])
+    print(text, end="")
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "privacy.md").write_text(text)
+        plot(studies, accs, a.out / "privacy.png")
+        print(f"written: {a.out / 'privacy.md'}, {a.out / 'privacy.png'}")
+    if a.into:
+        into(a.into, text)
+        print(f"updated: {a.into}")
+
+
+if __name__ == "__main__":
+    main()
