@@ -32,13 +32,13 @@ from fedbug.engine.client import (
     TrainSettings,
     with_memory_format,
 )
-from fedbug.engine.dp_sgd import refuse_unsupported, sample_dp
 from fedbug.engine.dataprep import (
     natural_clients,
     personal_test_sets,
     place_on_device,
     subsample,
 )
+from fedbug.engine.dp_sgd import refuse_unsupported, sample_dp
 from fedbug.engine.evaluate import Evaluator
 from fedbug.engine.model_fit import check_model_fits
 from fedbug.engine.pfl import (
