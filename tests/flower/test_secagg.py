@@ -44,11 +44,13 @@ class PlainAggregates(FlowerExecutor):
     def stream_round(self, weights, tasks, states):
         exp = self.exp
         agg = Aggregate(exp.space, exp.cfg.weighting)
+        agg.of_abs = Aggregate(exp.space, exp.cfg.weighting)  # of |delta|: float32's error
         self.aggs.append(agg)
         shared = exp.algorithm.shared_mask(exp.space.num_units)
         for res in super().stream_round(weights, tasks, states):
             sent = res.uploaded if exp.cfg.upload == "partial" else shared
             agg.add(res.delta, sent, res.num_samples, extras=res.extras)
+            agg.of_abs.add(res.delta.abs(), sent, res.num_samples)
             self.results.append(res)
             yield res
 
@@ -132,18 +134,20 @@ def config(secagg=None, **overrides):
 
 
 def excess(secure: Aggregate, plain: Aggregate, sa: SecAggParams, n: int) -> float:
-    """The largest |secure - plain| of a unit's mean update over its bound (<= 1: within)."""
+    """The largest |secure - plain| of a unit's mean update over its bound (<= 1: within): the
+    quantisation bound, plus the float32 rounding of the plain sum (at most (n + 2) eps times
+    the weighted sum of the |terms|, over the unit's weight)."""
     scale = sa.max_weight if plain.weighting == "samples" else 1.0
     diff = (secure.mean_delta() - plain.mean_delta()).abs()
+    magnitude = plain.of_abs.mean_delta()
     worst = 0.0
     for u, s in enumerate(plain.space.unit_slices):
         w = plain.units_trained_by()[u]
         if w == 0:
             assert float(diff[s].max()) == 0.0
             continue
-        mean = plain.mean_delta()[s].abs()
-        # the bound, and float32's rounding of the mean (a few ulps)
-        bound = sa.sum_bound(n) * scale / w + 4 * torch.finfo(torch.float32).eps * mean
+        rounding = (n + 2) * torch.finfo(torch.float32).eps * magnitude[s]
+        bound = sa.sum_bound(n) * scale / w + rounding
         worst = max(worst, float((diff[s] / bound).max()))
     return worst
 
@@ -190,6 +194,22 @@ def test_a_coarse_quantisation_breaks_the_bound(plain):
     p, s = pex.aggs[0], sex.aggs[0]
     assert excess(s, p, SecAggParams(), p.count) > 100.0
     assert excess(s, p, coarse.flower.secagg, p.count) <= 1.0
+
+
+def test_residual_sums_within_step_over_q(plain):
+    """``residual``: each value as its grid point (passed exactly) and its remainder times Q;
+    the per-unit means are then within float32's rounding of the plain ones."""
+    res_plain, pex = plain
+    cfg = config(secagg={"residual": True})
+    res, sex, _ = run_on(cfg, SecureAggregates)
+    p, s = pex.aggs[0], sex.aggs[0]
+    assert excess(s, p, cfg.flower.secagg, 4) <= 1.0
+    assert excess(s, p, SecAggParams(), 4) < 0.05  # far inside the one-level bound
+    a, b = res_plain.records[0], res.records[0]
+    assert b["test_acc"] == a["test_acc"]
+    assert b["test_loss"] == pytest.approx(a["test_loss"], abs=1e-6)
+    with pytest.raises(ConfigError, match="powers of 2"):
+        config(secagg={"residual": True, "clipping_range": 10.0})
 
 
 def test_values_beyond_the_clipping_range_are_counted_and_warned_of(plain):

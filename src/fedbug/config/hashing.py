@@ -53,7 +53,7 @@ def config_hash(cfg: BaseConfig) -> str:
     secagg = cfg.flower.secagg  # SecAgg+'s quantisation changes the numbers (its masks do not)
     if secagg is not None:
         d["secagg"] = secagg.model_dump(
-            include={"clipping_range", "quantization_range", "max_weight"}
+            include={"clipping_range", "quantization_range", "max_weight", "residual"}
         )
     # keys added after run folders existed count only when set, so older folders still resume
     for key in _LATER_KEYS:

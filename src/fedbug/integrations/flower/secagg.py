@@ -48,7 +48,7 @@ from fedbug.engine.client import ClientResult, ClientTask
 from fedbug.integrations.flower.executor import FlowerExecutor
 from fedbug.integrations.flower.messages import encode_task, encode_weights
 from fedbug.integrations.flower.secagg_client import META
-from fedbug.integrations.flower.secagg_vector import Layout, SecureAggregate
+from fedbug.integrations.flower.secagg_vector import Layout, SecureAggregate, from_grid
 
 
 class _Workflow(SecAggPlusWorkflow):
@@ -207,34 +207,33 @@ class SecAggExecutor(FlowerExecutor):
             return
         # the workflow's parameters: the sum over the n results divided by n (each weight 1)
         (mean,) = parameters_to_ndarrays(taken[0][1].parameters)
-        n = len(taken)
         extras = tuple((k, tuple(shape)) for k, shape in clear[0]["extras"])
-        cfg = self.exp.cfg
-        sa = self.secagg
-        weighted = cfg.weighting == "samples"
-        layout = Layout(
-            self.exp.space,
-            weighted,
-            sa.max_weight,
-            extras,
-            sa.clipping_range,
-            sa.quantization_range,
-        )
         finite = sum(1 for c in clear if not c["non-finite"])
-        bound = self.secagg.sum_bound(n)
-        agg.set_sum(layout, np.asarray(mean, dtype=np.float64) * n, finite, bound)
-        if agg.clipped > 0.5 + bound * layout.size() / layout.clip:
-            warnings.warn(
-                f"flower.secagg: about {agg.clipped:.0f} of the round's {n} x {layout.size()} "
-                f"values exceeded clipping_range ({self.secagg.clipping_range:g}) and were "
-                "clipped, so the sum is off by more than the quantisation bound; raise "
-                "flower.secagg.clipping_range",
-                stacklevel=2,
-            )
+        n = len(taken)
+        self.set_sum(agg, np.asarray(mean, dtype=np.float64) * n, n, extras, finite)
         for (t, _), c in zip(taken, clear, strict=True):
             if self.exp.keeps_client_state:
                 self.has_state.add(t.client)
             yield self.light_result(t.client, c, agg.mean_loss)
+
+    def set_sum(
+        self, agg: SecureAggregate, total: np.ndarray, n: int, extras: tuple, finite: int
+    ) -> None:
+        """Set ``agg`` from the round's unmasked sum ``total`` over ``n`` clients (``finite`` of
+        them with finite results); warn where SecAgg+ clipped values."""
+        sa, space = self.secagg, self.exp.space
+        weighted = self.exp.cfg.weighting == "samples"
+        c, q = sa.clipping_range, sa.quantization_range
+        layout = Layout(space, weighted, sa.max_weight, extras, c, q)
+        bound = sa.sum_bound(n)
+        agg.set_sum(layout, from_grid(total, q) if sa.residual else total, finite, bound)
+        if agg.clipped > 0.5 + bound * layout.size() / c:
+            warnings.warn(
+                f"flower.secagg: about {agg.clipped:.0f} of the round's {n} x {layout.size()} "
+                f"values exceeded clipping_range ({c:g}) and were clipped, so the sum is off by "
+                "more than the quantisation bound; raise flower.secagg.clipping_range",
+                stacklevel=3,
+            )
 
     def light_result(self, client: int, clear: dict[str, Any], loss: float | None) -> ClientResult:
         """A client's result as the server sees it: its clear fields; the round's mean loss; a

@@ -29,7 +29,12 @@ from flwr.compat.common import recorddict_compat as compat
 
 from fedbug.core.protocol import ClientResult, ClientTask
 from fedbug.integrations.flower.messages import SCALARS
-from fedbug.integrations.flower.secagg_vector import Layout, client_vector, extras_layout
+from fedbug.integrations.flower.secagg_vector import (
+    Layout,
+    client_vector,
+    extras_layout,
+    on_grid,
+)
 
 #: The key of the clear JSON among the FitRes metrics.
 META = "fedbug"
@@ -88,8 +93,10 @@ def secure_reply(result: ClientResult, exp: Any, task: ClientTask, sent: list[bo
     reason = non_finite(result)
     if reason is None:
         vec = client_vector(result, layout, sent, counted)
+        if sa.residual:
+            vec = on_grid(vec, sa.clipping_range, sa.quantization_range)
     else:
-        vec = np.zeros(layout.size())
+        vec = np.zeros(layout.size() * (2 if sa.residual else 1))
     clear = {
         "client": result.client,
         "num-samples": result.num_samples,

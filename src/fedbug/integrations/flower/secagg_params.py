@@ -8,6 +8,8 @@ Flower's SecAgg+ example, 3 and 2).
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -59,6 +61,12 @@ class SecAggParams(BaseModel):
     modulus_range: int = Field(
         4294967296, ge=4, le=4294967296, description="the masks' modulus (a power of 2, <= 2^32)"
     )
+    residual: bool = Field(
+        False,
+        description="also send each value's remainder from SecAgg+'s grid, times "
+        "quantization_range: the sums' error falls from n 2c/Q to n 2c/Q^2, at twice the "
+        "upload (clipping_range and quantization_range powers of 2)",
+    )
     timeout: float | None = Field(
         None,
         gt=0.0,
@@ -77,6 +85,11 @@ class SecAggParams(BaseModel):
         if q >= m:
             raise ValueError(
                 f"flower.secagg.quantization_range={q} must be below modulus_range={m}"
+            )
+        if self.residual and not (_power_of_2(self.clipping_range) and _power_of_2(q)):
+            raise ValueError(
+                "flower.secagg.residual needs clipping_range and quantization_range powers of "
+                f"2 (their grid is then exact in float64), not {self.clipping_range:g} and {q}"
             )
         t, s = self.reconstruction_threshold, self.num_shares
         if isinstance(t, float) and t > 1:
@@ -98,5 +111,11 @@ class SecAggParams(BaseModel):
 
     def sum_bound(self, clients: int) -> float:
         """The largest error of one summed value over ``clients`` clients (each value within
-        +-clipping_range): each client's stochastic rounding moves it by less than one level."""
-        return clients * self.step
+        +-clipping_range): each client's stochastic rounding moves it by less than one level;
+        under ``residual`` the value's grid point passes exactly and its remainder, times Q,
+        is off by less than a level, so the value by less than step / Q."""
+        return clients * self.step / (self.quantization_range if self.residual else 1)
+
+
+def _power_of_2(x: float) -> bool:
+    return x > 0 and math.frexp(x)[0] == 0.5

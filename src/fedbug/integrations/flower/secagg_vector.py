@@ -120,6 +120,21 @@ def client_vector(
     return torch.cat([vec, torch.tensor([clipped], dtype=torch.float64)]).numpy()
 
 
+def on_grid(vec: np.ndarray, clip: float, levels: int) -> np.ndarray:
+    """``vec`` (clipped to +-clip) as its nearest points of SecAgg+'s grid, then the remainders
+    times ``levels`` (:func:`two_level` for a whole vector: ``residual``)."""
+    step = 2.0 * clip / levels
+    vec = np.clip(vec, -clip, clip)
+    hi = np.round((vec + clip) / step) * step - clip
+    return np.concatenate([hi, (vec - hi) * levels])
+
+
+def from_grid(total: np.ndarray, levels: int) -> np.ndarray:
+    """The sum :func:`on_grid`'s vectors encode."""
+    half = len(total) // 2
+    return total[:half] + total[half:] / levels
+
+
 def _integers(values: np.ndarray, bound: float) -> np.ndarray:
     """Sums of integers back to integers, where the quantisation error allows it."""
     return np.rint(values) if bound < 0.5 else values
