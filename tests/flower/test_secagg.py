@@ -99,7 +99,11 @@ class DropsAtStage(LoopbackGrid):
         return ids
 
 
-def run_on(cfg, executor, grid_cls=LoopbackGrid, *, pooled=False, nodes=None, **grid_kwargs):
+def run_on(
+    cfg, executor, grid_cls=LoopbackGrid, *, pooled=False, nodes=None, run=None, **grid_kwargs
+):
+    """``cfg`` on a loopback grid of ``nodes`` nodes (one a client by default); ``run``: more
+    arguments of ``run_experiment``. (result, executor, grid)."""
     run_config = {"config": json.dumps(cfg.model_dump(mode="json")), "pooled-nodes": pooled}
     grid = grid_cls(client_app, nodes or cfg.num_clients, run_config, **grid_kwargs)
     made = []
@@ -109,7 +113,7 @@ def run_on(cfg, executor, grid_cls=LoopbackGrid, *, pooled=False, nodes=None, **
         return made[0]
 
     with task_identity():
-        res = run_experiment(cfg, executor_factory=factory)
+        res = run_experiment(cfg, executor_factory=factory, **(run or {}))
     return res, made[0], grid
 
 
@@ -210,6 +214,16 @@ def test_residual_sums_within_step_over_q(plain):
     assert b["test_loss"] == pytest.approx(a["test_loss"], abs=1e-6)
     with pytest.raises(ConfigError, match="powers of 2"):
         config(secagg={"residual": True, "clipping_range": 10.0})
+
+
+def test_a_resumed_secure_run_gives_the_uninterrupted_numbers(tmp_path):
+    """The stochastic rounding is seeded by the task: a run stopped after round 1 and resumed
+    (fresh nodes, fresh SecAgg+ keys) ends with the uninterrupted run's weights, bit for bit."""
+    cfg = config(secagg={}, rounds=2, **PLAIN_FEDAVG)
+    whole, _, _ = run_on(cfg, SecureAggregates)
+    run_on(cfg, SecureAggregates, run={"run_dir": tmp_path / "r", "stop_after": 1})
+    resumed, _, _ = run_on(cfg, SecureAggregates, run={"run_dir": tmp_path / "r", "resume": True})
+    assert torch.equal(resumed.weights, whole.weights)
 
 
 def test_values_beyond_the_clipping_range_are_counted_and_warned_of(plain):
