@@ -12,7 +12,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from fedbug.attack import Observation, dlg, idlg_labels, load_update, recorded
+from fedbug.attack import Observation, cosine_distance, dlg, idlg_labels, load_update, recorded
 from fedbug.attack.records import load_tensors, write_global, write_update
 from fedbug.attack.scoring import image_scores, label_recovery, match_order
 from fedbug.cli import main
@@ -216,3 +216,24 @@ def test_fedbug_attack_scores_a_recorded_update(recorded_run, capsys):
     assert len(s["per_image"]) == 2 and 0 <= s["label_recovery"] <= 1
     assert main(["attack", str(recorded_run), "--round", "2"]) == 2
     assert "--round 2: not recorded" in capsys.readouterr().err
+
+
+def test_layer_cosine_weighs_each_tensor_alike_and_cosine_takes_one_over_all():
+    """Tensors a: (1, 0) vs (0, 1), orthogonal; b: (1, 1) vs (2, 2), parallel. Fling's 'cos'
+    sums 1 - cos per tensor: 1 + 0 = 1. Inverting Gradients' one cosine over the concatenation:
+    dot 4, norms sqrt(3) and 3, so 1 - 4 / (3 sqrt(3)) = 0.23020."""
+    from fedbug.attack.inversion import layer_cosine_distance
+
+    dummy = {"a": torch.tensor([1.0, 0.0]), "b": torch.tensor([1.0, 1.0])}
+    target = {"a": torch.tensor([0.0, 1.0]), "b": torch.tensor([2.0, 2.0])}
+    assert float(layer_cosine_distance(dummy, target)) == pytest.approx(1.0, abs=1e-6)
+    assert float(cosine_distance(dummy, target)) == pytest.approx(0.23020, abs=1e-5)
+
+
+def test_dlg_with_adam_and_an_unknown_optimizer():
+    model, x, _, grads = one_step(0, 0)
+    obs = Observation(model, grads, (1, 8, 8), 1, 10)
+    found, _ = dlg(obs, iterations=3, seed=0, optimizer="adam")
+    assert found.shape == x.shape and bool(torch.isfinite(found).all())
+    with pytest.raises(ValueError, match="optimizer 'sgd'"):
+        dlg(obs, iterations=1, optimizer="sgd")

@@ -35,6 +35,8 @@ class AttackCase:
     iterations: int = 40
     init: str = "uniform"  # fedbug's dlg(init=...); Fling draws torch.rand_like
     hidden: int = 32
+    optimizer: str = "lbfgs"  # Fling's optim_backend; fedbug's dlg(optimizer=...)
+    distance: str = "euclid"  # Fling's distance_measure: euclid (fedbug l2) or cos (layer_cosine)
     expect: str = "match"  # or "differ"
     fixture: bool = True
 
@@ -48,6 +50,12 @@ CASES = [
     AttackCase("dlg-mlp-digit5-s7", 7, (5,), 7),
     AttackCase("dlg-mlp-batch2-s1", 1, (3, 4), 1, iterations=60),
     AttackCase("dlg-mlp-batch4-s3", 3, (10, 11, 12, 13), 3, iterations=60, hidden=64),
+    # Fling's other backend (Adam at 1e-3) and its 'cos' distance: fedbug's dlg options
+    AttackCase("dlg-adam-mlp-digit0-s0", 0, (0,), 0, iterations=200, optimizer="adam"),
+    AttackCase("cos-lbfgs-mlp-digit2-s2", 2, (2,), 2, distance="cos"),
+    AttackCase(
+        "cos-adam-mlp-batch2-s1", 1, (3, 4), 1, iterations=200, optimizer="adam", distance="cos"
+    ),  # fmt: skip
     # fedbug's default start, N(0, 1) (DLG's code): another trajectory, the same kind of result
     AttackCase("dlg-mlp-digit0-s0-normal-init", 0, (0,), 0, init="normal", expect="differ"),
 ]
@@ -81,9 +89,12 @@ def flings_target(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tensor]:
     return dict(zip(names, torch.autograd.grad(loss, list(model.parameters()))))
 
 
+DISTANCE = {"euclid": "l2", "cos": "layer_cosine"}  # Fling's name -> fedbug's
+
+
 class Trajectory:
-    """Each L-BFGS step's returned loss (the loss where the step starts) and, after the step,
-    its first parameter (the dummy input) and second (the soft labels' logits)."""
+    """Each optimiser step's returned loss (the loss where the step starts) and, after the
+    step, its first parameter (the dummy input) and second (the soft labels' logits)."""
 
     def __init__(self) -> None:
         self.loss: list[float] = []
@@ -91,12 +102,7 @@ class Trajectory:
         self.labels: list[Tensor] = []
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[Trajectory]:
-    """``torch.optim.LBFGS`` replaced, inside the block, by a subclass that records each step
-    into the yielded :class:`Trajectory` (the step itself is LBFGS's own)."""
-    traj, original = Trajectory(), torch.optim.LBFGS
-
+def _recording_class(original: type, traj: Trajectory) -> type:
     class Recording(original):  # type: ignore[misc, valid-type]
         def step(self, closure):  # noqa: ANN001, ANN202
             loss = super().step(closure)
@@ -106,19 +112,31 @@ def recording() -> Iterator[Trajectory]:
             traj.labels.append(params[1].detach().clone() if len(params) > 1 else None)
             return loss
 
-    torch.optim.LBFGS = Recording
+    return Recording
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Trajectory]:
+    """``torch.optim.LBFGS`` and ``torch.optim.Adam`` replaced, inside the block, by subclasses
+    that record each step into the yielded :class:`Trajectory` (the step itself is torch's)."""
+    traj = Trajectory()
+    originals = {name: getattr(torch.optim, name) for name in ("LBFGS", "Adam")}
+    for name, cls in originals.items():
+        setattr(torch.optim, name, _recording_class(cls, traj))
     try:
         yield traj
     finally:
-        torch.optim.LBFGS = original
+        for name, cls in originals.items():
+            setattr(torch.optim, name, cls)
 
 
 def fedbug_dlg(case: AttackCase, model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Any]:
     """fedbug's :func:`~fedbug.attack.inversion.dlg` on Fling's target: labels learned, the
-    case's ``init`` and seed."""
+    case's ``init``, seed, optimiser and distance."""
     obs = Observation(model, flings_target(model, x, y), SHAPE, len(y), CLASSES)
     with recording() as traj:
-        found, labels = dlg(obs, iterations=case.iterations, seed=case.seed, init=case.init)
+        found, labels = dlg(obs, iterations=case.iterations, seed=case.seed, init=case.init,
+                            optimizer=case.optimizer, distance=DISTANCE[case.distance])  # fmt: skip
     return {"traj": traj, "x": found, "label": labels.tolist()}
 
 

@@ -3,11 +3,13 @@ at faebd06), driven on an attack case.
 
 The harness imports the checkout's own module (it is put on ``sys.path``) with the stand-ins of
 :func:`reference_fling.install_standins` (``torchvision``, ``easydict``, ``tqdm``, ...), and
-calls ``DLGAttacker(iteration, working_dir, distance_measure='euclid').attack(model, dataset,
-'cpu', 10, use_gt_labels=False, optim_backend='lbfgs')`` after ``torch.manual_seed(seed)``: the
-DLG of the paper (labels learned). What is replaced, the least that lets it run: the module's
-``Logger`` (a TensorBoard writer with a text file) by one that keeps nothing; the data set is a
-list of one ``{'input', 'class_id'}`` dict, as Fling's data sets give them.
+calls ``DLGAttacker(iteration, working_dir, distance_measure=case.distance).attack(model,
+dataset, 'cpu', 10, batch_size=len(dataset), use_gt_labels=False,
+optim_backend=case.optimizer)`` after ``torch.manual_seed(seed)``: the DLG of the paper (labels
+learned), with L-BFGS or Adam, squared (``euclid``) or per-tensor cosine (``cos``) distance.
+What is replaced, the least that lets it run: the module's ``Logger`` (a TensorBoard writer
+with a text file) by one that keeps nothing; the data set is a list of ``{'input',
+'class_id'}`` dicts, as Fling's data sets give them.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ def fling_dlg(path: str, case: AttackCase, model: nn.Module, x: Tensor, y: Tenso
     dataset = [{"input": xi, "class_id": int(yi)} for xi, yi in zip(x, y)]
     with tempfile.TemporaryDirectory() as tmp, recording() as traj:
         attacker = mod.DLGAttacker(iteration=case.iterations, working_dir=tmp,
-                                   distance_measure="euclid")  # fmt: skip
+                                   distance_measure=case.distance)  # fmt: skip
         torch.manual_seed(case.seed)
         last, best = attacker.attack(model, dataset, "cpu", CLASSES, batch_size=len(dataset),
-                                     use_gt_labels=False, optim_backend="lbfgs")  # fmt: skip
+                                     use_gt_labels=False, optim_backend=case.optimizer)  # fmt: skip
     return {"traj": traj, "last_psnr": last, "max_psnr": best}

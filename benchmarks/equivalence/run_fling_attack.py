@@ -5,10 +5,11 @@
 
 ``--fling`` is a checkout of FLAIR-Community/Fling at faebd06 (RESULTS.md names how to make it).
 Each case (:mod:`attack_case`) attacks one tiny model's gradient of one to four digits from the
-same seed on both sides: Fling's ``attack`` (L-BFGS, squared distance, labels learned; its
-start ``torch.rand_like`` after ``torch.manual_seed(seed)``) and fedbug's ``dlg(init=
-'uniform', seed=seed)``. Per L-BFGS iteration: max |x_fedbug - x_fling| (images in [0, 1]),
-against ``--tol``; the verdict MATCH when every iteration is within it. Then both sides' final
+same seed on both sides: Fling's ``attack`` (labels learned; L-BFGS or Adam, squared or
+per-tensor cosine distance; its start ``torch.rand_like`` after ``torch.manual_seed(seed)``)
+and fedbug's ``dlg(init='uniform', seed=seed, optimizer=..., distance=...)``. Per iteration:
+max |x_fedbug - x_fling| (images in [0, 1]), against ``--tol``; the verdict MATCH when every
+iteration is within it. Then both sides' final
 PSNR by Fling's formula (range 1, images paired by position, no clamp) and by fedbug's
 (scikit-image, each true image paired with its nearest reconstruction), and Fling's own
 ``last_psnr``/``max_psnr`` (the latter picks the best iteration by the true images, which no
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = harness.chosen(CASES, a.only, lambda c: c.name)
     if a.list:
         for c in cases:
-            print(f"{c.name:34} {c.init:8} {c.iterations:4} {c.expect}")
+            print(f"{c.name:32} {c.init:8} {c.optimizer:6} {c.distance:7} {c.iterations:4} "
+                  f"{c.expect}")  # fmt: skip
         return 0
     commit, info = harness.header(REPO, a.fling, a.threads)
     harness.note_commit(a.fling, commit, "faebd06")

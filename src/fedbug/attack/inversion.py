@@ -78,6 +78,19 @@ def cosine_distance(dummy: dict[str, Tensor], target: dict[str, Tensor]) -> Tens
     return 1 - dot / (dn * tn + 1e-12)
 
 
+def layer_cosine_distance(dummy: dict[str, Tensor], target: dict[str, Tensor]) -> Tensor:
+    """Fling's ``'cos'`` distance: the sum over the sent parameters of 1 - each tensor's own
+    cosine similarity (torch's, eps 1e-10), which weighs every tensor alike whatever its size
+    (Inverting Gradients' :func:`cosine_distance` takes one cosine over all of them)."""
+    return sum(
+        1 - nn.functional.cosine_similarity(dummy[k].flatten(), target[k].flatten(), 0, 1e-10)
+        for k in target
+    )
+
+
+DISTANCES = {"l2": l2_distance, "cosine": cosine_distance, "layer_cosine": layer_cosine_distance}
+
+
 def total_variation(x: Tensor) -> Tensor:
     """Mean absolute difference of neighbouring pixels (images ``N, C, H, W``)."""
     dx = (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
@@ -121,33 +134,48 @@ def _init(obs: Observation, gen: torch.Generator, init: str) -> Tensor:
     raise ValueError(f"init {init!r}: choose one of {', '.join(INITS)}")
 
 
+OPTIMIZERS = {"lbfgs": ("LBFGS", 1.0), "adam": ("Adam", 1e-3)}  # torch.optim's name, its lr
+
+
 def dlg(
     obs: Observation,
     *,
     iterations: int = 300,
     seed: int = 0,
     labels: Tensor | None = None,
-    lr: float = 1.0,
+    lr: float | None = None,
     init: str = "normal",
+    optimizer: str = "lbfgs",
+    distance: str = "l2",
 ) -> tuple[Tensor, Tensor]:
     """DLG: L-BFGS on dummy inputs (and, without ``labels``, dummy soft labels) to match the
     observed gradient in squared distance. Returns (the inputs, the labels: argmax of the soft
-    labels, or ``labels``). With ``labels`` from :func:`idlg_labels` this is iDLG. ``init``: the
-    dummy inputs' distribution (:func:`_init`); with ``uniform``, iterations and the seed's
-    global draw (``torch.manual_seed(seed)``) this is step for step Fling's ``DLGAttacker``
-    (``distance_measure='euclid'``, ``use_gt_labels=False``, ``optim_backend='lbfgs'``) on the
-    same target gradient (benchmarks/equivalence/run_fling_attack.py)."""
+    labels, or ``labels``). With ``labels`` from :func:`idlg_labels` this is iDLG.
+
+    Options (defaults: the DLG paper's code): ``init``, the dummy inputs' distribution
+    (:func:`_init`); ``optimizer`` ``lbfgs`` (lr 1) or ``adam`` (lr 1e-3, Fling's other
+    backend); ``lr`` (None: the optimiser's); ``distance`` ``l2``, ``cosine`` (one cosine over
+    all sent parameters, Inverting Gradients') or ``layer_cosine`` (Fling's ``'cos'``). With
+    ``init='uniform'`` and the seed's global draw (``torch.manual_seed(seed)``) this is step for
+    step Fling's ``DLGAttacker`` (``use_gt_labels=False``, ``tv_weight=0``) with the same
+    ``optim_backend`` and ``distance_measure``, on the same target gradient
+    (benchmarks/equivalence/run_fling_attack.py)."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+    match = DISTANCES[distance]
     gen = torch.Generator().manual_seed(seed)
     x = _init(obs, gen, init).requires_grad_(True)
     free = labels is None
     y_logits = torch.randn((obs.num_images, obs.num_classes), generator=gen).requires_grad_(free)
     fixed = None if free else nn.functional.one_hot(labels, obs.num_classes).float()
-    opt = torch.optim.LBFGS([x, y_logits] if free else [x], lr=lr)
+    name, default_lr = OPTIMIZERS[optimizer]
+    opt_cls = getattr(torch.optim, name)  # looked up per call (the harness records its steps)
+    opt = opt_cls([x, y_logits] if free else [x], lr=default_lr if lr is None else lr)
 
     def closure() -> Tensor:
         opt.zero_grad()
         y = torch.softmax(y_logits, -1) if fixed is None else fixed
-        loss = l2_distance(dummy_gradient(obs, x, y), obs.target)
+        loss = match(dummy_gradient(obs, x, y), obs.target)
         loss.backward()
         return loss
 
