@@ -13,8 +13,12 @@ weight and count the round loop's aggregate keeps, so the algorithms' server ste
 What the server sees: the sum of the clients' vectors (within the quantisation error,
 :meth:`~fedbug.integrations.flower.secagg_params.SecAggParams.sum_bound`), and per client the
 clear fields (:data:`~fedbug.integrations.flower.secagg_client.CLEAR`: sample count, costs, the
-units trained and sent). Not seen: any client's delta, extra tensors, train loss (each client's
-result carries the round's mean, from the sum), ``info`` and ``figures`` (empty).
+units trained and sent: the simulated system times each client from them). Where a policy's
+choice of units depends on the data (FreezeFL's n* from Eq. 2's importances), these reveal that
+choice, not any value. Not seen: any client's delta, extra tensors, train loss (each client's
+result carries the round's mean, from the sum), ``info`` (FreezeFL's importances) and ``figures``
+(empty). Flower 1.41 expands SecAgg+'s masks from 32-bit seeds with NumPy's Mersenne Twister
+(flwrlabs/flower#7522): its confidentiality is that of Flower's implementation.
 
 Clients that fail or time out at any stage are dropped, and recorded; SecAgg+ unmasks the sum of
 those who sent their masked vector while at least ``reconstruction_threshold`` of each one's
