@@ -73,7 +73,9 @@ def assert_close_to_sequential(cfg, tol=1e-4):
 
 def test_the_accepted_pairs_cover_the_plain_and_personalised_families():
     accepted = pairs()
-    assert {"fedavg", "local", "fedper", "fedbabu"} <= {a for a, _ in accepted}
+    assert {"fedavg", "local", "fedper", "fedbabu", "fedprox", "feddyn", "scaffold"} <= {
+        a for a, _ in accepted
+    }
     assert {"none", "bottom_up", "top_down", "fedpart"} <= {p for _, p in accepted}
 
 
@@ -126,7 +128,7 @@ def test_a_resumed_cohort_run_equals_the_uninterrupted_one(tmp_path):
 @pytest.mark.parametrize(
     "over, message",
     [
-        ({"algorithm": "fedprox"}, "algorithm fedprox acts inside each client's step"),
+        ({"algorithm": "feddecorr"}, "algorithm feddecorr acts inside each client's step"),
         ({"policy": "freezefl", **method_needs("freezefl")}, "policy freezefl keeps a per-client"),
         ({"optimizer": "adam"}, "vectorises SGD"),
         ({"precision": "bf16"}, "not precision bf16"),
@@ -168,3 +170,33 @@ def test_model_and_data_refusals_leave_no_run_folder(tmp_path, model, over, mess
     with pytest.raises(ConfigError, match=message):
         fedbug.run(tiny_config(executor="cohort", **over), tmp_path / "r", model=model)
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+@pytest.mark.parametrize("clip", ["all", "loss"])
+def test_feddyn_per_client_alpha_and_state_under_both_clips(clip):
+    """FedDyn's alpha_i differs per client (unbalanced sizes) and lambda_i is per-client state
+    read inside the step: the stacked context carries both."""
+    cfg = pair_config(
+        "feddyn",
+        "bottom_up",
+        bottom_up={"gu_ratio": 0.5},
+        feddyn={"clip": clip},
+        partition="iid",
+        unbalanced_sigma=0.8,
+        clip_grad_norm=1.0,
+        rounds=3,
+        threads=1,
+    )
+    assert_close_to_sequential(cfg)
+
+
+def test_a_subclass_overriding_a_vectorised_hook_must_declare_it_again():
+    from fedbug.algorithms.fedprox import FedProx
+    from fedbug.config.cohort import _vectorised
+
+    class Mine(FedProx):
+        def adjust_grads(self, ctx):
+            return None
+
+    assert _vectorised(FedProx, "adjust_grads")
+    assert not _vectorised(Mine, "adjust_grads")

@@ -55,6 +55,10 @@ class LocalCtx:
     received global weights; ``regions`` the slices of the trainable units (one slice per run of
     consecutive trainable units; usually one). Only those entries may be read as gradients:
     use :meth:`trainable`. ``state`` is this client's persistent state (e.g. FedDyn's lambda_i).
+    Under ``executor: cohort`` an algorithm that declares ``vectorised_step`` gets one context
+    for a group of clients: ``weights``, ``grads``, ``received`` and each state tensor stacked
+    ([clients, total]), ``num_samples`` a [clients, 1] tensor; its step hooks index the last
+    axis (``[..., r]``, as :meth:`trainable` does) and scale by tensors where a scalar was.
     """
 
     space: ParamSpace
@@ -63,16 +67,17 @@ class LocalCtx:
     received: Tensor
     regions: list[slice]
     state: dict[str, Tensor]
-    num_samples: int
+    num_samples: int | Tensor
     mean_samples: float
     payload: dict[str, Tensor] = field(default_factory=dict)
     lr: float = 0.0
     unit_steps: list[int] = field(default_factory=list)  # local steps each unit trained
 
     def trainable(self) -> Iterator[tuple[Tensor, Tensor, Tensor, slice]]:
-        """(weights, grads, received, slice) views of each trainable region."""
+        """(weights, grads, received, slice) views of each trainable region (``[..., r]``: the
+        same code serves one client's vectors and the cohort executor's stacked ones)."""
         for r in self.regions:
-            yield self.weights[r], self.grads[r], self.received[r], r
+            yield self.weights[..., r], self.grads[..., r], self.received[..., r], r
 
 
 @dataclass
@@ -150,6 +155,10 @@ class Algorithm:
     #: computed: whether ``extra_loss`` is given the classifier's input (the class overrides
     #: ``extra_loss``; None otherwise)
     needs_features: ClassVar[bool] = False
+    #: declared: this class's own ``adjust_grads`` / ``adjust_grads_after_clipping`` also take
+    #: the cohort executor's stacked context (see :class:`LocalCtx`); a subclass overriding them
+    #: declares it again (the cohort executor reads the class that defines each hook)
+    vectorised_step: ClassVar[bool] = False
     #: False: the server's weights alone are no model to evaluate, some units living only on the
     #: clients (needs ``local_units``); evaluation must then be personalized
     has_global_model: ClassVar[bool] = True

@@ -40,6 +40,7 @@ class FedDynParams(Params):
 class FedDyn(FedAvg):
     name = "feddyn"
     params_cls = FedDynParams
+    vectorised_step = True
 
     def init_server_state(self, weights: Tensor, num_clients: int) -> dict[str, Tensor]:
         return {"lambda_sum": weights.new_zeros(weights.shape)}
@@ -55,7 +56,8 @@ class FedDyn(FedAvg):
     def init_client_state(self, space: ParamSpace) -> dict[str, Tensor]:
         return {"lambda": zeros_like_space(space)}
 
-    def _alpha_i(self, ctx: LocalCtx) -> float:
+    def _alpha_i(self, ctx: LocalCtx) -> float | Tensor:
+        """alpha N_mean / N_i: a number, or a [clients, 1] tensor of them (cohort executor)."""
         return self.params.alpha * ctx.mean_samples / ctx.num_samples
 
     def adjust_grads(self, ctx: LocalCtx) -> None:
@@ -63,16 +65,24 @@ class FedDyn(FedAvg):
         lam = ctx.state["lambda"]
         if self.params.clip == "all":
             for w, g, w0, r in ctx.trainable():
-                g.add_(w - w0 + lam[r], alpha=a)
+                _add_scaled(g, w - w0 + lam[..., r], a)
         else:  # alpha_i theta comes after clipping
             for _, g, w0, r in ctx.trainable():
-                g.add_(lam[r] - w0, alpha=a)
+                _add_scaled(g, lam[..., r] - w0, a)
 
     def adjust_grads_after_clipping(self, ctx: LocalCtx) -> None:
         if self.params.clip == "loss":  # the authors' weight decay alpha_i + wd, its alpha_i part
             a = self._alpha_i(ctx)
             for w, g, _, _ in ctx.trainable():
-                g.add_(w, alpha=a)
+                _add_scaled(g, w, a)
 
     def finish_client(self, ctx: LocalCtx, delta: Tensor) -> dict[str, Tensor]:
         return {"lambda": ctx.state["lambda"] + delta}
+
+
+def _add_scaled(g: Tensor, x: Tensor, a: float | Tensor) -> None:
+    """g += a x: ``alpha=`` for a number (one client), a product for per-client scales."""
+    if isinstance(a, Tensor):
+        g.add_(x * a)
+    else:
+        g.add_(x, alpha=a)

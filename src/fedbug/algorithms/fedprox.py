@@ -18,6 +18,7 @@ class FedProxParams(Params):
 class FedProx(FedAvg):
     name = "fedprox"
     params_cls = FedProxParams
+    vectorised_step = True
 
     def __init__(self, global_lr: float = 1.0, params: FedProxParams | None = None) -> None:
         super().__init__(global_lr, params)

@@ -44,6 +44,7 @@ class ScaffoldParams(Params):
 @ALGORITHMS.register("scaffold")
 class Scaffold(FedAvg):
     name = "scaffold"
+    vectorised_step = True
     params_cls = ScaffoldParams
 
     # -- server half ---------------------------------------------------------------------
@@ -69,7 +70,7 @@ class Scaffold(FedAvg):
         """g += c - c_i on the trainable units only."""
         c, c_i = ctx.payload["c"], ctx.state["c"]
         for _, g, _, r in ctx.trainable():
-            g.add_(c[r] - c_i[r])
+            g.add_(c[..., r] - c_i[..., r])
 
     def finish_client(self, ctx: LocalCtx, delta: Tensor) -> dict[str, Tensor]:
         """c_i+ = c_i - c + (x - y_i) / (K lr) on every unit that trained (option II)."""

@@ -15,6 +15,8 @@ from fedbug.policies import POLICIES, FreezePolicy
 #: Algorithm hooks that act inside a local step on the one runtime's flat vectors (or open a
 #: per-client session of their own): not vectorised yet, so refused under the cohort executor.
 _STEP_HOOKS = ("start_client", "extra_loss", "adjust_grads", "adjust_grads_after_clipping")
+#: the gradient hooks an algorithm may write for stacked clients (``vectorised_step``)
+_VECTORISABLE = ("adjust_grads", "adjust_grads_after_clipping")
 
 
 class CohortParams(BaseModel):
@@ -30,6 +32,15 @@ class CohortParams(BaseModel):
     )
 
 
+def _vectorised(alg: type, hook: str) -> bool:
+    """Whether the class that defines ``hook`` for ``alg`` declares ``vectorised_step`` in its
+    own body (a gradient term written for stacked clients), for the two gradient hooks."""
+    if hook not in _VECTORISABLE:
+        return False
+    owner = next(c for c in alg.__mro__ if hook in vars(c))
+    return bool(vars(owner).get("vectorised_step", False))
+
+
 def cohort_incompatibility(cfg: Any) -> str | None:
     """Why ``cfg``'s local training cannot run under ``executor: cohort`` (None: it can, or
     another executor is chosen)."""
@@ -37,12 +48,13 @@ def cohort_incompatibility(cfg: Any) -> str | None:
         return None
     fix = "or use executor: sequential"
     alg = ALGORITHMS.get(cfg.algorithm)
-    hooks = [h for h in _STEP_HOOKS if alg.overrides(h)]
+    hooks = [h for h in _STEP_HOOKS if alg.overrides(h) and not _vectorised(alg, h)]
     if hooks:
         return (
             f"executor: cohort trains clients as one vectorised step, and algorithm "
             f"{cfg.algorithm} acts inside each client's step ({', '.join(hooks)}), which is not "
-            f"vectorised yet; use fedavg (or a personalised algorithm without step hooks) {fix}"
+            f"vectorised yet; use one whose gradient terms are (fedavg, fedprox, feddyn, scaffold, "
+            f"...) {fix}"
         )
     policy = POLICIES.get(cfg.policy)
     if policy.start_client is not FreezePolicy.start_client:

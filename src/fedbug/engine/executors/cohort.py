@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedbug.algorithms import LocalCtx
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask
 from fedbug.core.units import ParamSpace
 from fedbug.engine.client import ClientRuntime, LocalRound, unit_regions
@@ -128,11 +129,37 @@ class CohortExecutor(Executor):
         y = torch.stack([s[2] for s in steps])
         for c in clients:
             rounds[c].mark(units)
-        grads, losses = self.gradients(sgd.weights.index_select(0, idx), units, x, y, rounds)
-        sgd.step(idx, units, grads, self.space)
+        w = sgd.weights.index_select(0, idx)
+        grads, losses = self.gradients(w, units, x, y, rounds)
+        ctx = self.stacked_ctx(w, grads, idx, units, rounds)
+        alg = self.rt.algorithm
+        alg.adjust_grads(ctx)  # the algorithm's terms, written for stacked clients
+        sgd.clip(grads, ctx.regions)
+        alg.adjust_grads_after_clipping(ctx)
+        sgd.step(idx, grads, ctx.regions)
         for c, (_, xs, ys), loss in zip(clients, steps, losses):
             rounds[c].loss_sum += loss
             rounds[c].count(units, xs, ys)
+
+    def stacked_ctx(
+        self, w: Tensor, grads: Tensor, idx: Tensor, units: Sequence[int], rounds: list[LocalRound]
+    ) -> LocalCtx:
+        """The group's :class:`LocalCtx`, its tensors stacked over the clients (rows ``idx``)."""
+        group = [rounds[int(c)] for c in idx]
+        first = group[0]
+        state = {k: torch.stack([r.state[k] for r in group]) for k in first.state}
+        return LocalCtx(
+            space=self.space,
+            weights=w,
+            grads=grads,
+            received=torch.stack([r.received for r in group]),
+            regions=unit_regions(units, self.space),
+            state=state,
+            num_samples=torch.tensor([[float(r.n)] for r in group]),
+            mean_samples=first.task.mean_samples,
+            payload=first.task.payload or {},
+            lr=first.task.lr,
+        )
 
     def gradients(
         self,
@@ -166,17 +193,21 @@ class StackedSGD:
     def __init__(self, weights: Tensor, settings: Any, lr: float) -> None:
         self.weights = weights
         self.lr, self.momentum = lr, settings.momentum
-        self.weight_decay, self.clip = settings.weight_decay, settings.clip_grad_norm
+        self.weight_decay, self.clip_norm = settings.weight_decay, settings.clip_grad_norm
         self.buf = torch.zeros_like(weights) if self.momentum else None
         self.has_buf = torch.zeros(weights.shape, dtype=torch.bool) if self.momentum else None
 
-    def step(self, idx: Tensor, units: Sequence[int], grads: Tensor, space: ParamSpace) -> None:
-        regions = unit_regions(units, space)
-        if self.clip:
-            norm = torch.stack([grads[:, r].norm(dim=1) for r in regions], dim=1).norm(dim=1)
-            scale = (self.clip / (norm + 1e-6)).clamp(max=1.0)
-            for r in regions:
-                grads[:, r] *= scale[:, None]
+    def clip(self, grads: Tensor, regions: list[slice]) -> None:
+        """Each client's gradient scaled to norm at most ``clip_grad_norm`` over ``regions``."""
+        if not self.clip_norm:
+            return
+        norm = torch.stack([grads[:, r].norm(dim=1) for r in regions], dim=1).norm(dim=1)
+        scale = (self.clip_norm / (norm + 1e-6)).clamp(max=1.0)
+        for r in regions:
+            grads[:, r] *= scale[:, None]
+
+    def step(self, idx: Tensor, grads: Tensor, regions: list[slice]) -> None:
+        """The SGD step of clients ``idx`` (rows of the stacked weights) on ``regions``."""
         w = self.weights.index_select(0, idx)
         for r in regions:
             d = grads[:, r]
