@@ -32,11 +32,14 @@ speed() {
   rm -f "$out/w.json" "$out/w.err"
 }
 speed --device cuda
+speed --device cuda --executor cohort
+speed --device cuda --executor cohort --nondeterministic
 speed --device cuda --nondeterministic
 speed --device cuda --precision tf32 --nondeterministic
 speed --device cuda --precision bf16 --nondeterministic
 speed --device cuda --quick
 speed --device cpu --quick
+speed --device cpu --quick --executor cohort
 "$py" -c "
 import json, sys
 for line in open(sys.argv[1]):

@@ -30,6 +30,7 @@ evaluation / bare round (training + mean).
     python -m benchmarks.speed.speed --device cuda    # W on a GPU, the bare loop on the same GPU
     python -m benchmarks.speed.speed --device cuda --precision tf32 --nondeterministic # fastest GPU
     python -m benchmarks.speed.speed --json --out w.json
+    python -m benchmarks.speed.speed --quick --executor cohort   # the round's clients together
     python -m benchmarks.speed.speed --quick --levers  # each lever's gain, paired (see levers())
 
 ``--levers`` times each lever of the speed issue against its "off" setting on W's model and
@@ -104,6 +105,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--nondeterministic", action="store_true",
         help="deterministic: false (on a GPU, cuDNN autotunes; the bare loop then too)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--executor", default="sequential", choices=["sequential", "cohort"],
+        help="fedbug's executor (cohort: the round's clients as one vectorised step)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--cohort-clients", type=int, default=None,
+        help="executor cohort: clients trained together at most (default: the round)",
     )  # fmt: skip
     ap.add_argument("--levers", action="store_true", help="paired gain of each lever instead")
     ap.add_argument("--reps", type=int, default=None, help="--levers repetitions (5; quick 3)")
@@ -257,7 +266,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "precision": args.precision,
         "deterministic": not args.nondeterministic,
+        "executor": args.executor,
     }
+    if args.executor == "cohort":
+        doc["cohort"] = {"max_clients": args.cohort_clients}
     if args.eval_batch:
         doc["eval_batch_size"] = args.eval_batch
     if args.memory_format:
@@ -322,6 +334,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     out: dict[str, Any] = {
         "workload": "W",
+        "executor": args.executor,
         "shape": list(SHAPES[args.shape]),
         "classes": args.classes,
         "quick": bool(args.quick),
