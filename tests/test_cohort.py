@@ -200,3 +200,8 @@ def test_a_subclass_overriding_a_vectorised_hook_must_declare_it_again():
 
     assert _vectorised(FedProx, "adjust_grads")
     assert not _vectorised(Mine, "adjust_grads")
+
+
+@pytest.mark.parametrize("method", ["fedseq-vanilla", "fedseq-anti"])
+def test_fedseq_round_schedules(method):
+    assert_close_to_sequential(tiny_config(method=method, threads=1, rounds=3))
