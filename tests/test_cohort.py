@@ -130,7 +130,6 @@ def test_a_resumed_cohort_run_equals_the_uninterrupted_one(tmp_path):
     [
         ({"algorithm": "feddecorr"}, "algorithm feddecorr acts inside each client's step"),
         ({"policy": "freezefl", **method_needs("freezefl")}, "policy freezefl keeps a per-client"),
-        ({"optimizer": "adam"}, "vectorises SGD"),
         ({"precision": "bf16"}, "not precision bf16"),
     ],
 )
@@ -205,3 +204,29 @@ def test_a_subclass_overriding_a_vectorised_hook_must_declare_it_again():
 @pytest.mark.parametrize("method", ["fedseq-vanilla", "fedseq-anti"])
 def test_fedseq_round_schedules(method):
     assert_close_to_sequential(tiny_config(method=method, threads=1, rounds=3))
+
+
+@pytest.mark.parametrize(
+    "algorithm, policy, over",
+    [
+        ("fedavg", "bottom_up", {"bottom_up": {"gu_ratio": 0.5}}),
+        ("fedprox", "none", {"weight_decay": 0.01}),
+    ],
+)
+def test_adam_with_step_counts_per_client_and_unit(algorithm, policy, over):
+    """Adam's bias corrections read each unit's own step count, which gradual unfreezing and
+    unequal client sizes make differ between the clients of a group."""
+    cfg = pair_config(
+        algorithm,
+        policy,
+        optimizer="adam",
+        lr=0.01,
+        partition="iid",
+        unbalanced_sigma=0.8,
+        local_steps=None,
+        local_epochs=1,
+        batch_size=8,
+        threads=1,
+        **over,
+    )
+    assert_close_to_sequential(cfg)

@@ -62,8 +62,6 @@ def cohort_incompatibility(cfg: Any) -> str | None:
             f"executor: cohort plans every client's steps from the policy's schedule, and policy "
             f"{cfg.policy} keeps a per-client session that may act between epochs; {fix}"
         )
-    if cfg.optimizer != "sgd":
-        return f"executor: cohort vectorises SGD (momentum, weight decay); {fix}"
     if cfg.precision != "fp32":
         return f"executor: cohort runs in float32, not precision {cfg.precision}; {fix}"
     if getattr(cfg, "dp_sgd", None) is not None:

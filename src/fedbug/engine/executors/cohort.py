@@ -7,9 +7,10 @@ At each step the clients whose step has the same trainable units and batch shape
 and the group's gradients come from one ``torch.func.vmap`` of ``grad`` over
 ``functional_call`` with the clients' weights stacked along a leading axis (gradients only for
 the units that train: a frozen unit costs no backward below it). SGD then moves every client of
-the group at once, exactly as ``torch.optim.SGD`` moves one (weight decay on the trained
-parameters, momentum buffers begun at a parameter's first step, per-client gradient clipping
-over the trained units). Clients whose rounds are longer simply go on alone.
+the group at once, exactly as ``torch.optim.SGD`` (or Adam) moves one (weight decay on the
+trained parameters, momentum buffers and Adam's moments begun at a parameter's first step,
+per-client gradient clipping over the trained units). Clients whose rounds are longer simply
+go on alone.
 
 The numbers are the sequential executor's within float32 rounding (a batched kernel sums in
 another order), not bit for bit: ``tests/test_cohort.py`` holds every accepted family to 1e-4 of
@@ -100,7 +101,8 @@ class CohortExecutor(Executor):
         for t in tasks:  # each opens as it would alone: received weights, its local parts
             rounds.append(LocalRound(weights, t, self.client_data(t.client), states[t.client], rt))
             rows.append(rt.flat.clone())
-        sgd = StackedSGD(torch.stack(rows), rt.settings, tasks[0].lr if tasks else 0.0)
+        lr = tasks[0].lr if tasks else 0.0
+        opt = make_optimizer(torch.stack(rows), rt.settings, lr, self.space.num_units)
         plans = [r.steps() for r in rounds]
         active = list(range(len(rounds)))
         while active:
@@ -112,15 +114,19 @@ class CohortExecutor(Executor):
                     pending[units, tuple(x.shape), tuple(y.shape)].append((c, step))
             active = [c for group in pending.values() for c, _ in group]
             for group in pending.values():
-                self.group_step([c for c, _ in group], [s for _, s in group], rounds, sgd)
+                self.group_step([c for c, _ in group], [s for _, s in group], rounds, opt)
         results = []
         for c, local in enumerate(rounds):
-            rt.flat.copy_(sgd.weights[c])
+            rt.flat.copy_(opt.weights[c])
             results.append(local.result())
         return results
 
     def group_step(
-        self, clients: list[int], steps: list[Step], rounds: list[LocalRound], sgd: StackedSGD
+        self,
+        clients: list[int],
+        steps: list[Step],
+        rounds: list[LocalRound],
+        opt: StackedOptimizer,
     ) -> None:
         """One step of clients that train the same units on batches of one shape."""
         units = steps[0][0]
@@ -129,14 +135,14 @@ class CohortExecutor(Executor):
         y = torch.stack([s[2] for s in steps])
         for c in clients:
             rounds[c].mark(units)
-        w = sgd.weights.index_select(0, idx)
+        w = opt.weights.index_select(0, idx)
         grads, losses = self.gradients(w, units, x, y, rounds)
         ctx = self.stacked_ctx(w, grads, idx, units, rounds)
         alg = self.rt.algorithm
         alg.adjust_grads(ctx)  # the algorithm's terms, written for stacked clients
-        sgd.clip(grads, ctx.regions)
+        opt.clip(grads, ctx.regions)
         alg.adjust_grads_after_clipping(ctx)
-        sgd.step(idx, grads, ctx.regions)
+        opt.step(idx, grads, units, self.space)
         for c, (_, xs, ys), loss in zip(clients, steps, losses):
             rounds[c].loss_sum += loss
             rounds[c].count(units, xs, ys)
@@ -186,16 +192,14 @@ class CohortExecutor(Executor):
         return out, value.detach()
 
 
-class StackedSGD:
-    """``torch.optim.SGD`` (momentum, no dampening, weight decay) over stacked clients' flat
-    weights, moving only each step's trained units; its buffers begin at a unit's first step."""
+class StackedOptimizer:
+    """An optimiser over the stacked clients' flat weights, moving only each step's trained
+    units; per-client gradient clipping as the sequential step clips."""
 
     def __init__(self, weights: Tensor, settings: Any, lr: float) -> None:
         self.weights = weights
-        self.lr, self.momentum = lr, settings.momentum
-        self.weight_decay, self.clip_norm = settings.weight_decay, settings.clip_grad_norm
-        self.buf = torch.zeros_like(weights) if self.momentum else None
-        self.has_buf = torch.zeros(weights.shape, dtype=torch.bool) if self.momentum else None
+        self.lr, self.weight_decay = lr, settings.weight_decay
+        self.clip_norm = settings.clip_grad_norm
 
     def clip(self, grads: Tensor, regions: list[slice]) -> None:
         """Each client's gradient scaled to norm at most ``clip_grad_norm`` over ``regions``."""
@@ -206,10 +210,24 @@ class StackedSGD:
         for r in regions:
             grads[:, r] *= scale[:, None]
 
-    def step(self, idx: Tensor, grads: Tensor, regions: list[slice]) -> None:
-        """The SGD step of clients ``idx`` (rows of the stacked weights) on ``regions``."""
+    def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
+        raise NotImplementedError
+
+
+class StackedSGD(StackedOptimizer):
+    """``torch.optim.SGD`` (momentum, no dampening, weight decay); a momentum buffer begins at
+    its unit's first step, as torch's does at a parameter's first gradient."""
+
+    def __init__(self, weights: Tensor, settings: Any, lr: float) -> None:
+        super().__init__(weights, settings, lr)
+        self.momentum = settings.momentum
+        self.buf = torch.zeros_like(weights) if self.momentum else None
+        self.has_buf = torch.zeros(weights.shape, dtype=torch.bool) if self.momentum else None
+
+    def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
+        """The SGD step of clients ``idx`` (rows of the stacked weights) on ``units``."""
         w = self.weights.index_select(0, idx)
-        for r in regions:
+        for r in unit_regions(units, space):
             d = grads[:, r]
             if self.weight_decay:
                 d = d.add(w[:, r], alpha=self.weight_decay)
@@ -221,6 +239,47 @@ class StackedSGD:
                 d = b
             w[:, r] = w[:, r].add(d, alpha=-self.lr)
         self.weights.index_copy_(0, idx, w)
+
+
+class StackedAdam(StackedOptimizer):
+    """``torch.optim.Adam`` (betas 0.9, 0.999, eps 1e-8, L2 weight decay): moments per entry,
+    the step count per client and unit (a unit's count begins at its first step), the bias
+    corrections computed in double precision as torch computes them from its step count."""
+
+    betas = (0.9, 0.999)
+    eps = 1e-8
+
+    def __init__(self, weights: Tensor, settings: Any, lr: float, num_units: int) -> None:
+        super().__init__(weights, settings, lr)
+        self.m = torch.zeros_like(weights)
+        self.v = torch.zeros_like(weights)
+        self.t = torch.zeros(len(weights), num_units, dtype=torch.float64)
+
+    def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
+        b1, b2 = self.betas
+        w = self.weights.index_select(0, idx)
+        for u in units:
+            s = space.unit_slices[u]
+            g = grads[:, s]
+            if self.weight_decay:
+                g = g.add(w[:, s], alpha=self.weight_decay)
+            m = self.m[idx][:, s].lerp(g, 1 - b1)
+            v = self.v[idx][:, s].mul(b2).addcmul(g, g, value=1 - b2)
+            self.m[idx.unsqueeze(1), _cols(s)] = m
+            self.v[idx.unsqueeze(1), _cols(s)] = v
+            self.t[idx, u] += 1
+            t = self.t[idx, u].unsqueeze(1)
+            step_size = (self.lr / (1 - b1**t)).float()
+            denom = (v.sqrt() / ((1 - b2**t) ** 0.5).float()).add(self.eps)
+            w[:, s] = w[:, s] - step_size * (m / denom)
+        self.weights.index_copy_(0, idx, w)
+
+
+def make_optimizer(weights: Tensor, settings: Any, lr: float, num_units: int) -> StackedOptimizer:
+    """The stacked form of the configured optimiser."""
+    if settings.optimizer == "adam":
+        return StackedAdam(weights, settings, lr, num_units)
+    return StackedSGD(weights, settings, lr)
 
 
 def _cols(r: slice) -> Tensor:
