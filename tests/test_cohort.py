@@ -12,6 +12,7 @@ import torch
 from tiny import method_needs, tiny_config, without_timing
 
 from fedbug.algorithms import ALGORITHMS
+from fedbug.core.protocol import ClientTask
 from fedbug.engine import run_experiment
 from fedbug.engine.experiment import Experiment
 from fedbug.errors import ConfigError
@@ -230,3 +231,24 @@ def test_adam_with_step_counts_per_client_and_unit(algorithm, policy, over):
         **over,
     )
     assert_close_to_sequential(cfg)
+
+
+def test_a_memory_budget_sizes_the_chunks():
+    """One client's share (its full step's counted memory and its rows of the stacked vectors)
+    sets how many a budget holds; a budget below one client still trains one at a time."""
+    from fedbug.engine.executors import build_executor
+
+    cfg = tiny_config(executor="cohort", threads=1, momentum=0.9)
+    exp = Experiment(cfg)
+    ex = build_executor(exp, None)
+    tasks = [ClientTask(1, c, 0, 0.1, exp.mean_samples) for c in range(3)]
+    per = ex.client_bytes(tasks[0])
+    rows = 3 + 1 + 1  # weights, received, gradient; momentum; its bool mask (a byte, counted 4)
+    assert per > 4 * exp.space.total * rows
+    ex.memory_mb = 2.5 * per / 2**20
+    assert ex.chunk_size(tasks) == 2
+    ex.memory_mb = 0.5 * per / 2**20
+    assert ex.chunk_size(tasks) == 1
+    small = run_experiment(cfg.model_copy(update={"cohort": type(cfg.cohort)(memory_mb=1e-3)}))
+    whole = run_experiment(cfg)
+    assert torch.allclose(small.weights, whole.weights, atol=1e-6)

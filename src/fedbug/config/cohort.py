@@ -30,6 +30,13 @@ class CohortParams(BaseModel):
         description="clients trained together at most (a round's clients go in chunks of this "
         "many; the memory of a chunk grows with it); default: the whole round",
     )
+    memory_mb: float | None = Field(
+        None,
+        gt=0,
+        le=1e9,
+        description="a memory budget for a chunk, in MiB: as many clients as a full step's "
+        "counted memory (activations, gradients) and their stacked vectors fit, at least one",
+    )
 
 
 def _vectorised(alg: type, hook: str) -> bool:

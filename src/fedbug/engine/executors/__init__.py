@@ -25,7 +25,8 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
 
         runtime = exp.make_runtime()
         refuse_model(runtime.model, exp.space, exp.augmentation() is not None)
-        return CohortExecutor(runtime, exp.client_data, exp.cfg.cohort.max_clients)
+        params = exp.cfg.cohort
+        return CohortExecutor(runtime, exp.client_data, params.max_clients, params.memory_mb)
     if name == "processes":
         from fedbug.engine.executors.processes import ProcessExecutor, WorkerSpec
 

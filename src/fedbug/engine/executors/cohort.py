@@ -59,17 +59,20 @@ def refuse_model(model: nn.Module, space: ParamSpace, augmented: bool) -> None:
 
 
 class CohortExecutor(Executor):
-    """The round's clients in chunks of ``max_clients``, each chunk trained together."""
+    """The round's clients in chunks of ``max_clients`` (or as many as ``memory_mb`` holds),
+    each chunk trained together."""
 
     def __init__(
         self,
         runtime: ClientRuntime,
         client_data: Callable[[int], ClientData],
         max_clients: int | None = None,
+        memory_mb: float | None = None,
     ) -> None:
         self.rt = runtime
         self.client_data = client_data
         self.max_clients = max_clients
+        self.memory_mb = memory_mb
         self.space = runtime.space
         self.params = [
             (name, off, n, shape, u)
@@ -88,9 +91,28 @@ class CohortExecutor(Executor):
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
     ) -> Iterator[ClientResult]:
         ordered = sorted(tasks, key=lambda t: t.client)
-        size = self.max_clients or len(ordered) or 1
+        size = self.chunk_size(ordered)
         for i in range(0, len(ordered), size):
             yield from self.train_chunk(weights, ordered[i : i + size], states)
+
+    def chunk_size(self, tasks: list[ClientTask]) -> int:
+        """Clients a chunk takes: ``max_clients``, at most what ``memory_mb`` holds, at least 1."""
+        size = self.max_clients or len(tasks) or 1
+        if self.memory_mb is not None and tasks:
+            size = min(size, max(1, int(self.memory_mb * 2**20 // self.client_bytes(tasks[0]))))
+        return size
+
+    def client_bytes(self, task: ClientTask) -> int:
+        """Bytes one client of a chunk takes: a full step's memory as the library counts it
+        (activations saved for backward, gradients) on a full batch, and its rows of the
+        stacked vectors (weights, received weights, gradient, optimiser state, its state)."""
+        rt = self.rt
+        data = self.client_data(task.client)
+        b = rt.settings.batch_size
+        x, y = rt.prepare(data.x[:b].to(rt.device)), data.y[:b].to(rt.device)
+        step = rt.step_cost(range(self.space.num_units), x, y)
+        rows = 3 + rt.state_copies + (1 if rt.settings.optimizer == "sgd" else 0)
+        return step.activations + step.trained + 4 * self.space.total * rows
 
     def train_chunk(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
