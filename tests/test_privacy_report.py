@@ -72,8 +72,9 @@ def _write(run: Path, summary: dict, attacks: dict[str, dict]) -> None:
         (run / "attack" / name / "scores.json").write_text(json.dumps(scores))
 
 
-def _scored(psnr: float, ssim: float, labels: float, client: object) -> dict:
-    return {"client": client, "scored": True, "psnr": psnr, "ssim": ssim, "label_recovery": labels}
+def _scored(psnr: float, ssim: float, labels: float, client: object, units=(0, 1, 2)) -> dict:
+    return {"client": client, "scored": True, "psnr": psnr, "ssim": ssim,
+            "label_recovery": labels, "units_sent": list(units)}  # fmt: skip
 
 
 @pytest.fixture
@@ -88,7 +89,7 @@ def attack_results(tmp_path):
         "round-2-released-idlg": _scored(30.0, 0.7, 0.0, "released"),
     })  # fmt: skip
     _write(sweep / FEDAVG_DP, {"final": 0.4, "dp": {"epsilon": 2.5}}, {
-        "round-1-released-idlg": _scored(6.0, 0.1, 0.0, "released"),
+        "round-1-released-idlg": _scored(6.0, 0.1, 0.0, "released", units=(2,)),
         "round-2-released-refused": {"round": 2, "client": "released", "refused": "no"},
     })  # fmt: skip
     return cfg, tmp_path / "results"
@@ -97,14 +98,14 @@ def attack_results(tmp_path):
 def test_attack_table_means_each_view_and_level_and_counts_refusals(attack_results):
     """FedAvg's server view: PSNR (100 + 20) / 2 = 60.0, SSIM 0.90, labels 100%; released
     without DP (90 + 30) / 2 = 60.0, 0.80, 50%; with DP one scored (6.0, 0.10, 0%), one
-    refused; FedBug's runs are missing."""
+    refused; units sent (3 + 3 + 3 + 3 + 1) / 5 = 2.6; FedBug's runs are missing."""
     study = load_attacks(*attack_results)
     assert study.levels == ["no DP", "DP z=1"] and study.noise == {"no DP": 0.0, "DP z=1": 1.0}
     assert study.missing == 2
     lines = attack_table(study).splitlines()
     assert "released, DP z=1 (ε 2.5)" in lines[2] and "released, no DP (ε ∞)" in lines[2]
     cells = [c.strip() for c in lines[4].strip("|").split("|")]
-    assert cells == ["1 step", "FedAvg", "60.0 / 0.90 / 100", "60.0 / 0.80 / 50",
+    assert cells == ["1 step", "FedAvg", "2.6", "60.0 / 0.90 / 100", "60.0 / 0.80 / 50",
                      "6.0 / 0.10 / 0 (1 refused)"]  # fmt: skip
     assert lines[-1] == "In progress: 2 runs not finished."
 

@@ -11,7 +11,9 @@ steps and method, the mean PSNR (dB), SSIM and label recovery (%) over the attac
 as the server sees them (the client's own update, cells without DP) and as released (the
 global model's change), per privacy level; a refused attack counts apart. Accuracy sweep: per
 method and privacy level the final accuracy (mean ± sd over seeds) and the epsilon spent
-(``summary.json``'s ``dp.epsilon`` at its delta). The picture: the released update's PSNR
+(``summary.json``'s ``dp.epsilon`` at its delta). "units sent": the mean number of units in the
+attacked updates (a method that froze or withheld units sent fewer; the attack matches only
+those). The picture: the released update's PSNR
 against the noise multiplier, and final accuracy against epsilon.
 """
 
@@ -42,12 +44,14 @@ class Scores:
     psnr: list[float] = field(default_factory=list)
     ssim: list[float] = field(default_factory=list)
     labels: list[float] = field(default_factory=list)
+    units: list[int] = field(default_factory=list)  # how many units each attacked update sent
     refused: int = 0
 
     def add(self, s: dict[str, Any]) -> None:
         if "refused" in s:
             self.refused += 1
         elif s.get("scored"):
+            self.units.append(len(s.get("units_sent", [])))
             self.psnr.append(float(s["psnr"]))
             self.ssim.append(float(s["ssim"]))
             self.labels.append(float(s["label_recovery"]))
@@ -112,7 +116,7 @@ def _eps(values: list[float]) -> str:
 def attack_table(study: AttackStudy) -> str:
     """Rows (local steps, method); columns the server's view without DP, then the release per
     privacy level, each 'PSNR dB / SSIM / labels %'."""
-    head = ["local steps", "method", f"{SERVER}, no DP"]
+    head = ["local steps", "method", "units sent", f"{SERVER}, no DP"]
     head += [f"released, {lv} (ε {_eps(study.epsilon.get(lv, []))})" for lv in study.levels]
     lines = [f"**{study.name}**: PSNR (dB) / SSIM / labels recovered (%), mean over the "
              "attacked updates", "", "| " + " | ".join(head) + " |",
@@ -120,7 +124,10 @@ def attack_table(study: AttackStudy) -> str:
     rows = sorted({(k[0], k[1]) for k in study.cells}, key=lambda r: (r[0], _order(study, r[1])))
     for steps, method in rows:
         first = study.levels[0] if study.levels else ""
-        cells = [steps, method, study.cells.get((steps, method, first, SERVER), Scores()).text()]
+        units = [u for k, v in study.cells.items() if k[:2] == (steps, method) for u in v.units]
+        sent = f"{sum(units) / len(units):.1f}" if units else "-"
+        server = study.cells.get((steps, method, first, SERVER), Scores()).text()
+        cells = [steps, method, sent, server]
         cells += [
             study.cells.get((steps, method, lv, "released"), Scores()).text() for lv in study.levels
         ]
