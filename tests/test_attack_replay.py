@@ -25,7 +25,8 @@ pytest.importorskip("skimage")
 
 
 def cfg(**kw):
-    base = {"augment": "none", "optimizer": "sgd", "dp": None, "clip_grad_norm": None}
+    base = {"augment": "none", "optimizer": "sgd", "dp": None, "dp_sgd": None,
+            "clip_grad_norm": None}  # fmt: skip
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -64,6 +65,11 @@ def test_a_client_update_under_dp_is_warned_and_the_release_is_not():
     dp = SimpleNamespace(clip=1.0)
     assert kinds(config_findings(cfg(dp=dp), {"steps": 1}, "dlg", False)) == [("warn", "dp")]
     assert config_findings(cfg(dp=dp), {"steps": 1}, "dlg", True) == []
+
+
+def test_an_update_under_dp_sgd_is_warned_as_what_the_attack_measures():
+    found = config_findings(cfg(dp_sgd=SimpleNamespace(clip=1.0)), {"steps": 1}, "dlg", False)
+    assert kinds(found) == [("warn", "dp_sgd")] and "DP-SGD" in found[0].line
 
 
 def test_an_augmentation_the_record_does_not_name_is_warned():

@@ -14,8 +14,9 @@ a :class:`Finding`, one line naming the key and the fix:
   leak): a multi-step update taken as one scaled gradient (momentum, gradual unfreezing: units
   trained for different numbers of steps), an algorithm whose client session changes the steps
   or keeps personal units, a recorded client update under ``dp:`` (the trusted server's view,
-  which DP-FedAvg does not protect: ``--released`` attacks the noised release), a released
-  update that averages several clients.
+  which DP-FedAvg does not protect: ``--released`` attacks the noised release), an update under
+  ``dp_sgd:`` (clipped per sample and noised on the client: what the attack measures), a
+  released update that averages several clients.
 
 Modelled, not refused: BatchNorm (:func:`attack_mode` puts it in training mode, batch
 statistics, as the client's step used), weight decay (taken out of the observation), partial
@@ -172,6 +173,15 @@ def config_findings(cfg: Any, meta: dict[str, Any], method: str, released: bool)
                 "the received weights (not unrolled; momentum and units that train "
                 "part of the steps, as under gradual unfreezing, make it "
                 "approximate): the score is a lower bound",
+            )
+        )
+    if cfg.dp_sgd is not None:
+        out.append(
+            Finding(
+                "warn",
+                "dp_sgd",
+                "each sample's gradient was clipped and the client added noise before sending: "
+                "the attack measures what DP-SGD leaves, matching a gradient it does not model",
             )
         )
     if cfg.dp is not None and not released:
