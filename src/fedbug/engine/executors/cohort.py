@@ -123,8 +123,8 @@ class CohortExecutor(Executor):
         for t in tasks:  # each opens as it would alone: received weights, its local parts
             rounds.append(LocalRound(weights, t, self.client_data(t.client), states[t.client], rt))
             rows.append(rt.flat.clone())
-        lr = tasks[0].lr if tasks else 0.0
-        opt = make_optimizer(torch.stack(rows), rt.settings, lr, self.space.num_units)
+        opt = make_optimizer(torch.stack(rows), rt.settings, tasks[0].lr, self.space.num_units)
+        chunk = Chunk(rounds, opt)
         plans = [r.steps() for r in rounds]
         active = list(range(len(rounds)))
         while active:
@@ -136,30 +136,24 @@ class CohortExecutor(Executor):
                     pending[units, tuple(x.shape), tuple(y.shape)].append((c, step))
             active = [c for group in pending.values() for c, _ in group]
             for group in pending.values():
-                self.group_step([c for c, _ in group], [s for _, s in group], rounds, opt)
+                self.group_step([c for c, _ in group], [s for _, s in group], chunk)
         results = []
         for c, local in enumerate(rounds):
-            rt.flat.copy_(opt.weights[c])
+            rt.flat.copy_(chunk.opt.weights[c])
             results.append(local.result())
         return results
 
-    def group_step(
-        self,
-        clients: list[int],
-        steps: list[Step],
-        rounds: list[LocalRound],
-        opt: StackedOptimizer,
-    ) -> None:
+    def group_step(self, clients: list[int], steps: list[Step], chunk: Chunk) -> None:
         """One step of clients that train the same units on batches of one shape."""
-        units = steps[0][0]
-        idx = torch.tensor(clients)
+        units, rounds, opt = steps[0][0], chunk.rounds, chunk.opt
+        idx = torch.tensor(clients, device=opt.weights.device)
         x = torch.stack([s[1] for s in steps])
         y = torch.stack([s[2] for s in steps])
         for c in clients:
             rounds[c].mark(units)
         w = opt.weights.index_select(0, idx)
         grads, losses = self.gradients(w, units, x, y, rounds)
-        ctx = self.stacked_ctx(w, grads, idx, units, rounds)
+        ctx = chunk.ctx(self.space, w, grads, idx, units)
         alg = self.rt.algorithm
         alg.adjust_grads(ctx)  # the algorithm's terms, written for stacked clients
         opt.clip(grads, ctx.regions)
@@ -168,26 +162,6 @@ class CohortExecutor(Executor):
         for c, (_, xs, ys), loss in zip(clients, steps, losses):
             rounds[c].loss_sum += loss
             rounds[c].count(units, xs, ys)
-
-    def stacked_ctx(
-        self, w: Tensor, grads: Tensor, idx: Tensor, units: Sequence[int], rounds: list[LocalRound]
-    ) -> LocalCtx:
-        """The group's :class:`LocalCtx`, its tensors stacked over the clients (rows ``idx``)."""
-        group = [rounds[int(c)] for c in idx]
-        first = group[0]
-        state = {k: torch.stack([r.state[k] for r in group]) for k in first.state}
-        return LocalCtx(
-            space=self.space,
-            weights=w,
-            grads=grads,
-            received=torch.stack([r.received for r in group]),
-            regions=unit_regions(units, self.space),
-            state=state,
-            num_samples=torch.tensor([[float(r.n)] for r in group]),
-            mean_samples=first.task.mean_samples,
-            payload=first.task.payload or {},
-            lr=first.task.lr,
-        )
 
     def gradients(
         self,
@@ -212,6 +186,37 @@ class CohortExecutor(Executor):
             if u in on:
                 out[:, o : o + k] = g[n].reshape(len(w), k)
         return out, value.detach()
+
+
+class Chunk:
+    """The clients trained together: their rounds, the optimiser over their stacked weights, and
+    what their steps read, stacked once (received weights, states, sample counts)."""
+
+    def __init__(self, rounds: list[LocalRound], opt: StackedOptimizer) -> None:
+        self.rounds, self.opt = rounds, opt
+        dev = opt.weights.device
+        self.received = torch.stack([r.received for r in rounds])
+        keys = rounds[0].state.keys() if rounds else ()
+        self.state = {k: torch.stack([r.state[k] for r in rounds]) for k in keys}
+        self.samples = torch.tensor([[float(r.n)] for r in rounds], device=dev)
+
+    def ctx(
+        self, space: ParamSpace, w: Tensor, grads: Tensor, idx: Tensor, units: Sequence[int]
+    ) -> LocalCtx:
+        """A group's :class:`LocalCtx`, its tensors stacked over the clients (rows ``idx``)."""
+        first = self.rounds[int(idx[0])].task
+        return LocalCtx(
+            space=space,
+            weights=w,
+            grads=grads,
+            received=self.received.index_select(0, idx),
+            regions=unit_regions(units, space),
+            state={k: v.index_select(0, idx) for k, v in self.state.items()},
+            num_samples=self.samples.index_select(0, idx),
+            mean_samples=first.mean_samples,
+            payload=first.payload or {},
+            lr=first.lr,
+        )
 
 
 class StackedOptimizer:
@@ -244,29 +249,28 @@ class StackedSGD(StackedOptimizer):
         super().__init__(weights, settings, lr)
         self.momentum = settings.momentum
         self.buf = torch.zeros_like(weights) if self.momentum else None
-        self.has_buf = torch.zeros(weights.shape, dtype=torch.bool) if self.momentum else None
+        self.has_buf = torch.zeros_like(weights, dtype=torch.bool) if self.momentum else None
 
     def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
         """The SGD step of clients ``idx`` (rows of the stacked weights) on ``units``."""
-        w = self.weights.index_select(0, idx)
         for r in unit_regions(units, space):
+            w = self.weights[idx, r]
             d = grads[:, r]
             if self.weight_decay:
-                d = d.add(w[:, r], alpha=self.weight_decay)
+                d = d.add(w, alpha=self.weight_decay)
             if self.buf is not None and self.has_buf is not None:
-                held = self.has_buf[idx][:, r]
-                b = torch.where(held, self.buf[idx][:, r].mul(self.momentum).add(d), d)
-                self.buf[idx.unsqueeze(1), _cols(r)] = b
-                self.has_buf[idx.unsqueeze(1), _cols(r)] = True
-                d = b
-            w[:, r] = w[:, r].add(d, alpha=-self.lr)
-        self.weights.index_copy_(0, idx, w)
+                held = self.has_buf[idx, r]
+                d = torch.where(held, self.buf[idx, r].mul(self.momentum).add(d), d)
+                self.buf[idx, r] = d
+                self.has_buf[idx, r] = True
+            self.weights[idx, r] = w.add(d, alpha=-self.lr)
 
 
 class StackedAdam(StackedOptimizer):
     """``torch.optim.Adam`` (betas 0.9, 0.999, eps 1e-8, L2 weight decay): moments per entry,
     the step count per client and unit (a unit's count begins at its first step), the bias
-    corrections computed in double precision as torch computes them from its step count."""
+    corrections computed in double precision (on the host) as torch computes them from its
+    step count."""
 
     betas = (0.9, 0.999)
     eps = 1e-8
@@ -279,22 +283,21 @@ class StackedAdam(StackedOptimizer):
 
     def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
         b1, b2 = self.betas
-        w = self.weights.index_select(0, idx)
+        host = idx.cpu()
         for u in units:
             s = space.unit_slices[u]
+            w = self.weights[idx, s]
             g = grads[:, s]
             if self.weight_decay:
-                g = g.add(w[:, s], alpha=self.weight_decay)
-            m = self.m[idx][:, s].lerp(g, 1 - b1)
-            v = self.v[idx][:, s].mul(b2).addcmul(g, g, value=1 - b2)
-            self.m[idx.unsqueeze(1), _cols(s)] = m
-            self.v[idx.unsqueeze(1), _cols(s)] = v
-            self.t[idx, u] += 1
-            t = self.t[idx, u].unsqueeze(1)
-            step_size = (self.lr / (1 - b1**t)).float()
-            denom = (v.sqrt() / ((1 - b2**t) ** 0.5).float()).add(self.eps)
-            w[:, s] = w[:, s] - step_size * (m / denom)
-        self.weights.index_copy_(0, idx, w)
+                g = g.add(w, alpha=self.weight_decay)
+            m = self.m[idx, s].lerp(g, 1 - b1)
+            v = self.v[idx, s].mul(b2).addcmul(g, g, value=1 - b2)
+            self.m[idx, s], self.v[idx, s] = m, v
+            self.t[host, u] += 1
+            t = self.t[host, u].unsqueeze(1)
+            step_size = (self.lr / (1 - b1**t)).float().to(w.device)
+            root = ((1 - b2**t) ** 0.5).float().to(w.device)
+            self.weights[idx, s] = w - step_size * (m / (v.sqrt() / root).add(self.eps))
 
 
 def make_optimizer(weights: Tensor, settings: Any, lr: float, num_units: int) -> StackedOptimizer:
@@ -302,7 +305,3 @@ def make_optimizer(weights: Tensor, settings: Any, lr: float, num_units: int) ->
     if settings.optimizer == "adam":
         return StackedAdam(weights, settings, lr, num_units)
     return StackedSGD(weights, settings, lr)
-
-
-def _cols(r: slice) -> Tensor:
-    return torch.arange(r.start, r.stop).unsqueeze(0)
