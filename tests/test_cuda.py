@@ -147,3 +147,21 @@ def test_a_killed_gpu_run_resumes_to_the_uninterrupted_numbers(tmp_path):
     resumed = run_experiment(cfg, tmp_path / "run", dataset=ds, resume=True)
     assert weights_sha256(resumed.weights) == weights_sha256(whole.weights)
     assert without_timing(resumed.records) == without_timing(whole.records)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [{}, {"algorithm": "scaffold", "momentum": 0.9}, {"optimizer": "adam", "lr": 0.001}],
+)
+def test_the_cohort_executor_on_the_gpu_follows_the_sequential_one(over):
+    """executor: cohort on the GPU: the round's clients as one vectorised step, every tensor on
+    the device; one round of 2 steps (random labels at lr 0.1 amplify rounding over longer
+    runs, see above), within 1e-4 of the step as on the CPU (tests/test_cohort.py)."""
+    ds = random_images()
+    kw = {"rounds": 1, "local_steps": 2, "clip_grad_norm": None, **over}
+    seq = fedbug.run(cnn(**kw), dataset=ds)
+    coh = fedbug.run(cnn(executor="cohort", **kw), dataset=ds)
+    w0 = ClientSide(cnn(device="cpu", **kw), dataset=ds).initial_weights()
+    gap = moved_apart(coh.weights, seq.weights, w0)
+    print(f"cohort - sequential on the GPU over the round's change: {gap:.1e}")
+    assert gap < 1e-4
