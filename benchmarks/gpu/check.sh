@@ -53,6 +53,20 @@ timeout 120 "$py" -m fedbug.cli run configs/digits-demo.yaml -s device=cuda --ou
   && cp /tmp/gpu-demo/*/summary.json "$out/demo-summary.json" \
   && "$py" -c "import json; d=json.load(open('$out/demo-summary.json')); print('demo', d['final_acc'], d['seconds'], d['environment']['device'], d['environment']['data_on_device'], d['environment'].get('gpu_kernels'))"
 
+# 1,000 participants a round of configs/scale-10k.yaml (2 rounds): the cohort executor in chunks
+# sized to a memory budget, against the sequential one (needs Fashion-MNIST on the machine)
+if [ -d /usr/share/datasets/fashion-mnist ] || [ -d "${FEDBUG_DATA:-/nonexistent}" ]; then
+  for ex in sequential cohort; do
+    extra=(); [ "$ex" = cohort ] && extra=(-s cohort.memory_mb=20000)
+    timeout 600 "$py" -m fedbug.cli run configs/scale-10k.yaml -s device=cuda -s executor=$ex \
+      -s clients_per_round=1000 -s rounds=2 -s eval_every=2 "${extra[@]}" --out "/tmp/gpu-scale-$ex" -q \
+      && "$py" -c "import json,glob,sys; rs=[json.loads(l) for l in open(glob.glob('/tmp/gpu-scale-$ex/*/metrics.jsonl')[0])]; print('scale-10k 1000/round $ex: train s per round', [round(r['time_train'],2) for r in rs])" \
+      | tee -a "$out/scale.txt"
+  done
+else
+  echo "scale-10k skipped: no Fashion-MNIST here" | tee "$out/scale.txt"
+fi
+
 # last (its 8 workers load the CPUs, which the timings above must not share): the GPU tests
 # and the device tests, then the golden families on both devices
 FEDBUG_TEST_GPU=1 timeout 300 "$py" -m pytest -q -rP -n 8 -p no:cacheprovider tests/test_cuda.py tests/test_device.py \
