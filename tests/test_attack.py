@@ -237,3 +237,16 @@ def test_dlg_with_adam_and_an_unknown_optimizer():
     assert found.shape == x.shape and bool(torch.isfinite(found).all())
     with pytest.raises(ValueError, match="optimizer 'sgd'"):
         dlg(obs, iterations=1, optimizer="sgd")
+
+
+@pytest.mark.slow  # SciPy's assignment and scikit-image's metrics
+def test_a_reconstruction_that_diverged_is_scored_as_zeros_and_flagged(recorded_run):
+    """A NaN reconstruction (an optimisation that blew up, seen in the privacy study at strong
+    noise) is scored, not a crash: as zero images, marked diverged."""
+    from fedbug.attack.driver import score
+
+    up = load_update(recorded_run, 1, recorded(recorded_run)[1][0])
+    x = torch.full_like(up.inputs, float("nan"))
+    out = score(recorded_run, "diverged", up, x, up.labels)
+    assert out["diverged"] is True and out["scored"]
+    assert all(p["psnr"] == p["psnr"] for p in out["per_image"])  # finite numbers, not NaN

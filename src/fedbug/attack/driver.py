@@ -253,6 +253,9 @@ def score(
     else:
         true = up.inputs.reshape(-1, *up.meta["input_shape"]).to(torch.float32)
         found = x.reshape(true.shape)
+        if not bool(torch.isfinite(found).all()):  # the optimisation diverged: scored as zeros
+            out["diverged"] = True
+            found = torch.nan_to_num(found, nan=0.0, posinf=0.0, neginf=0.0)
         found = found[match_order(true, found)]
         per = image_scores(true, found) if true.dim() == 4 else []
         out.update(
