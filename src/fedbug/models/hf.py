@@ -22,6 +22,17 @@ head (``get_output_embeddings()``) takes the last position's hidden state only, 
 runs once per sequence and an algorithm that reads the classifier's input (FedROD's personal
 head, FedDecorr) gets one feature row per sample.
 ``use_cache`` is off: a training step keeps no key/value cache.
+
+``model_options: {gradient_checkpointing: true}`` checkpoints each block (the model's
+``activation_checkpointing_enable``, torch's non-reentrant checkpoint): the forward pass keeps
+only each block's input for backward and runs the block again in backward, so a client's
+counted step memory (:mod:`fedbug.core.flops`, the bytes saved for backward) falls to the
+blocks' inputs and its FLOPs grow by at most one more forward of the trained blocks. The
+numbers are bit for bit those without it (the same kernels on the same inputs; dropout's draws
+replayed). The count leaves out the one block rebuilt at a time during backward (at most one
+block's share of the count without checkpointing). Non-reentrant, so a block below the lowest
+trained one is neither kept nor run again, and the input-gradient hook transformers adds for
+reentrant checkpointing is removed (it would make frozen bottom blocks run backward).
 """
 
 from __future__ import annotations
@@ -88,12 +99,18 @@ def build_hf(
     hf_config: dict[str, Any] | None = None,
     task: str = "classification",
     adapters: dict[str, Any] | None = None,
+    gradient_checkpointing: bool = False,
 ) -> nn.Module:
     """The Hugging Face model ``name`` names (``hf`` or ``hf:<name or folder>``) with the head
     of ``task``, returning logits (module docstring), with ``adapters`` where given
-    (:mod:`fedbug.models.adapters`). Random weights come from torch's global generator, which
+    (:mod:`fedbug.models.adapters`) and each block checkpointed under
+    ``gradient_checkpointing``. Random weights come from torch's global generator, which
     :func:`fedbug.models.build_model` seeds from the run's seed."""
     check_hf_model(name, hf_config, task, adapters)
+    if not isinstance(gradient_checkpointing, bool):
+        raise ConfigError(
+            f"model_options.gradient_checkpointing: true or false, not {gradient_checkpointing!r}"
+        )
     transformers = _transformers()
     head = getattr(transformers, HEADS[task])
     keys = dict(hf_config or {})
@@ -115,11 +132,25 @@ def build_hf(
     model.config.use_cache = False
     if adapters is not None:
         model = add_adapters(model, adapters)
+    if gradient_checkpointing:
+        _checkpoint_blocks(model)
     head = model.get_output_embeddings() if task == "next_token" else None
     if head is not None:
         head.register_forward_pre_hook(_last_position)
     model.register_forward_hook(_last_logits if task == "next_token" else _logits)
     return model  # type: ignore[no-any-return]
+
+
+def _checkpoint_blocks(model: nn.Module) -> None:
+    """Checkpoint each block of ``model`` with torch's non-reentrant checkpoint (module
+    docstring); one line where the model's class offers none."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(
+            f"model_options.gradient_checkpointing: {type(model).__name__} offers no gradient "
+            "checkpointing; remove the option"
+        )
+    model.activation_checkpointing_enable({"use_reentrant": False})  # type: ignore[operator]
+    model.disable_input_require_grads()  # type: ignore[operator]
 
 
 def _pretrained(transformers: Any, head: Any, where: str, keys: dict[str, Any]) -> nn.Module:
