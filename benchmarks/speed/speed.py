@@ -114,6 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--cohort-clients", type=int, default=None,
         help="executor cohort: clients trained together at most (default: the round)",
     )  # fmt: skip
+    ap.add_argument(
+        "--bare-memory-format", choices=["contiguous", "channels_last"], default="contiguous",
+        help="the bare loop's layout (channels_last: weights and batches NHWC, by hand)",
+    )  # fmt: skip
     ap.add_argument("--levers", action="store_true", help="paired gain of each lever instead")
     ap.add_argument("--reps", type=int, default=None, help="--levers repetitions (5; quick 3)")
     ap.add_argument(
@@ -192,12 +196,23 @@ def instrument(timer: Timer) -> None:
 class BareLoop:
     """The plain PyTorch round: state_dict load, 50 SGD steps a client, mean of state dicts."""
 
-    def __init__(self, ds: FederatedDataset, epochs: int, seed: int, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        ds: FederatedDataset,
+        epochs: int,
+        seed: int,
+        device: str = "cpu",
+        memory_format: str = "contiguous",
+    ) -> None:
         self.ds = ds
         self.epochs = epochs
         self.device = torch.device(device)
         model = build_model("standard_cnn", ds.input_shape, ds.num_classes, seed)
         self.model = model.to(self.device)
+        #: channels_last: the model's weights and each batch NHWC, as a hand-written loop would
+        self.channels_last = memory_format == "channels_last"
+        if self.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
         self.global_sd = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.gen = torch.Generator().manual_seed(seed + 1)
         self.mean = torch.tensor(ds.mean).view(1, -1, 1, 1).to(self.device)
@@ -219,6 +234,8 @@ class BareLoop:
                 for b in range(0, SAMPLES, BATCH):
                     idx = perm[b : b + BATCH]
                     x = (xs[idx].float() / 255.0 - self.mean) / self.std
+                    if self.channels_last:
+                        x = x.contiguous(memory_format=torch.channels_last)
                     loss = F.cross_entropy(model(x), ys[idx])
                     opt.zero_grad()
                     loss.backward()
@@ -277,7 +294,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = load_config(None, doc=doc)
     timer = Timer()
     instrument(timer)
-    bare = BareLoop(ds, epochs, args.seed, str(resolve_device(args.device)))
+    bare = BareLoop(
+        ds, epochs, args.seed, str(resolve_device(args.device)), args.bare_memory_format
+    )
     samples = PER_ROUND * SAMPLES * epochs
     rows: list[dict[str, float]] = []
     prof_box: dict[str, Any] = {}
@@ -335,6 +354,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "workload": "W",
         "executor": args.executor,
+        "bare_memory_format": args.bare_memory_format,
         "shape": list(SHAPES[args.shape]),
         "classes": args.classes,
         "quick": bool(args.quick),

@@ -123,6 +123,14 @@ class ClientRuntime:
         self.private = (
             PerSampleGradients(model, settings.dp_sgd) if settings.dp_sgd is not None else None
         )
+        #: whether a step's gradient must sit in the flat vector ``grad`` (an algorithm's terms,
+        #: clipping and DP-SGD read or write it there); otherwise autograd's own gradient
+        #: tensors are stepped on, which saves zeroing the views and adding into them
+        self.flat_grads = (
+            algorithm.overrides("adjust_grads", "adjust_grads_after_clipping")
+            or bool(settings.clip_grad_norm)
+            or self.private is not None
+        )
 
     def _capture(self, _m: nn.Module, inputs: tuple[Tensor, ...]) -> None:
         self._features = inputs[0]
@@ -136,8 +144,23 @@ class ClientRuntime:
         for u, params in enumerate(self.unit_params):
             for p, g in params:
                 p.requires_grad_(u in on)
-                p.grad = g if u in on else None
+                p.grad = g if u in on and self.flat_grads else None
         return unit_regions(units, self.space)
+
+    def fresh_grads(self, units: tuple[int, ...]) -> None:
+        """Before a backward pass without flat gradients: no gradient on the trainable
+        parameters, so autograd hands its own tensors over instead of adding into views."""
+        for u in units:
+            for p, _ in self.unit_params[u]:
+                p.grad = None
+
+    def missing_grads(self, units: tuple[int, ...]) -> None:
+        """After it: a trainable parameter autograd gave no gradient (unused by the forward
+        pass) steps on zeros, as it does on its zeroed view with flat gradients."""
+        for u in units:
+            for p, g in self.unit_params[u]:
+                if p.grad is None:
+                    p.grad = g.zero_()
 
     def step_cost(
         self, units: tuple[int, ...] | range, x: Tensor, y: Tensor, loss: LossFn | None = None
@@ -320,10 +343,15 @@ class LocalRound:
         )
         self.mark(units)
         session.before_step(x, y)
-        for r in ctx.regions:
-            rt.grad[r].zero_()
+        if rt.flat_grads:
+            for r in ctx.regions:
+                rt.grad[r].zero_()
+        else:
+            rt.fresh_grads(units)
         if len(y):  # (a DP-SGD Poisson draw can be empty: the step is then its noise alone)
             self.backward(x, y)
+        if not rt.flat_grads:
+            rt.missing_grads(units)
         if rt.private is not None:
             assert self.dp_gen is not None
             rt.private.privatize(
