@@ -156,8 +156,10 @@ class Algorithm:
     #: ``extra_loss``; None otherwise)
     needs_features: ClassVar[bool] = False
     #: declared: this class's own ``adjust_grads`` / ``adjust_grads_after_clipping`` also take
-    #: the cohort executor's stacked context (see :class:`LocalCtx`); a subclass overriding them
-    #: declares it again (the cohort executor reads the class that defines each hook)
+    #: the cohort executor's stacked context (see :class:`LocalCtx`), and its ``extra_loss`` runs
+    #: inside the executor's vectorised map for one client (its features; of ``ctx`` only what
+    #: a group shares); a subclass overriding them declares it again (the cohort executor reads
+    #: the class that defines each hook)
     vectorised_step: ClassVar[bool] = False
     #: False: the server's weights alone are no model to evaluate, some units living only on the
     #: clients (needs ``local_units``); evaluation must then be personalized

@@ -16,7 +16,7 @@ from fedbug.policies import POLICIES, FreezePolicy
 #: per-client session of their own): not vectorised yet, so refused under the cohort executor.
 _STEP_HOOKS = ("start_client", "extra_loss", "adjust_grads", "adjust_grads_after_clipping")
 #: the gradient hooks an algorithm may write for stacked clients (``vectorised_step``)
-_VECTORISABLE = ("adjust_grads", "adjust_grads_after_clipping")
+_VECTORISABLE = ("extra_loss", "adjust_grads", "adjust_grads_after_clipping")
 
 
 class CohortParams(BaseModel):
@@ -41,7 +41,7 @@ class CohortParams(BaseModel):
 
 def _vectorised(alg: type, hook: str) -> bool:
     """Whether the class that defines ``hook`` for ``alg`` declares ``vectorised_step`` in its
-    own body (a gradient term written for stacked clients), for the two gradient hooks."""
+    own body (a term written for the cohort executor), for the loss and gradient hooks."""
     if hook not in _VECTORISABLE:
         return False
     owner = next(c for c in alg.__mro__ if hook in vars(c))

@@ -152,8 +152,9 @@ class CohortExecutor(Executor):
         for c in clients:
             rounds[c].mark(units)
         w = opt.weights.index_select(0, idx)
-        grads, losses = self.gradients(w, units, x, y, rounds)
-        ctx = chunk.ctx(self.space, w, grads, idx, units)
+        ctx = chunk.ctx(self.space, w, torch.zeros_like(w), idx, units)
+        _, losses = self.gradients(w, units, x, y, ctx, rounds[clients[0]].session.loss)
+        grads = ctx.grads
         alg = self.rt.algorithm
         alg.adjust_grads(ctx)  # the algorithm's terms, written for stacked clients
         opt.clip(grads, ctx.regions)
@@ -164,24 +165,26 @@ class CohortExecutor(Executor):
             rounds[c].count(units, xs, ys)
 
     def gradients(
-        self,
-        w: Tensor,
-        units: Sequence[int],
-        x: Tensor,
-        y: Tensor,
-        rounds: list[LocalRound],
+        self, w: Tensor, units: Sequence[int], x: Tensor, y: Tensor, ctx: LocalCtx, loss: Any
     ) -> tuple[Tensor, Tensor]:
-        """(the gradients [clients, total], zero outside ``units``; each client's loss)."""
+        """The gradients [clients, total] (zero outside ``units``) of each client's loss with the
+        algorithm's term (``extra_loss``, run inside the vectorised map for one client, with
+        that client's features); each client's task loss, as the sequential step records."""
         on = set(units)
-        model, loss = self.rt.model, rounds[0].session.loss
+        rt = self.rt
+        model, alg = rt.model, rt.algorithm
         trained = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in self.params if u in on}
         fixed = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in self.params if u not in on}
 
         def client_loss(tr: dict[str, Tensor], fx: dict[str, Tensor], xb: Tensor, yb: Tensor):
-            return loss(functional_call(model, {**tr, **fx}, (xb,)), yb)
+            base = loss(functional_call(model, {**tr, **fx}, (xb,)), yb)
+            return alg.extra_loss(ctx, base, rt._features), base
 
-        g, value = vmap(grad_and_value(client_loss))(trained, fixed, x, y)
-        out = torch.zeros_like(w)
+        try:
+            g, (_, value) = vmap(grad_and_value(client_loss, has_aux=True))(trained, fixed, x, y)
+        finally:
+            rt._features = None  # the hook's capture lived inside the map
+        out = ctx.grads
         for n, o, k, _s, u in self.params:
             if u in on:
                 out[:, o : o + k] = g[n].reshape(len(w), k)
