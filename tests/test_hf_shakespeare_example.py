@@ -51,6 +51,7 @@ def tiny_doc(path: Path, data_dir: Path) -> dict:
     return doc
 
 
+@pytest.mark.slow  # six one-round runs: about 10 s on a loaded 2-core machine
 def test_every_cell_of_the_example_runs_and_lora_sends_only_its_adapters(one_play):
     doc = tiny_doc(EXAMPLE, one_play)
     cells = expand(doc, validate(doc).grid or {})
