@@ -10,7 +10,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedbug.algorithms import ALGORITHMS
-from fedbug.policies import POLICIES, FreezePolicy
 
 #: Algorithm hooks that act inside a local step on the one runtime's flat vectors (or open a
 #: per-client session of their own): not vectorised yet, so refused under the cohort executor.
@@ -62,12 +61,6 @@ def cohort_incompatibility(cfg: Any) -> str | None:
             f"{cfg.algorithm} acts inside each client's step ({', '.join(hooks)}), which is not "
             f"vectorised yet; use one whose gradient terms are (fedavg, fedprox, feddyn, scaffold, "
             f"...) {fix}"
-        )
-    policy = POLICIES.get(cfg.policy)
-    if policy.start_client is not FreezePolicy.start_client:
-        return (
-            f"executor: cohort plans every client's steps from the policy's schedule, and policy "
-            f"{cfg.policy} keeps a per-client session that may act between epochs; {fix}"
         )
     if cfg.precision != "fp32":
         return f"executor: cohort runs in float32, not precision {cfg.precision}; {fix}"

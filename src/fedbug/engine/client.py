@@ -276,6 +276,10 @@ class LocalRound:
         self.idle = self.flops = self.probe_steps = self.probe_flops = 0
         self.peak: StepMemory | None = None  # the costliest step's memory (counted with FLOPs)
         self.perm = torch.empty(0, dtype=torch.long)
+        #: whether the step last yielded ends an epoch (the policy's answer comes next), and
+        #: how many times the round started over: what the cohort executor synchronises on
+        self.epoch_ends = False
+        self.restarts = 0
         self.begin()
 
     def begin(self) -> None:
@@ -309,8 +313,9 @@ class LocalRound:
             if not units:
                 self.idle += 1
                 continue
+            self.epoch_ends = k % self.per_epoch == 0 and k < self.local_steps
             yield units, x, y
-            if k % self.per_epoch == 0 and k < self.local_steps:
+            if self.epoch_ends:
                 k = self.end_of_epoch(k)
 
     def batch(self, k: int) -> tuple[Tensor, Tensor]:
@@ -417,6 +422,7 @@ class LocalRound:
         if action is None:
             return k
         if action.restart:
+            self.restarts += 1
             self.probe_steps += k
             self.probe_flops = self.flops
             rt.flat.copy_(self.received)

@@ -130,7 +130,7 @@ class CohortExecutor(Executor):
         while active:
             pending: dict[tuple[Any, ...], list[tuple[int, Step]]] = defaultdict(list)
             for c in active:
-                step = next(plans[c], None)
+                step = self.next_step(c, plans[c], chunk)
                 if step is not None:
                     units, x, y = step
                     pending[units, tuple(x.shape), tuple(y.shape)].append((c, step))
@@ -142,6 +142,21 @@ class CohortExecutor(Executor):
             rt.flat.copy_(chunk.opt.weights[c])
             results.append(local.result())
         return results
+
+    def next_step(self, c: int, plan: Iterator[Step], chunk: Chunk) -> Step | None:
+        """Client ``c``'s next step. After a step that ended an epoch the policy answers first
+        (FreezeFL's probe: restore units, or start over), on the runtime's flat vector: the
+        client's row goes there and back, and a restart clears its optimiser state."""
+        local, opt, rt = chunk.rounds[c], chunk.opt, self.rt
+        if not local.epoch_ends:
+            return next(plan, None)
+        rt.flat.copy_(opt.weights[c])
+        restarts = local.restarts
+        step = next(plan, None)
+        opt.weights[c].copy_(rt.flat)
+        if local.restarts != restarts:
+            opt.reset(c)
+        return step
 
     def group_step(self, clients: list[int], steps: list[Step], chunk: Chunk) -> None:
         """One step of clients that train the same units on batches of one shape."""
@@ -243,6 +258,10 @@ class StackedOptimizer:
     def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
         raise NotImplementedError
 
+    def reset(self, row: int) -> None:
+        """Client ``row`` starts its round over: its optimiser state as new."""
+        return None
+
 
 class StackedSGD(StackedOptimizer):
     """``torch.optim.SGD`` (momentum, no dampening, weight decay); a momentum buffer begins at
@@ -253,6 +272,11 @@ class StackedSGD(StackedOptimizer):
         self.momentum = settings.momentum
         self.buf = torch.zeros_like(weights) if self.momentum else None
         self.has_buf = torch.zeros_like(weights, dtype=torch.bool) if self.momentum else None
+
+    def reset(self, row: int) -> None:
+        if self.buf is not None and self.has_buf is not None:
+            self.buf[row].zero_()
+            self.has_buf[row] = False
 
     def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
         """The SGD step of clients ``idx`` (rows of the stacked weights) on ``units``."""
@@ -283,6 +307,11 @@ class StackedAdam(StackedOptimizer):
         self.m = torch.zeros_like(weights)
         self.v = torch.zeros_like(weights)
         self.t = torch.zeros(len(weights), num_units, dtype=torch.float64)
+
+    def reset(self, row: int) -> None:
+        self.m[row].zero_()
+        self.v[row].zero_()
+        self.t[row] = 0
 
     def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
         b1, b2 = self.betas
