@@ -75,6 +75,17 @@ class AttackStudy:
     missing: int = 0
 
 
+def run_epsilon(run: Path) -> tuple[float | None, bool]:
+    """(the run's epsilon under ``dp:``, whether it finished): from its ``summary.json``, or
+    from ``privacy.json`` (what ``run.py`` keeps of it for git) where the summary is absent."""
+    for name in ("summary.json", "privacy.json"):
+        if (run / name).is_file():
+            doc = json.loads((run / name).read_text())
+            eps = doc.get("dp", {}).get("epsilon") if name == "summary.json" else doc["epsilon"]
+            return (None if eps is None else float(eps)), True
+    return None, False
+
+
 def _names(cell: Any) -> tuple[str, str, str]:
     """(method, steps, privacy) from a cell's variant labels (steps '' where not a grid axis)."""
     names = list(cell.names)
@@ -92,10 +103,10 @@ def load_attacks(config: Path, results: Path) -> AttackStudy:
         study.noise[level] = 0.0 if cfg.dp is None else float(cfg.dp.noise_multiplier)
         for seed in range(int(doc.get("seeds", 1))):
             run = folder / f"{cell.slug}-s{seed}"
-            if not (run / "summary.json").is_file():
+            eps, done = run_epsilon(run)
+            if not done:
                 study.missing += 1
                 continue
-            eps = json.loads((run / "summary.json").read_text()).get("dp", {}).get("epsilon")
             if eps is not None:
                 study.epsilon[level].append(float(eps))
             for path in sorted((run / "attack").glob("*/scores.json")):

@@ -152,11 +152,21 @@ def _attack(run: Path, job: Job, client: int, its: dict[str, int]) -> dict[str, 
     return attack(run, job.round, client, "auto", n, seed=0, released=job.released)
 
 
+def write_privacy(run: Path) -> None:
+    """``privacy.json``: what the report reads of a finished run's summary (its epsilon and
+    delta under ``dp:``), small enough for git where the summary of a run of 1,300 clients is
+    not (the attack sweeps' summaries stay out of git, ``.gitignore``)."""
+    dp = json.loads((run / "summary.json").read_text()).get("dp") or {}
+    doc = {"epsilon": dp.get("epsilon"), "delta": dp.get("delta")}
+    (run / "privacy.json").write_text(json.dumps(doc) + "\n")
+
+
 def attacks(config: Path, results: Path, jobs: int, iterations: dict[str, int]) -> int:
     """Every missing attack of the sweep's finished runs, ``jobs`` at a time."""
     todo = []
     for run, cfg in run_folders(config, results):
         if (run / "summary.json").is_file():
+            write_privacy(run)
             todo += jobs_of(run, cfg, iterations)
     print(f"{len(todo)} attacks to run ({config})", flush=True)
     if jobs <= 1:
