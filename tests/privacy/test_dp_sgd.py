@@ -226,3 +226,14 @@ def test_worker_processes_give_the_sequential_numbers():
     par = run_experiment(cfg.model_copy(update={"executor": "processes", "workers": 2}))
     assert without_timing(par.records) == without_timing(seq.records)
     assert torch.equal(par.weights, seq.weights)
+
+
+def test_a_batch_larger_than_the_client_is_divided_by_the_client_size():
+    """batch_size 4096 over clients of ~225 samples: q = min(1, B / n) = 1, every sample in
+    every step, so the expected batch (Abadi et al.'s lot, Opacus's expected_batch_size) is n,
+    not B. Without clip (C = 1e6) or noise the step is then plain full-batch SGD; dividing by B
+    would shrink it by n / B (about 0.055)."""
+    over = dict(batch_size=4096, rounds=1, count_flops=False, threads=1)
+    private = run_experiment(dp_config(dp_sgd={"clip": 1e6, "noise_multiplier": 0.0}, **over))
+    plain = run_experiment(tiny_config(**over))
+    assert torch.allclose(private.weights, plain.weights, atol=1e-6)

@@ -359,9 +359,9 @@ class LocalRound:
             rt.missing_grads(units)
         if rt.private is not None:
             assert self.dp_gen is not None
-            rt.private.privatize(
-                rt.trainable_params(units), rt.settings.batch_size, self.dp_gen, units
-            )
+            # over the expected batch q n = min(B, n) (q = min(1, B / n)), as Opacus divides
+            expected = min(rt.settings.batch_size, self.n)
+            rt.private.privatize(rt.trainable_params(units), expected, self.dp_gen, units)
         alg.adjust_grads(ctx)
         if rt.settings.clip_grad_norm:
             clip_grad_norm(rt.grad, ctx.regions, rt.settings.clip_grad_norm)
