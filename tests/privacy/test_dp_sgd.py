@@ -256,3 +256,15 @@ def test_a_loss_reading_the_clients_whole_label_set_is_refused(algorithm):
     evaluation = "global" if ALGORITHMS.get(algorithm).has_global_model else "personalized"
     with pytest.raises(ConfigError, match="dp_sgd"):
         dp_config(algorithm=algorithm, evaluation=evaluation, **method_needs(algorithm, "none"))
+
+
+@pytest.mark.parametrize("algorithm", ["fjord", "slt"])
+def test_a_model_run_on_substituted_weights_is_refused_in_one_line(algorithm):
+    """The width methods run each step on masked copies of the weights (functional_call): the
+    layers' parameters are then plain tensors Opacus's hooks cannot count (an AttributeError
+    deep in Opacus before); a ConfigError naming dp_sgd instead."""
+    from tiny import method_needs
+
+    over = {"rounds": 1, "threads": 1, "finetune_epochs": 0, **method_needs(algorithm, "none")}
+    with pytest.raises(ConfigError, match="dp_sgd: .*substituted"):
+        run_experiment(dp_config(algorithm=algorithm, **over))

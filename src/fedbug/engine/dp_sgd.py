@@ -38,6 +38,11 @@ from fedbug.core.protocol import SampleDP
 from fedbug.errors import ConfigError
 
 _MISSING = 'dp_sgd: needs Opacus: pip install "fedbug[dp]"'
+_SUBSTITUTED = (
+    "dp_sgd: the model runs its layers on substituted weights (functional_call: a width "
+    "method's masked sub-model), which Opacus's per-sample hooks cannot follow; remove dp_sgd "
+    "or use an algorithm that trains the model's own weights"
+)
 
 
 def _opacus() -> Any:
@@ -185,6 +190,8 @@ def _frozen_aware_hooks() -> type:
         def capture_activations_hook(
             self, module: nn.Module, forward_input: Any, forward_output: Any
         ) -> None:
+            if any(not isinstance(p, nn.Parameter) for p in module.parameters(False)):
+                raise ConfigError(_SUBSTITUTED)
             # NCHW copies of channels_last inputs: Opacus 1.6's convolution grad sampler gives
             # zero per-sample gradients for NHWC activations (the check below caught it)
             dense = [t.contiguous() if isinstance(t, Tensor) else t for t in forward_input]
