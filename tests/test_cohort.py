@@ -273,3 +273,18 @@ def test_freezefl_probe_epoch_restores_or_restarts_per_client(probe):
     seq, _ = assert_close_to_sequential(cfg)
     frozen = [pc["n_frozen"] for r in seq.records for pc in r["per_client"] if "n_frozen" in pc]
     assert any(n > 0 for n in frozen), frozen  # some client froze: the answer was exercised
+
+
+def test_a_memory_budget_counts_a_full_batch_whatever_the_first_clients_size():
+    """Clients of 125, 68, 235, 420, 380 and 118 samples, batches of 200: a chunk led by client
+    1 (68 samples) still trains other clients' full batches of 200, so its share is a full
+    batch's, the same as when client 2 (235 samples) leads it."""
+    from fedbug.engine.executors import build_executor
+
+    cfg = tiny_config(executor="cohort", threads=1, partition="iid", unbalanced_sigma=0.8)
+    cfg = cfg.model_copy(update={"batch_size": 200})
+    exp = Experiment(cfg)
+    assert exp.sizes[1] < 200 < exp.sizes[2]
+    ex = build_executor(exp, None)
+    small, big = (ClientTask(1, c, 0, 0.1, exp.mean_samples) for c in (1, 2))
+    assert ex.client_bytes(small) == ex.client_bytes(big)

@@ -108,8 +108,9 @@ class CohortExecutor(Executor):
         stacked vectors (weights, received weights, gradient, optimiser state, its state)."""
         rt = self.rt
         data = self.client_data(task.client)
-        b = rt.settings.batch_size
-        x, y = rt.prepare(data.x[:b].to(rt.device)), data.y[:b].to(rt.device)
+        # a full batch even where this client holds fewer samples (the chunk's others may not)
+        idx = (torch.arange(rt.settings.batch_size) % max(1, len(data))).to(data.x.device)
+        x, y = rt.prepare(data.x[idx].to(rt.device)), data.y[idx].to(rt.device)
         step = rt.step_cost(range(self.space.num_units), x, y)
         rows = 3 + rt.state_copies + (1 if rt.settings.optimizer == "sgd" else 0)
         return step.activations + step.trained + 4 * self.space.total * rows
