@@ -288,3 +288,17 @@ def test_a_memory_budget_counts_a_full_batch_whatever_the_first_clients_size():
     ex = build_executor(exp, None)
     small, big = (ClientTask(1, c, 0, 0.1, exp.mean_samples) for c in (1, 2))
     assert ex.client_bytes(small) == ex.client_bytes(big)
+
+
+def test_a_memory_budget_counts_the_clients_state():
+    """SCAFFOLD's c_i is one more full vector a client brings to the chunk (stacked in the
+    chunk, as its weights are): its share is FedAvg's plus 4 bytes an entry."""
+    from fedbug.engine.executors import build_executor
+
+    def share(algorithm):
+        exp = Experiment(tiny_config(executor="cohort", threads=1, algorithm=algorithm))
+        task = ClientTask(1, 0, 0, 0.1, exp.mean_samples)
+        return build_executor(exp, None).client_bytes(task), exp.space.total
+
+    (plain, total), (scaffold, _) = share("fedavg"), share("scaffold")
+    assert scaffold == plain + 4 * total

@@ -113,7 +113,9 @@ class CohortExecutor(Executor):
         x, y = rt.prepare(data.x[idx].to(rt.device)), data.y[idx].to(rt.device)
         step = rt.step_cost(range(self.space.num_units), x, y)
         rows = 3 + rt.state_copies + (1 if rt.settings.optimizer == "sgd" else 0)
-        return step.activations + step.trained + 4 * self.space.total * rows
+        state = rt.algorithm.init_client_state(self.space)  # stacked in the chunk too
+        state_bytes = sum(v.numel() * v.element_size() for v in state.values())
+        return step.activations + step.trained + 4 * self.space.total * rows + state_bytes
 
     def train_chunk(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
