@@ -201,3 +201,11 @@ def test_missing_dp_accounting_is_one_line_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "dp_accounting", None)  # import fails as when not installed
     with pytest.raises(ConfigError, match=r'pip install "fedbug\[dp\]"'):
         run_experiment(dp_config(rounds=1))
+
+
+def test_a_run_diverged_under_dp_names_the_noise_not_the_learning_rate():
+    from fedbug.engine.checks import divergence_hint
+
+    hint = divergence_hint(dp_config(dp=DP | {"noise_multiplier": 2.0}))
+    assert "noise of std 2 x clip" in hint and "dp.noise_multiplier" in hint
+    assert "learning rate is likely too high" in divergence_hint(dp_config(dp=None))

@@ -239,16 +239,13 @@ def test_a_batch_larger_than_the_client_is_divided_by_the_client_size():
     assert torch.allclose(private.weights, plain.weights, atol=1e-6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review 2026-11-27: not refused yet (needs a per-algorithm declaration; lead to decide)",
-)
 @pytest.mark.parametrize("algorithm", ["fedrod", "heterofl"])
 def test_a_loss_reading_the_clients_whole_label_set_is_refused(algorithm):
     """FedRoD's balanced softmax adds log n_c (the client's class counts) to every sample's
     logits, HeteroFL's masked loss zeroes the logits of classes the client lacks: one sample
     more or less changes every other sample's clipped gradient, so the sum's sensitivity is not
-    C and the epsilon reported does not hold (both run today, FedRoD reporting eps 2.17)."""
+    C and the epsilon reported would not hold (both ran before, FedRoD reporting eps 2.17);
+    both declare ``loss_per_sample = False``."""
     from tiny import method_needs
 
     from fedbug.algorithms import ALGORITHMS
@@ -256,13 +253,15 @@ def test_a_loss_reading_the_clients_whole_label_set_is_refused(algorithm):
     evaluation = "global" if ALGORITHMS.get(algorithm).has_global_model else "personalized"
     with pytest.raises(ConfigError, match="dp_sgd"):
         dp_config(algorithm=algorithm, evaluation=evaluation, **method_needs(algorithm, "none"))
+    assert not ALGORITHMS.get(algorithm).loss_per_sample
 
 
 @pytest.mark.parametrize("algorithm", ["fjord", "slt"])
 def test_a_model_run_on_substituted_weights_is_refused_in_one_line(algorithm):
     """The width methods run each step on masked copies of the weights (functional_call): the
     layers' parameters are then plain tensors Opacus's hooks cannot count (an AttributeError
-    deep in Opacus before); a ConfigError naming dp_sgd instead."""
+    deep in Opacus before); refused with the config, naming dp_sgd (the hook's own refusal
+    stays for a wrapper no class declares)."""
     from tiny import method_needs
 
     over = {"rounds": 1, "threads": 1, "finetune_epochs": 0, **method_needs(algorithm, "none")}

@@ -161,6 +161,10 @@ class Algorithm:
     #: a group shares); a subclass overriding them declares it again (the cohort executor reads
     #: the class that defines each hook)
     vectorised_step: ClassVar[bool] = False
+    #: declared: whether each sample's training loss depends on that sample (and the weights)
+    #: alone; False for a loss that reads the client's whole data set (class counts, the classes
+    #: present), which breaks DP-SGD's per-sample sensitivity (``dp_sgd:`` refuses it)
+    loss_per_sample: ClassVar[bool] = True
     #: False: the server's weights alone are no model to evaluate, some units living only on the
     #: clients (needs ``local_units``); evaluation must then be personalized
     has_global_model: ClassVar[bool] = True

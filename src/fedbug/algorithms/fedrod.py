@@ -88,6 +88,7 @@ def balanced_softmax_loss(z: Tensor, y: Tensor, counts: Tensor) -> Tensor:
 @ALGORITHMS.register("fedrod")
 class FedROD(BodyHead):
     name = "fedrod"
+    loss_per_sample = False  # the loss reads the client's class counts / classes present
     has_global_model = True
     extra_modules = ("personal_head",)
 

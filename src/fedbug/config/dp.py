@@ -138,6 +138,20 @@ def dp_sgd_incompatibility(cfg: Any) -> str | None:
     if getattr(cfg, "dp_sgd", None) is None:
         return None
     alg = ALGORITHMS.get(cfg.algorithm)
+    if not alg.loss_per_sample:
+        return (
+            f"dp_sgd: clips each sample's gradient, and algorithm {cfg.algorithm}'s loss reads the "
+            "client's whole data set (its class counts or the classes it holds), so one sample "
+            "more or less moves every other sample's gradient and the epsilon would not hold; "
+            "use an algorithm with a per-sample loss (fedavg, fedprox, ...)"
+        )
+    if alg.overrides("wrap_model"):
+        return (
+            f"dp_sgd: Opacus takes per-sample gradients of the model's own layers, and algorithm "
+            f"{cfg.algorithm} runs the model through a wrapper of its own (sub-models on "
+            "substituted weights, or an added head); use an algorithm that trains the model as "
+            "it is (fedavg, fedprox, feddyn, scaffold, ...)"
+        )
     if alg.overrides("extra_loss"):
         return (
             f"dp_sgd: clips each sample's gradient, and algorithm {cfg.algorithm} adds a loss "

@@ -63,6 +63,13 @@ def is_divergence(reason: str) -> bool:
 
 def divergence_hint(cfg: Any) -> str:
     """The likely cause of a diverged run and what to try, from its config."""
+    dp = getattr(cfg, "dp", None)
+    if dp is not None and dp.noise_multiplier > 0:
+        return (
+            f"under dp: the server adds noise of std {dp.noise_multiplier:g} x clip / (the "
+            "expected clients a round) to every entry, likely too much for this model; lower "
+            "dp.noise_multiplier or dp.clip, take more clients a round, or lower lr"
+        )
     hint = f"the learning rate is likely too high (lr={cfg.lr:g})"
     fixes = ["lower lr"]
     if getattr(cfg, "clip_grad_norm", None) is None:

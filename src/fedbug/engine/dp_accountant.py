@@ -6,7 +6,9 @@ replacement (replace-one neighbours)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from fedbug.config.dp import expected_clients
@@ -21,6 +23,20 @@ def _dp_accounting() -> Any:
     except ImportError:
         raise ConfigError(_MISSING) from None
     return dp_accounting
+
+
+@contextlib.contextmanager
+def quiet_orders() -> Iterator[None]:
+    """At orders near 1 and a large sampling rate the fractional series may not converge:
+    dp-accounting then leaves those orders out of the conversion and logs each through absl
+    (a warning per order, not the user's to act on); quiet while composing."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
 
 
 class Accountant:
@@ -67,7 +83,8 @@ class Accountant:
         rel = self.dpa.NeighboringRelation
         relation = rel.REPLACE_ONE if self.fixed is not None else rel.ADD_OR_REMOVE_ONE
         acc = self.dpa.rdp.RdpAccountant(neighboring_relation=relation)
-        acc.compose(self.event(), 1)
+        with quiet_orders():
+            acc.compose(self.event(), 1)
         return acc._orders, acc._rdp  # noqa: SLF001  (no public reader of the RDP curve)
 
     def describe(self) -> str:
@@ -116,15 +133,8 @@ class SampleAccountant:
         if q not in self._curves:
             dpa = self.dpa
             acc = dpa.rdp.RdpAccountant()
-            # at orders near 1 and large q the fractional series may not converge: dp-accounting
-            # then leaves those orders out of the conversion (and logs each; not ours to show)
-            absl = logging.getLogger("absl")
-            level = absl.level
-            absl.setLevel(logging.ERROR)
-            try:
+            with quiet_orders():
                 acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(self.z)), 1)
-            finally:
-                absl.setLevel(level)
             self._curves[q] = (acc._orders, acc._rdp)  # noqa: SLF001  (see Accountant.one_round)
         return self._curves[q]
 

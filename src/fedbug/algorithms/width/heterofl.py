@@ -147,6 +147,7 @@ class HeteroFL(WidthAlgorithm):
     """HeteroFL: static nested width sub-models (client half :class:`HeteroFLClient`)."""
 
     name = "heterofl"
+    loss_per_sample = False  # the loss reads the client's class counts / classes present
     params_cls = HeteroFLParams
     params: HeteroFLParams
 
