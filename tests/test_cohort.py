@@ -292,7 +292,8 @@ def test_a_memory_budget_counts_a_full_batch_whatever_the_first_clients_size():
 
 def test_a_memory_budget_counts_the_clients_state():
     """SCAFFOLD's c_i is one more full vector a client brings to the chunk (stacked in the
-    chunk, as its weights are): its share is FedAvg's plus 4 bytes an entry."""
+    chunk, as its weights are, and gathered again for each group step): its share is FedAvg's
+    plus 2 x 4 bytes an entry."""
     from fedbug.engine.executors import build_executor
 
     def share(algorithm):
@@ -301,4 +302,4 @@ def test_a_memory_budget_counts_the_clients_state():
         return build_executor(exp, None).client_bytes(task), exp.space.total
 
     (plain, total), (scaffold, _) = share("fedavg"), share("scaffold")
-    assert scaffold == plain + 4 * total
+    assert scaffold == plain + 2 * 4 * total

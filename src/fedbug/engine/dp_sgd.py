@@ -21,8 +21,11 @@ by dp-accounting's RDP accountant; the server records the largest over the clien
 
 Opacus serves the model or refuses it when the run is built (BatchNorm: use GroupNorm; an LSTM:
 Opacus's DPLSTM); its per-sample gradients are checked against the batch gradient autograd
-computes beside them the first time each set of units trains, so a layer whose forward Opacus
-does not know stops the run with a reason instead of training on wrong gradients.
+computes beside them the first time each set of units trains, so a layer Opacus models wrongly
+(as its convolutions on NHWC activations were) stops the run with a reason instead of training
+on wrong gradients. The check cannot see a loss that is not a sum over samples (the mean of
+Opacus's per-sample gradients is the batch gradient whatever the loss): such losses are refused
+with the config (``Algorithm.loss_per_sample``, ``extra_loss``).
 """
 
 from __future__ import annotations
@@ -164,8 +167,8 @@ def _clip_factors(samples: list[Tensor | None], clip: float) -> Tensor | None:
 def _check_against_batch_gradient(
     trainable: list[tuple[nn.Parameter, Tensor]], samples: list[Tensor | None]
 ) -> None:
-    """The mean of the per-sample gradients is the batch gradient (a mean loss): a layer whose
-    forward Opacus does not model breaks this, and is refused with its shape named."""
+    """The mean of the per-sample gradients is the batch gradient: a layer Opacus models wrongly
+    breaks this, and is refused with its shape named."""
     for (p, view), s in zip(trainable, samples):
         assert s is not None
         mean = s.mean(dim=0)

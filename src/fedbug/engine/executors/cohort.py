@@ -105,16 +105,19 @@ class CohortExecutor(Executor):
     def client_bytes(self, task: ClientTask) -> int:
         """Bytes one client of a chunk takes: a full step's memory as the library counts it
         (activations saved for backward, gradients) on a full batch, and its rows of the
-        stacked vectors (weights, received weights, gradient, optimiser state, its state)."""
+        stacked vectors: the chunk's (weights, received weights, optimiser state, its state)
+        and a group step's copies (the gathered weights, the gradient, the gathered received
+        weights and state)."""
         rt = self.rt
         data = self.client_data(task.client)
         # a full batch even where this client holds fewer samples (the chunk's others may not)
         idx = (torch.arange(rt.settings.batch_size) % max(1, len(data))).to(data.x.device)
         x, y = rt.prepare(data.x[idx].to(rt.device)), data.y[idx].to(rt.device)
         step = rt.step_cost(range(self.space.num_units), x, y)
-        rows = 3 + rt.state_copies + (1 if rt.settings.optimizer == "sgd" else 0)
-        state = rt.algorithm.init_client_state(self.space)  # stacked in the chunk too
-        state_bytes = sum(v.numel() * v.element_size() for v in state.values())
+        # chunk: weights, received; group step: gathered weights, gradient, gathered received
+        rows = 5 + rt.state_copies + (1 if rt.settings.optimizer == "sgd" else 0)
+        state = rt.algorithm.init_client_state(self.space)  # in the chunk and gathered per step
+        state_bytes = 2 * sum(v.numel() * v.element_size() for v in state.values())
         return step.activations + step.trained + 4 * self.space.total * rows + state_bytes
 
     def train_chunk(
