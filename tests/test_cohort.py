@@ -303,3 +303,16 @@ def test_a_memory_budget_counts_the_clients_state():
 
     (plain, total), (scaffold, _) = share("fedavg"), share("scaffold")
     assert scaffold == plain + 2 * 4 * total
+
+
+def test_a_loss_vmap_cannot_map_is_one_line_naming_the_executor():
+    """A user loss that reads a number out of a tensor (.item()) is not a pure function of its
+    inputs: vmap refuses it, and the run stops with one ConfigError (no traceback from torch)."""
+    import fedbug
+
+    def impure(output, y):
+        scale = float(output.detach().abs().mean().item())  # data-dependent control flow
+        return torch.nn.functional.cross_entropy(output, y) * scale
+
+    with pytest.raises(ConfigError, match="executor: cohort maps the loss"):
+        fedbug.run(tiny_config(executor="cohort", threads=1, rounds=1), loss=impure)
