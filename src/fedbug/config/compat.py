@@ -19,6 +19,7 @@ from fedbug.algorithms import ALGORITHMS
 from fedbug.config.cohort import cohort_incompatibility
 from fedbug.config.dp import dp_incompatibility, dp_sgd_incompatibility
 from fedbug.config.secagg import secagg_incompatibility
+from fedbug.models.adapters import adapter_head_incompatibility
 from fedbug.policies import POLICIES
 from fedbug.selection import SELECTIONS
 
@@ -78,6 +79,9 @@ def incompatibility(cfg: Any) -> str | None:
             f"evaluation: personalized scores each client's accuracy on class labels, which task "
             f"{cfg.task} does not give; use evaluation: global (or mean_of_local_models)"
         )
+    head_reason = adapter_head_incompatibility(cfg, ALGORITHMS.get(cfg.algorithm))
+    if head_reason is not None:
+        return head_reason
     dp_reason = dp_incompatibility(cfg) or dp_sgd_incompatibility(cfg)
     dp_reason = dp_reason or cohort_incompatibility(cfg)
     if dp_reason is not None:
