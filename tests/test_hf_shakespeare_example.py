@@ -66,14 +66,15 @@ def test_every_cell_of_the_example_runs_and_lora_sends_only_its_adapters(one_pla
     V, T, d, r, blocks = 80, 80, 16, 8, 2
     block = 2 * d + (3 * d * d + 3 * d) + (d * d + d)  # norm, qkv, projection
     block += 2 * d + (4 * d * d + 4 * d) + (4 * d * d + d)  # norm, MLP
-    every = V * d + T * d + blocks * block + 2 * d
+    head = V * d  # the output layer, untied from the token embedding, no bias
+    every = V * d + T * d + blocks * block + 2 * d + head
     adapters = r * ((d + 3 * d) + (d + d) + (d + 4 * d) + (4 * d + d))
-    sent = {  # FedSeq (FedBABU) never trains nor sends its head: the final norm (the output
-        # matrix is the token embedding's), or under LoRA the last unit with weights, the
-        # last block's adapters
-        "all weights": {"FedAvg": every, "FedBug 40%": every, "FedSeq vanilla": every - 2 * d},
-        "LoRA r=8": {"FedAvg": blocks * adapters, "FedBug 40%": blocks * adapters,
-                     "FedSeq vanilla": adapters},
+    lora = blocks * adapters + head  # the output layer trains whole beside the adapters
+    sent = {  # FedSeq (FedBABU) never trains nor sends its head: the final norm and the
+        # output layer, or under LoRA the output layer (the final norm is a constant there)
+        "all weights": {"FedAvg": every, "FedBug 40%": every,
+                        "FedSeq vanilla": every - 2 * d - head},
+        "LoRA r=8": {"FedAvg": lora, "FedBug 40%": lora, "FedSeq vanilla": blocks * adapters},
     }  # fmt: skip
     for cell, cfg in cells:
         res = fedbug.run(cfg)
@@ -81,7 +82,7 @@ def test_every_cell_of_the_example_runs_and_lora_sends_only_its_adapters(one_pla
         method, weights = cell.names
         assert s["status"] == "completed" and 0.0 <= s["final_acc"] <= 1.0, cell.label
         assert s["peak_mem_bytes"] > 0 and s["total_flops"] > 0
-        assert s["num_params"] == (every if weights == "all weights" else blocks * adapters)
+        assert s["num_params"] == (every if weights == "all weights" else lora)
         assert s["total_bytes_down"] == s["client_rounds"] * 4 * sent[weights][method]
         assert s["total_bytes_up"] == s["total_bytes_down"]
 

@@ -229,10 +229,11 @@ def test_peak_memory_of_a_round_is_what_trains_by_hand():
 
 
 @pytest.mark.parametrize("algorithm", ["fedper", "fedrep", "lg_fedavg", "fedrod"])
-def test_a_personal_head_under_adapters_needs_a_head_that_trains_whole(algorithm):
+def test_a_head_apart_under_adapters_needs_a_head_that_trains_whole(algorithm):
     """Under adapters the model's own head is a constant, so without full_layers the last unit
-    (an algorithm's head) is the last block's adapters: an algorithm keeping a personal head is
-    refused with the fix; naming the classifier in full_layers makes it a real head."""
+    (an algorithm's head) is the last block's adapters: an algorithm keeping a head apart
+    (personal, or FedBABU's never-trained one) is refused with the fix; naming the classifier
+    in full_layers makes it a real head."""
     from fedbug.config import load_config
 
     hf_config, task, *_ = ARCHS["bert"]
@@ -248,4 +249,5 @@ def test_a_personal_head_under_adapters_needs_a_head_that_trains_whole(algorithm
     with pytest.raises(ConfigError, match=f"{algorithm} keeps a personal head on each client"):
         load_config(None, doc=doc)
     load_config(None, doc={**doc, "adapters": {**LORA, "full_layers": ["classifier"]}})
-    load_config(None, doc={**doc, "algorithm": "fedbabu"})  # its head never trains: allowed
+    with pytest.raises(ConfigError, match="fedbabu keeps a head apart from the base"):
+        load_config(None, doc={**doc, "algorithm": "fedbabu"})  # its head: the last adapters

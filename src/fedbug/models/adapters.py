@@ -63,18 +63,23 @@ def adapter_head_incompatibility(cfg: Any, algorithm: Any) -> str | None:
     """Why ``algorithm`` (a class) cannot keep a head under ``cfg``'s adapters, or None. Under
     adapters without ``full_layers`` the model's own head is a constant (only adapters train),
     so the last unit, an algorithm's "head", is the last block's adapters: an algorithm that
-    keeps a personal head on each client (``local_units``) would keep those instead."""
+    keeps a head apart (personal, ``local_units``; or never trained, FedBABU and FedSeq's
+    schedules) would keep those instead."""
     adapters = getattr(cfg, "adapters", None)
     if adapters is None or adapters.full_layers:
         return None
-    if not (algorithm.splits_body_head and algorithm.overrides("local_units")):
+    if algorithm.splits_body_head and algorithm.overrides("local_units"):
+        who = f"{cfg.algorithm} keeps a personal head on each client"
+    elif algorithm.splits_body_head or getattr(cfg, "schedule", "none") != "none":
+        name = cfg.algorithm if algorithm.splits_body_head else "a FedSeq schedule"
+        who = f"{name} keeps a head apart from the base"
+    else:
         return None
     return (
-        f"{cfg.algorithm} keeps a personal head on each client, and under adapters: without "
-        "full_layers the model's head is a constant (only adapters train), so its head would be "
-        "the last block's adapters; name the head to train whole in adapters.full_layers (e.g. "
-        "[classifier], [score], or [lm_head] with tie_word_embeddings: false), or use a method "
-        "without a personal head"
+        f"{who}, and under adapters: without full_layers the model's head is a constant (only "
+        "adapters train), so its head would be the last block's adapters; name the head to "
+        "train whole in adapters.full_layers (e.g. [classifier], [score], or [lm_head] with "
+        "tie_word_embeddings: false), or use a method without a head apart"
     )
 
 
