@@ -224,3 +224,29 @@ def test_a_model_not_on_this_machine_is_one_line_exit_2(tmp_path, capsys):
 def test_configs_that_cannot_build_a_model_are_refused(doc, words):
     with pytest.raises(ConfigError, match=words):
         load_config(None, doc={"dataset": "digits", **doc})
+
+
+def test_tokenised_data_from_hugging_face_datasets_trains_a_bert_classifier():
+    """Token ids read from a ``datasets.Dataset`` column (``from_huggingface(...,
+    inputs="tokens")``, the existing path) feed a BERT-shaped sequence classifier cut into
+    blocks: one round of FedAvg, the ids kept as integers, every unit trained."""
+    datasets = pytest.importorskip("datasets")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, V, (40, T), generator=g)
+    labels = torch.randint(0, 3, (40,), generator=g)
+
+    def split(lo: int, hi: int):
+        return datasets.Dataset.from_dict(
+            {"input_ids": ids[lo:hi].tolist(), "label": labels[lo:hi].tolist()}
+        )
+
+    ds = FederatedDataset.from_huggingface(
+        "tok-hf", split(0, 32), split(32, 40), x="input_ids", y="label", inputs="tokens"
+    )
+    assert ds.train_x.dtype == torch.long and ds.train_x.shape == (32, T) and ds.num_classes == 3
+    cfg = user_data_config(
+        model="hf", hf_config=BERT, task="classification", units="blocks", rounds=1
+    )
+    res = fedbug.run(cfg, dataset=ds)
+    assert res.records[0]["test_acc"] is not None
+    assert all(res.records[0]["trained_sublayers"])
