@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import sys
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,3 +63,18 @@ def command() -> str:
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     head = ["-m", spec.name] if spec is not None and spec.name else sys.argv[:1]
     return shlex.join(["python", *head, *sys.argv[1:]])
+
+
+def fill_block(path: Path, text: str, begin: str, end: str) -> None:
+    """Put ``text`` between the markers ``begin`` and ``end`` in ``path`` (a study's block of
+    benchmarks/RESULTS.md), after a dated ``State on ...`` line; what the block holds before a
+    ``<!-- tables -->`` marker is kept."""
+    doc = path.read_text()
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{path}: no {begin} ... {end} block to fill; add the two markers")
+    start, stop = doc.index(begin) + len(begin), doc.index(end)
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    block = re.sub(r"State on [^\n]*\n", "", doc[start:stop])
+    keep = block[: block.index("<!-- tables -->")] if "<!-- tables -->" in block else "\n"
+    doc = doc[:start] + keep + f"<!-- tables -->\nState on {when}.\n\n" + text + doc[stop:]
+    path.write_text(doc)

@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import fill_block
 from fedbug.config.loading import read_config_doc
 from fedbug.report.spread import mean_std, pm
 from fedbug.sweeps.sweep import expand
@@ -251,16 +250,8 @@ def _accuracy_panel(ax: Any, acc: Accuracy) -> None:
 
 
 def into(path: Path, text: str) -> None:
-    """Put ``text`` between BEGIN and END in ``path``, dated."""
-    doc = path.read_text()
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{path}: no {BEGIN} ... {END} block to fill; add the two markers")
-    start, stop = doc.index(BEGIN) + len(BEGIN), doc.index(END)
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    block = re.sub(r"State on [^\n]*\n", "", doc[start:stop])
-    keep = block[: block.index("<!-- tables -->")] if "<!-- tables -->" in block else "\n"
-    doc = doc[:start] + keep + f"<!-- tables -->\nState on {when}.\n\n" + text + doc[stop:]
-    path.write_text(doc)
+    """Put ``text`` between BEGIN and END in ``path``, dated (:func:`fill_block`)."""
+    fill_block(path, text, BEGIN, END)
 
 
 def main(argv: list[str] | None = None) -> None:
