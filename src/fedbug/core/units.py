@@ -282,6 +282,17 @@ class ParamSpace:
                 mod._buffers[attr] = view
         return flat
 
+    def param_slots(self) -> list[tuple[str, int, int, tuple[int, ...], int]]:
+        """(name, offset, numel, shape, unit) of each parameter in the flat vector, in order
+        (float buffers left out)."""
+        return [
+            (name, off, n, shape, u)
+            for name, is_param, off, n, shape, u in zip(
+                self.names, self.is_param, self.offsets, self.numels, self.shapes, self.unit_of
+            )
+            if is_param
+        ]
+
     def unit_mask(self, units: Sequence[int] | range) -> Tensor:
         """A bool vector over the flat space, true on the given units' entries."""
         mask = torch.zeros(self.total, dtype=torch.bool)

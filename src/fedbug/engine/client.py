@@ -106,12 +106,9 @@ class ClientRuntime:
         self.policy_units = layout.policy_units if layout is not None else space.num_units
         self.grad = torch.zeros(space.total, device=self.device)
         self.unit_params: list[list[tuple[nn.Parameter, Tensor]]] = [[] for _ in space.units]
-        for name, is_param, off, n, shape, u in zip(
-            space.names, space.is_param, space.offsets, space.numels, space.shapes, space.unit_of
-        ):
-            if is_param:
-                p = model.get_parameter(name)
-                self.unit_params[u].append((p, self.grad[off : off + n].view(shape)))
+        for name, off, n, shape, u in space.param_slots():
+            p = model.get_parameter(name)
+            self.unit_params[u].append((p, self.grad[off : off + n].view(shape)))
         self._features: Tensor | None = None
         if algorithm.needs_features:
             # the representation before the classifier: the input of the last layer the forward
@@ -485,11 +482,12 @@ def unit_regions(units: Sequence[int], space: ParamSpace) -> list[slice]:
 
 def clip_grad_norm(grad: Tensor, regions: list[slice], max_norm: float) -> None:
     """Scale the gradient of the trainable regions to norm at most ``max_norm`` (their joint
-    norm), in place."""
-    norm = torch.stack([grad[r].norm() for r in regions]).norm()
-    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    norm), in place, over the last axis: one client's flat vector, or each row of the cohort
+    executor's stacked ones."""
+    norm = torch.stack([grad[..., r].norm(dim=-1) for r in regions], dim=-1).norm(dim=-1)
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0).unsqueeze(-1)
     for r in regions:
-        grad[r].mul_(scale)
+        grad[..., r].mul_(scale)
 
 
 def to_host(result: ClientResult, host: torch.device) -> ClientResult:

@@ -31,7 +31,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from fedbug.algorithms import LocalCtx
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask
 from fedbug.core.units import ParamSpace
-from fedbug.engine.client import ClientRuntime, LocalRound, unit_regions
+from fedbug.engine.client import ClientRuntime, LocalRound, clip_grad_norm, unit_regions
 from fedbug.engine.executors.base import Executor
 from fedbug.errors import ConfigError
 
@@ -74,18 +74,8 @@ class CohortExecutor(Executor):
         self.max_clients = max_clients
         self.memory_mb = memory_mb
         self.space = runtime.space
-        self.params = [
-            (name, off, n, shape, u)
-            for name, is_param, off, n, shape, u in zip(
-                self.space.names,
-                self.space.is_param,
-                self.space.offsets,
-                self.space.numels,
-                self.space.shapes,
-                self.space.unit_of,
-            )
-            if is_param
-        ]
+        self.params = self.space.param_slots()
+        self._client_bytes: int | None = None  # one client's share of a chunk, counted once
 
     def stream_round(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
@@ -99,7 +89,9 @@ class CohortExecutor(Executor):
         """Clients a chunk takes: ``max_clients``, at most what ``memory_mb`` holds, at least 1."""
         size = self.max_clients or len(tasks) or 1
         if self.memory_mb is not None and tasks:
-            size = min(size, max(1, int(self.memory_mb * 2**20 // self.client_bytes(tasks[0]))))
+            if self._client_bytes is None:  # a full batch of any client: the same every round
+                self._client_bytes = self.client_bytes(tasks[0])
+            size = min(size, max(1, int(self.memory_mb * 2**20 // self._client_bytes)))
         return size
 
     def client_bytes(self, task: ClientTask) -> int:
@@ -174,25 +166,26 @@ class CohortExecutor(Executor):
             rounds[c].mark(units)
         w = opt.weights.index_select(0, idx)
         ctx = chunk.ctx(self.space, w, torch.zeros_like(w), idx, units)
-        _, losses = self.gradients(w, units, x, y, ctx, rounds[clients[0]].session.loss)
-        grads = ctx.grads
-        alg = self.rt.algorithm
-        alg.adjust_grads(ctx)  # the algorithm's terms, written for stacked clients
-        opt.clip(grads, ctx.regions)
-        alg.adjust_grads_after_clipping(ctx)
-        opt.step(idx, grads, units, self.space)
+        losses = self.gradients(units, x, y, ctx, rounds[clients[0]].session.loss)
+        rt = self.rt
+        rt.algorithm.adjust_grads(ctx)  # the algorithm's terms, written for stacked clients
+        if rt.settings.clip_grad_norm:  # each client's gradient, as the sequential step clips
+            clip_grad_norm(ctx.grads, ctx.regions, rt.settings.clip_grad_norm)
+        rt.algorithm.adjust_grads_after_clipping(ctx)
+        opt.step(idx, ctx.grads, units, self.space)
         for c, (_, xs, ys), loss in zip(clients, steps, losses):
             rounds[c].loss_sum += loss
             rounds[c].count(units, xs, ys)
 
     def gradients(
-        self, w: Tensor, units: Sequence[int], x: Tensor, y: Tensor, ctx: LocalCtx, loss: Any
-    ) -> tuple[Tensor, Tensor]:
-        """The gradients [clients, total] (zero outside ``units``) of each client's loss with the
-        algorithm's term (``extra_loss``, run inside the vectorised map for one client, with
-        that client's features); each client's task loss, as the sequential step records."""
+        self, units: Sequence[int], x: Tensor, y: Tensor, ctx: LocalCtx, loss: Any
+    ) -> Tensor:
+        """Write into ``ctx.grads`` (zero outside ``units``) the gradients of each client's
+        loss with the algorithm's term (``extra_loss``, run inside the vectorised map for one
+        client, with that client's features); return each client's task loss, as the
+        sequential step records it."""
         on = set(units)
-        rt = self.rt
+        rt, w = self.rt, ctx.weights
         model, alg = rt.model, rt.algorithm
         trained = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in self.params if u in on}
         fixed = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in self.params if u not in on}
@@ -213,11 +206,10 @@ class CohortExecutor(Executor):
             ) from None
         finally:
             rt._features = None  # the hook's capture lived inside the map
-        out = ctx.grads
         for n, o, k, _s, u in self.params:
             if u in on:
-                out[:, o : o + k] = g[n].reshape(len(w), k)
-        return out, value.detach()
+                ctx.grads[:, o : o + k] = g[n].reshape(len(w), k)
+        return value.detach()
 
 
 class Chunk:
@@ -253,21 +245,11 @@ class Chunk:
 
 class StackedOptimizer:
     """An optimiser over the stacked clients' flat weights, moving only each step's trained
-    units; per-client gradient clipping as the sequential step clips."""
+    units."""
 
     def __init__(self, weights: Tensor, settings: Any, lr: float) -> None:
         self.weights = weights
         self.lr, self.weight_decay = lr, settings.weight_decay
-        self.clip_norm = settings.clip_grad_norm
-
-    def clip(self, grads: Tensor, regions: list[slice]) -> None:
-        """Each client's gradient scaled to norm at most ``clip_grad_norm`` over ``regions``."""
-        if not self.clip_norm:
-            return
-        norm = torch.stack([grads[:, r].norm(dim=1) for r in regions], dim=1).norm(dim=1)
-        scale = (self.clip_norm / (norm + 1e-6)).clamp(max=1.0)
-        for r in regions:
-            grads[:, r] *= scale[:, None]
 
     def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
         raise NotImplementedError
