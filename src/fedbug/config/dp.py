@@ -8,7 +8,7 @@ holds their options only (pydantic, no torch), so the config can validate them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -30,43 +30,48 @@ class AdaptiveClip(BaseModel):
     )
 
 
-class DPParams(BaseModel):
+class GaussianNoise(BaseModel):
+    """What both DP blocks hold: the clip, the noise multiplier z (the noise std is z * clip)
+    and the delta epsilon is reported at; checked under the block's key (``key``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: ClassVar[str]
+    clip: float = Field(1.0, gt=0.0, le=1e6, description="the L2 clip")
+    noise_multiplier: float = Field(
+        1.0, le=1e6, description="z: the noise std is z * clip (0: clip only, no privacy)"
+    )
+    delta: float = Field(1e-5, description="the delta epsilon is reported at, in (0, 1)")
+
+    @model_validator(mode="after")
+    def _check_noise(self) -> GaussianNoise:
+        if self.noise_multiplier < 0:
+            raise ValueError(
+                f"{self.key}.noise_multiplier={self.noise_multiplier} is negative; give z >= 0"
+            )
+        if not 0.0 < self.delta < 1.0:
+            raise ValueError(f"{self.key}.delta={self.delta} is not in (0, 1); give e.g. 1e-5")
+        return self
+
+
+class DPParams(GaussianNoise):
     """Client-level DP: each sent update clipped to L2 norm ``clip`` over the units it sends,
     N(0, (noise_multiplier clip)^2) added to the sum at the server, the sum divided by the
     expected number of clients per round; epsilon at ``delta`` by dp-accounting's RDP
     accountant."""
 
-    model_config = ConfigDict(extra="forbid")
+    key: ClassVar[str] = "dp"
     clip: float = Field(1.0, gt=0.0, le=1e6, description="L2 clip of each sent update")
-    noise_multiplier: float = Field(
-        1.0, le=1e6, description="z: the noise std is z * clip (0: clip only, no privacy)"
-    )
-    delta: float = Field(1e-5, description="the delta epsilon is reported at, in (0, 1)")
     adaptive: AdaptiveClip | None = None
 
-    @model_validator(mode="after")
-    def _check(self) -> DPParams:
-        if self.noise_multiplier < 0:
-            raise ValueError(
-                f"dp.noise_multiplier={self.noise_multiplier} is negative; give z >= 0"
-            )
-        if not 0.0 < self.delta < 1.0:
-            raise ValueError(f"dp.delta={self.delta} is not in (0, 1); give e.g. 1e-5")
-        return self
 
-
-class DPSGDParams(BaseModel):
+class DPSGDParams(GaussianNoise):
     """Sample-level DP-SGD on each client: every sample's gradient over the step's trainable
     units clipped to L2 norm ``clip``, N(0, (noise_multiplier clip)^2) added to their sum, the
     sum divided by the batch size; epsilon per client at ``delta`` (its data set is what is
     protected) by dp-accounting's RDP accountant."""
 
-    model_config = ConfigDict(extra="forbid")
+    key: ClassVar[str] = "dp_sgd"
     clip: float = Field(1.0, gt=0.0, le=1e6, description="L2 clip of each sample's gradient")
-    noise_multiplier: float = Field(
-        1.0, le=1e6, description="z: the noise std is z * clip (0: clip only, no privacy)"
-    )
-    delta: float = Field(1e-5, description="the delta epsilon is reported at, in (0, 1)")
     sampling: Literal["poisson", "shuffle"] = Field(
         "poisson",
         description="poisson: each sample joins a step's batch with probability "
@@ -74,16 +79,6 @@ class DPSGDParams(BaseModel):
         "shuffled epoch (Opacus's poisson_sampling=False; the epsilon reported is then the "
         "Poisson one, an approximation)",
     )
-
-    @model_validator(mode="after")
-    def _check(self) -> DPSGDParams:
-        if self.noise_multiplier < 0:
-            raise ValueError(
-                f"dp_sgd.noise_multiplier={self.noise_multiplier} is negative; give z >= 0"
-            )
-        if not 0.0 < self.delta < 1.0:
-            raise ValueError(f"dp_sgd.delta={self.delta} is not in (0, 1); give e.g. 1e-5")
-        return self
 
 
 def expected_clients(cfg: Any) -> float:
