@@ -9,7 +9,7 @@ equivalence harness holds references to (benchmarks/equivalence/README.md)."""
 
 import pytest
 import torch
-from tiny import method_needs, tiny_config, without_timing
+from tiny import BatchNormNet, method_needs, tiny_config, without_timing
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.core.protocol import ClientTask
@@ -137,18 +137,7 @@ def test_config_refusals(over, message):
         tiny_config(executor="cohort", **over)
 
 
-class WithBatchNorm(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8))
-        self.norm = torch.nn.BatchNorm1d(8)
-        self.head = torch.nn.Linear(8, 10)
-
-    def forward(self, x):
-        return self.head(self.norm(self.body(x)))
-
-
-class WithDropout(WithBatchNorm):
+class WithDropout(BatchNormNet):
     def __init__(self) -> None:
         super().__init__()
         self.norm = torch.nn.Dropout(0.5)
@@ -157,7 +146,7 @@ class WithDropout(WithBatchNorm):
 @pytest.mark.parametrize(
     "model, over, message",
     [
-        (WithBatchNorm, {}, "cannot update buffers"),
+        (BatchNormNet, {}, "cannot update buffers"),
         (WithDropout, {}, "dropout masks"),
         (None, {"augment": "flip"}, "does not augment"),
     ],

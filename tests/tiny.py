@@ -28,6 +28,20 @@ class TwoLayer(nn.Module):
         return self.second(self.first(x))
 
 
+class BatchNormNet(nn.Module):
+    """8x8 digits -> Linear(64, 8) -> BatchNorm1d (``norm``) -> Linear(8, 10): a model with
+    running statistics, for refusals of what cannot serve one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 8))
+        self.norm: nn.Module = nn.BatchNorm1d(8)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.body(x)))
+
+
 def set_weights(model: nn.Module, values: list[float]) -> None:
     flat = torch.tensor(values, dtype=torch.float32)
     torch.nn.utils.vector_to_parameters(flat, model.parameters())

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from tiny import tiny_config, without_timing
+from tiny import BatchNormNet, tiny_config, without_timing
 
 pytest.importorskip("opacus")
 pytest.importorskip("dp_accounting")
@@ -171,22 +171,11 @@ def test_refusals(over, message):
         dp_config(**over)
 
 
-class BNNet(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8))
-        self.norm = torch.nn.BatchNorm1d(8)
-        self.head = torch.nn.Linear(8, 10)
-
-    def forward(self, x):
-        return self.head(self.norm(self.body(x)))
-
-
 def test_a_batchnorm_run_is_refused_before_anything_is_written(tmp_path):
     import fedbug
 
     with pytest.raises(ConfigError, match="BatchNorm1d modules \\(norm"):
-        fedbug.run(dp_config(), tmp_path / "r", model=BNNet)
+        fedbug.run(dp_config(), tmp_path / "r", model=BatchNormNet)
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
 
 
