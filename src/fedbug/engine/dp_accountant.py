@@ -39,6 +39,22 @@ def quiet_orders() -> Iterator[None]:
         absl.setLevel(level)
 
 
+def rdp_curve(dpa: Any, event: Any, relation: Any) -> tuple[Any, Any]:
+    """(the RDP orders, one ``event``'s RDP at each) by dp-accounting's RDP accountant."""
+    acc = dpa.rdp.RdpAccountant(neighboring_relation=relation)
+    with quiet_orders():
+        acc.compose(event, 1)
+    return acc._orders, acc._rdp  # noqa: SLF001  (no public reader of the RDP curve)
+
+
+def rdp_epsilon(dpa: Any, curve: tuple[Any, Any], times: int, delta: float) -> float:
+    """Epsilon at ``delta`` after ``times`` compositions of the event whose RDP curve is
+    ``curve``: RDP composes additively, times the curve at every order, then converted."""
+    orders, rdp = curve
+    eps, _ = dpa.rdp.rdp_privacy_accountant.compute_epsilon(orders, rdp * times, delta)
+    return float(eps)
+
+
 class Accountant:
     """Epsilon at the config's delta after the rounds spent so far."""
 
@@ -70,22 +86,14 @@ class Accountant:
             return None
         if self._one_round is None:
             self._one_round = self.one_round()
-        orders, rdp = self._one_round
-        # RDP composes additively: n rounds spend n times one round's RDP at every order
-        eps, _ = self.dpa.rdp.rdp_privacy_accountant.compute_epsilon(
-            orders, rdp * self.rounds, self.delta
-        )
-        return float(eps)
+        return rdp_epsilon(self.dpa, self._one_round, self.rounds, self.delta)
 
     def one_round(self) -> tuple[Any, Any]:
         """(the RDP orders, one round's RDP at each): computed once (sampling without
         replacement takes a third of a second)."""
         rel = self.dpa.NeighboringRelation
         relation = rel.REPLACE_ONE if self.fixed is not None else rel.ADD_OR_REMOVE_ONE
-        acc = self.dpa.rdp.RdpAccountant(neighboring_relation=relation)
-        with quiet_orders():
-            acc.compose(self.event(), 1)
-        return acc._orders, acc._rdp  # noqa: SLF001  (no public reader of the RDP curve)
+        return rdp_curve(self.dpa, self.event(), relation)
 
     def describe(self) -> str:
         if self.fixed is not None:
@@ -123,19 +131,13 @@ class SampleAccountant:
             return 0.0
         if self.z == 0:
             return None
-        orders, rdp = self._curve(self.rate(client))
-        eps, _ = self.dpa.rdp.rdp_privacy_accountant.compute_epsilon(
-            orders, rdp * steps, self.delta
-        )
-        return float(eps)
+        return rdp_epsilon(self.dpa, self._curve(self.rate(client)), steps, self.delta)
 
     def _curve(self, q: float) -> tuple[Any, Any]:
         if q not in self._curves:
             dpa = self.dpa
-            acc = dpa.rdp.RdpAccountant()
-            with quiet_orders():
-                acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(self.z)), 1)
-            self._curves[q] = (acc._orders, acc._rdp)  # noqa: SLF001  (see Accountant.one_round)
+            event = dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(self.z))
+            self._curves[q] = rdp_curve(dpa, event, dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
         return self._curves[q]
 
     def worst(self) -> float | None:
