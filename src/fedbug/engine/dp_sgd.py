@@ -177,8 +177,7 @@ def _check_against_batch_gradient(
             raise ConfigError(
                 f"dp_sgd: Opacus's per-sample gradients of a parameter of shape "
                 f"{tuple(p.shape)} do not average to its batch gradient (a layer whose forward "
-                "Opacus does not model, or a loss that is not a mean over samples); this model "
-                "or algorithm cannot run with dp_sgd"
+                "Opacus does not model); this model cannot run with dp_sgd"
             )
 
 
