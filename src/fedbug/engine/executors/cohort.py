@@ -159,20 +159,20 @@ class CohortExecutor(Executor):
     def group_step(self, clients: list[int], steps: list[Step], chunk: Chunk) -> None:
         """One step of clients that train the same units on batches of one shape."""
         units, rounds, opt = steps[0][0], chunk.rounds, chunk.opt
-        idx = torch.tensor(clients, device=opt.weights.device)
+        idx = chunk.rows(clients)
         x = torch.stack([s[1] for s in steps])
         y = torch.stack([s[2] for s in steps])
         for c in clients:
             rounds[c].mark(units)
         w = opt.weights.index_select(0, idx)
-        ctx = chunk.ctx(self.space, w, torch.zeros_like(w), idx, units)
+        ctx = chunk.ctx(self.space, w, torch.zeros_like(w), idx, units, rounds[clients[0]])
         losses = self.gradients(units, x, y, ctx, rounds[clients[0]].session.loss)
         rt = self.rt
         rt.algorithm.adjust_grads(ctx)  # the algorithm's terms, written for stacked clients
         if rt.settings.clip_grad_norm:  # each client's gradient, as the sequential step clips
             clip_grad_norm(ctx.grads, ctx.regions, rt.settings.clip_grad_norm)
         rt.algorithm.adjust_grads_after_clipping(ctx)
-        opt.step(idx, ctx.grads, units, self.space)
+        opt.step(idx, clients, ctx.grads, units, self.space)
         for c, (_, xs, ys), loss in zip(clients, steps, losses):
             rounds[c].loss_sum += loss
             rounds[c].count(units, xs, ys)
@@ -223,12 +223,29 @@ class Chunk:
         keys = rounds[0].state.keys() if rounds else ()
         self.state = {k: torch.stack([r.state[k] for r in rounds]) for k in keys}
         self.samples = torch.tensor([[float(r.n)] for r in rounds], device=dev)
+        self._rows: dict[tuple[int, ...], Tensor] = {}
+
+    def rows(self, clients: list[int]) -> Tensor:
+        """The rows of ``clients`` as an index on the device, made once per set of clients (a
+        copy to the device each step would cost a transfer)."""
+        key = tuple(clients)
+        if key not in self._rows:
+            self._rows[key] = torch.tensor(clients, device=self.opt.weights.device)
+        return self._rows[key]
 
     def ctx(
-        self, space: ParamSpace, w: Tensor, grads: Tensor, idx: Tensor, units: Sequence[int]
+        self,
+        space: ParamSpace,
+        w: Tensor,
+        grads: Tensor,
+        idx: Tensor,
+        units: Sequence[int],
+        lead: LocalRound,
     ) -> LocalCtx:
-        """A group's :class:`LocalCtx`, its tensors stacked over the clients (rows ``idx``)."""
-        first = self.rounds[int(idx[0])].task
+        """A group's :class:`LocalCtx`, its tensors stacked over the clients (rows ``idx``); the
+        round-wide settings from ``lead``, the group's first client (passed as an object: the
+        row read back from the device would wait for the GPU every step)."""
+        first = lead.task
         return LocalCtx(
             space=space,
             weights=w,
@@ -251,7 +268,15 @@ class StackedOptimizer:
         self.weights = weights
         self.lr, self.weight_decay = lr, settings.weight_decay
 
-    def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
+    def step(
+        self,
+        idx: Tensor,
+        clients: list[int],
+        grads: Tensor,
+        units: Sequence[int],
+        space: ParamSpace,
+    ) -> None:
+        """Move rows ``idx`` (``clients``, the same rows as a list) on ``units``."""
         raise NotImplementedError
 
     def reset(self, row: int) -> None:
@@ -274,7 +299,14 @@ class StackedSGD(StackedOptimizer):
             self.buf[row].zero_()
             self.has_buf[row] = False
 
-    def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
+    def step(
+        self,
+        idx: Tensor,
+        clients: list[int],
+        grads: Tensor,
+        units: Sequence[int],
+        space: ParamSpace,
+    ) -> None:
         """The SGD step of clients ``idx`` (rows of the stacked weights) on ``units``."""
         for r in unit_regions(units, space):
             w = self.weights[idx, r]
@@ -309,9 +341,16 @@ class StackedAdam(StackedOptimizer):
         self.v[row].zero_()
         self.t[row] = 0
 
-    def step(self, idx: Tensor, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
+    def step(
+        self,
+        idx: Tensor,
+        clients: list[int],
+        grads: Tensor,
+        units: Sequence[int],
+        space: ParamSpace,
+    ) -> None:
         b1, b2 = self.betas
-        host = idx.cpu()
+        host = torch.tensor(clients)  # the step counts live on the host: no read-back
         for u in units:
             s = space.unit_slices[u]
             w = self.weights[idx, s]
