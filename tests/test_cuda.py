@@ -150,18 +150,35 @@ def test_a_killed_gpu_run_resumes_to_the_uninterrupted_numbers(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "over",
-    [{}, {"algorithm": "scaffold", "momentum": 0.9}, {"optimizer": "adam", "lr": 0.001}],
+    ("over", "tol"),
+    [
+        ({}, 1e-3),
+        ({"algorithm": "scaffold", "momentum": 0.9}, 1e-3),
+        ({"optimizer": "adam", "lr": 0.001}, 2e-2),
+    ],
 )
-def test_the_cohort_executor_on_the_gpu_follows_the_sequential_one(over):
+def test_the_cohort_executor_on_the_gpu_follows_the_sequential_one(over, tol):
     """executor: cohort on the GPU: the round's clients as one vectorised step, every tensor on
     the device; one round of 2 steps (random labels at lr 0.1 amplify rounding over longer
-    runs, see above), within 1e-4 of the step as on the CPU (tests/test_cohort.py)."""
+    runs, see above). With PyTorch's own convolutions (cuDNN off) within 1e-4 of the round's
+    change, as on the CPU (tests/test_cohort.py); measured on an H100 1.2e-6, 9.6e-7, 1.9e-5.
+    With cuDNN, its grouped convolutions (the vmapped ones) round differently from its plain
+    ones: measured 1.4e-4, 1.5e-4 and 4.5e-3 (Adam's first steps are about the gradient's sign,
+    so they carry rounding in small entries furthest; the sequential GPU against the CPU 2.9e-5),
+    held to 10x that scale (``benchmarks/gpu/cohort_gap.py`` prints every figure)."""
     ds = random_images()
     kw = {"rounds": 1, "local_steps": 2, "clip_grad_norm": None, **over}
+    w0 = ClientSide(cnn(device="cpu", **kw), dataset=ds).initial_weights()
+    with torch.backends.cudnn.flags(enabled=False):
+        seq = fedbug.run(cnn(**kw), dataset=ds)
+        coh = fedbug.run(cnn(executor="cohort", **kw), dataset=ds)
+    native = moved_apart(coh.weights, seq.weights, w0)
     seq = fedbug.run(cnn(**kw), dataset=ds)
     coh = fedbug.run(cnn(executor="cohort", **kw), dataset=ds)
-    w0 = ClientSide(cnn(device="cpu", **kw), dataset=ds).initial_weights()
     gap = moved_apart(coh.weights, seq.weights, w0)
-    print(f"cohort - sequential on the GPU over the round's change: {gap:.1e}")
-    assert gap < 1e-4
+    print(
+        f"cohort - sequential on the GPU over the round's change: {native:.1e} without cuDNN, "
+        f"{gap:.1e} with it"
+    )
+    assert native < 1e-4
+    assert gap < tol

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA path on a GPU machine, in one go (a few minutes on one H100/H200): the GPU tests
-# (tests/test_cuda.py; the golden families trained on the GPU against the CPU's record) and
+# (tests/test_cuda.py; the golden families trained on the GPU against the CPU's record),
 # workload W on the GPU in fp32 (deterministic and autotuned), tf32 and bf16, beside the bare
-# PyTorch loop.
+# PyTorch loop, and the cohort executor's checks (benchmarks/gpu/cohort.sh).
 #
 #   bash benchmarks/gpu/check.sh OUT_DIR
 #
@@ -32,14 +32,11 @@ speed() {
   rm -f "$out/w.json" "$out/w.err"
 }
 speed --device cuda
-speed --device cuda --executor cohort
-speed --device cuda --executor cohort --nondeterministic
 speed --device cuda --nondeterministic
 speed --device cuda --precision tf32 --nondeterministic
 speed --device cuda --precision bf16 --nondeterministic
 speed --device cuda --quick
 speed --device cpu --quick
-speed --device cpu --quick --executor cohort
 "$py" -c "
 import json, sys
 for line in open(sys.argv[1]):
@@ -53,19 +50,9 @@ timeout 120 "$py" -m fedbug.cli run configs/digits-demo.yaml -s device=cuda --ou
   && cp /tmp/gpu-demo/*/summary.json "$out/demo-summary.json" \
   && "$py" -c "import json; d=json.load(open('$out/demo-summary.json')); print('demo', d['final_acc'], d['seconds'], d['environment']['device'], d['environment']['data_on_device'], d['environment'].get('gpu_kernels'))"
 
-# 1,000 participants a round of configs/scale-10k.yaml (2 rounds): the cohort executor in chunks
-# sized to a memory budget, against the sequential one (needs Fashion-MNIST on the machine)
-if [ -d /usr/share/datasets/fashion-mnist ] || [ -d "${FEDBUG_DATA:-/nonexistent}" ]; then
-  for ex in sequential cohort; do
-    extra=(); [ "$ex" = cohort ] && extra=(-s cohort.memory_mb=20000)
-    timeout 600 "$py" -m fedbug.cli run configs/scale-10k.yaml -s device=cuda -s executor=$ex \
-      -s clients_per_round=1000 -s rounds=2 -s eval_every=2 "${extra[@]}" --out "/tmp/gpu-scale-$ex" -q \
-      && "$py" -c "import json,glob,sys; rs=[json.loads(l) for l in open(glob.glob('/tmp/gpu-scale-$ex/*/metrics.jsonl')[0])]; print('scale-10k 1000/round $ex: train s per round', [round(r['time_train'],2) for r in rs])" \
-      | tee -a "$out/scale.txt"
-  done
-else
-  echo "scale-10k skipped: no Fashion-MNIST here" | tee "$out/scale.txt"
-fi
+# the cohort executor (issue 34): W and 1,000 participants a round of scale-10k with it beside
+# the sequential executor, its GPU equality test, and the step's levers (CUDA graphs, compile)
+bash benchmarks/gpu/cohort.sh "$out"
 
 # last (its 8 workers load the CPUs, which the timings above must not share): the GPU tests
 # and the device tests, then the golden families on both devices

@@ -335,7 +335,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if rec["round"] == rounds:  # peak of the timed rounds, before any profiling
             prof_box["peak"] = peak_rss_mb()
         if args.profile and rec["round"] == rounds:
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if resolve_device(args.device).type == "cuda":
+                acts.append(torch.profiler.ProfilerActivity.CUDA)  # the kernels' own time too
+            prof = torch.profiler.profile(activities=acts)
             prof.__enter__()
             prof_box["prof"] = prof
         timer.seconds = 0.0
@@ -390,6 +393,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if "prof" in prof_box:
         ka = prof_box["prof"].key_averages()
         out["profile"] = ka.table(sort_by="self_cpu_time_total", row_limit=20)
+        if resolve_device(args.device).type == "cuda":
+            try:
+                out["profile_device"] = ka.table(sort_by="self_device_time_total", row_limit=25)
+            except (KeyError, AttributeError):  # torch before 2.4 called it cuda time
+                out["profile_device"] = ka.table(sort_by="self_cuda_time_total", row_limit=25)
     return out
 
 
@@ -552,6 +560,9 @@ def print_table(res: dict[str, Any]) -> None:
     if "profile" in res:
         print("\ntorch.profiler, one fedbug round (training + evaluation + aggregation):")
         print(res["profile"])
+    if "profile_device" in res:
+        print("\nthe same round by the GPU kernels' own time:")
+        print(res["profile_device"])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The cohort executor on a GPU (issue 34, item 3), in one go (about 5 minutes on one H100):
+# its GPU equality test first (a crash shows in seconds), then workload W with the sequential
+# and the cohort executor beside the bare loop (autotuned, then deterministic), 1,000
+# participants a round of configs/scale-10k.yaml with both executors (the cohort one in chunks
+# sized to a memory budget), the vmapped gradient alone against other forms
+# (benchmarks/gpu/cohort_forms.py), and last what CUDA graphs and torch.compile would give the
+# sequential executor's step (benchmarks/gpu/step.py). Where the cohort executor's numbers part
+# from the sequential one's on a GPU: python -m benchmarks.gpu.cohort_gap.
+#
+#   bash benchmarks/gpu/cohort.sh OUT_DIR [W_ROUNDS]
+#
+# Run from the repository root with fedbug importable and pytest installed (PYTHON=... picks
+# the interpreter). Writes OUT_DIR/cohort-test.log, cohort-speed.jsonl (one JSON line per W
+# variant), scale.txt, forms.txt and step.json. W_ROUNDS: W's rounds, the first a warm-up (default 4).
+set -uo pipefail
+out=${1:?usage: bash benchmarks/gpu/cohort.sh OUT_DIR [W_ROUNDS]}
+rounds=${2:-4}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+
+FEDBUG_TEST_GPU=1 timeout 120 "$py" -m pytest -q -rP -p no:cacheprovider tests/test_cuda.py \
+  -k cohort 2>&1 | tee "$out/cohort-test.log" | grep -E "passed|failed|error|cohort -" | tail -20
+
+speed() {
+  timeout 150 "$py" -m benchmarks.speed.speed --json --rounds "$rounds" "$@" > "$out/w.json" \
+    2> "$out/w.err" \
+    && "$py" -c "import json,sys; d=json.load(open(sys.argv[1])); d['args']=sys.argv[2:]; d.pop('rows',None); print(json.dumps(d))" "$out/w.json" "$@" >> "$out/cohort-speed.jsonl" \
+    || { echo "benchmarks.speed.speed $* failed:"; tail -8 "$out/w.err"; }
+  rm -f "$out/w.json" "$out/w.err"
+}
+speed --device cuda --nondeterministic
+speed --device cuda --nondeterministic --executor cohort
+speed --device cuda
+speed --device cuda --executor cohort
+"$py" -c "
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    f, b = d['fedbug'], d['bare']
+    print(' '.join(d['args']), '| fedbug train %.3f s (%.0f samples/s) round %.3f s | bare train %.3f s | ratio_train %.2f' % (f['train'], f['samples_per_s_train'], f['wall'], b['train'], d['ratio_train']))
+" "$out/cohort-speed.jsonl"
+
+# 1,000 participants a round of scale-10k (2 rounds; needs Fashion-MNIST on the machine)
+data=yes
+"$py" -c "import sys; from fedbug.data.fashion_mnist import locate; sys.exit(locate() is None)" \
+  || { echo "scale-10k skipped: no Fashion-MNIST here" | tee "$out/scale.txt"; data=; }
+for ex in ${data:+sequential cohort}; do
+  extra=(); [ "$ex" = cohort ] && extra=(-s cohort.memory_mb=20000)
+  rm -rf "/tmp/gpu-scale-$ex"
+  timeout 240 "$py" -m fedbug.cli run configs/scale-10k.yaml -s device=cuda -s executor=$ex \
+    -s deterministic=false -s clients_per_round=1000 -s rounds=2 -s eval_every=2 "${extra[@]}" \
+    --out "/tmp/gpu-scale-$ex" -q \
+    && "$py" -c "import json,glob; rs=[json.loads(l) for l in open(glob.glob('/tmp/gpu-scale-$ex/*/metrics.jsonl')[0])]; print('scale-10k 1000/round $ex: train s per round', [round(r['time_train'],2) for r in rs], 'acc', rs[-1].get('test_acc'))" \
+    | tee -a "$out/scale.txt"
+done
+
+# the vmapped gradient alone (10 and 100 clients), eager and in a CUDA graph, beside a loop
+timeout 120 "$py" -m benchmarks.gpu.cohort_forms --device cuda --clients 10,100 --iters 10 \
+  > "$out/forms.txt" 2>&1; tail -12 "$out/forms.txt"
+
+# the sequential step's levers: eager, torch.compile, reduce-overhead, one captured CUDA graph
+timeout 240 "$py" -m benchmarks.gpu.step --device cuda --steps 100 --reps 3 --json \
+  > "$out/step.json" 2> "$out/step.err" && cat "$out/step.json" || tail -20 "$out/step.err"
