@@ -120,14 +120,17 @@ def test_accuracy_table_gives_mean_sd_and_epsilon(tmp_path):
     slug = "method-fedavg_noise_multiplier-1.0-s0"
     (sweep / slug).mkdir()
     (sweep / slug / "summary.json").write_text(json.dumps({"final": 0.5, "dp": {"epsilon": 7.25}}))
+    gone = {"status": "diverged", "divergence": {"round": 7}, "final": 0.1}  # left out, named
+    (sweep / slug.replace("-s0", "-s1")).mkdir()
+    (sweep / slug.replace("-s0", "-s1") / "summary.json").write_text(json.dumps(gone))
     acc = load_accuracy(cfg, tmp_path / "results")
     rows = accuracy_table(acc).splitlines()
     no_dp = [c.strip() for c in rows[4].strip("|").split("|")]
     assert no_dp[:4] == ["FedAvg", "global", "no DP", "2/2"]
     assert no_dp[4].startswith("70.00 ± 14.14") and no_dp[5] == "∞"
     dp = [c.strip() for c in rows[5].strip("|").split("|")]
-    assert dp[2:] == ["DP z=1", "1/2", dp[4], "7.25"] and dp[4].startswith("50.00")
-    assert rows[-1] == "In progress: 1 runs not finished."
+    assert dp[2:] == ["DP z=1", "1/2", "50.00 (1 diverged, in round 7)", "7.25"]
+    assert not any("In progress" in r for r in rows)
 
 
 def test_the_block_in_results_md_is_replaced_and_dated(tmp_path):

@@ -127,6 +127,31 @@ def test_high_lr_exits_3_naming_round_client_and_cause(tmp_path, capsys):
     assert not (rd / ".lock").exists()
 
 
+def test_a_sweep_goes_on_past_a_diverged_run_and_resume_reads_it_back(tmp_path, capsys):
+    """A diverged cell is a result of the sweep: the other cells run, the table leaves the
+    diverged seed out and says so, the exit code is 3; --resume reads it back (not again)."""
+    grid = {"lr": [0.1, 1e6]}
+    path = write_yaml(tmp_path, grid=grid, seeds=1)
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "-q"]) == 3
+    first = capsys.readouterr()
+    err = [x for x in first.err.splitlines() if x.startswith("fedbug:")]
+    assert len(err) == 1 and "1 run(s) diverged (lr-1000000.0-s0)" in err[0], err
+    rows = {
+        r["label"]: r for r in json.loads((out / "tiny-sweep" / "sweep.json").read_text())["rows"]
+    }
+    bad, good = rows["lr=1000000.0"], rows["lr=0.1"]
+    assert bad["final_acc_n"] == 0 and len(bad["diverged_runs"]) == 1
+    assert good["final_acc_n"] == 1 and good["diverged_runs"] == []
+    assert "| lr=1000000.0 (1 of 1 diverged) | 1 | - | - |" in first.out
+    summary = out / "tiny-sweep" / "lr-1000000.0-s0" / "summary.json"
+    stamp = summary.stat().st_mtime_ns
+    assert main(["sweep", str(path), "--out", str(out), "-q", "--resume"]) == 3
+    again = capsys.readouterr()
+    assert summary.stat().st_mtime_ns == stamp  # read back, not run again
+    assert again.out == first.out
+
+
 def test_divergence_keeps_the_rounds_before(tmp_path, monkeypatch):
     corrupt_round(monkeypatch, 2, nan_delta)
     rd = tmp_path / "run"

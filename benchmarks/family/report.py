@@ -50,6 +50,8 @@ class Method:
     seeds: int
     runs: list[dict[str, Any]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    #: runs that diverged, left out of the figures: "<folder> (round r)"
+    diverged: list[str] = field(default_factory=list)
 
     def figures(self, which: str) -> list[float]:
         out = [headline_value(r["summary"], which) for r in self.runs]
@@ -121,9 +123,13 @@ def load(config: Path, results: Path) -> Workload:
                 m.missing.append(rd.path.name)
                 continue
             try:
-                m.runs.append(rd.read_run())
+                run = rd.read_run()
             except ResultsError as e:
                 raise SystemExit(f"family report: {e}") from None
+            if run["summary"].get("status") == "diverged":  # not where training ended
+                m.diverged.append(f"{rd.path.name} (round {run['summary']['divergence']['round']})")
+            else:
+                m.runs.append(run)
         methods.append(m)
     return Workload(str(doc["name"]), config, methods)
 
@@ -182,6 +188,9 @@ def table(work: Workload) -> str:
     missing = sum(len(m.missing) for m in work.methods)
     if missing:
         lines += ["", f"In progress: {missing} of {sum(m.seeds for m in work.methods)} runs."]
+    diverged = [d for m in work.methods for d in m.diverged]
+    if diverged:
+        lines += ["", f"Diverged, left out of the figures: {', '.join(diverged)}."]
     return "\n".join(lines) + "\n"
 
 

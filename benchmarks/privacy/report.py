@@ -163,6 +163,8 @@ class Accuracy:
     rows: dict[tuple[str, str], tuple[list[float], list[float], str]]
     seeds: int
     missing: int = 0
+    #: (method, level) -> the rounds in which its diverged seeds stopped (left out of rows)
+    diverged: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
 
 def load_accuracy(config: Path, results: Path) -> Accuracy:
@@ -179,6 +181,9 @@ def load_accuracy(config: Path, results: Path) -> Accuracy:
                 out.missing += 1
                 continue
             s = json.loads(path.read_text())
+            if s.get("status") == "diverged":  # its last accuracy is not where training ended
+                out.diverged.setdefault((method, level), []).append(s["divergence"]["round"])
+                continue
             finals.append(float(s.get("final", s.get("final_acc"))))
             if s.get("dp", {}).get("epsilon") is not None:
                 eps.append(float(s["dp"]["epsilon"]))
@@ -192,6 +197,10 @@ def accuracy_table(acc: Accuracy) -> str:
              "|" + " --- |" * 6]  # fmt: skip
     for (method, level), (finals, eps, evaluation) in acc.rows.items():
         shown = pm(*mean_std(finals), len(finals), ".2f", scale=100) if finals else "-"
+        stopped = acc.diverged.get((method, level), [])
+        if stopped:
+            rounds = ", ".join(map(str, sorted(stopped)))
+            shown += f" ({len(stopped)} diverged, in round {rounds})"
         lines.append(f"| {method} | {evaluation} | {level} | {len(finals)}/{acc.seeds} | "
                      f"{shown} | {_eps(eps) if finals else '-'} |")  # fmt: skip
     if acc.missing:

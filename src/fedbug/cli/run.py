@@ -176,6 +176,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     rows = run_sweep(doc, grid, seeds, out, run_one, ft=args.ft, run_all=run_all)
     print(format_table(rows, args.ft))
     print(f"sweep folder: {out} (sweep.md, sweep.json, accuracy.png)")
+    diverged = [run for r in rows for run in r.get("diverged_runs", [])]
+    if diverged:  # every other run finished; the exit code still tells a script
+        names = ", ".join(Path(d).name for d in diverged)
+        print(
+            f"fedbug: {len(diverged)} run(s) diverged ({names}): their cells' means leave them "
+            "out and say so; each folder's summary.json gives the round and the likely cause",
+            file=sys.stderr,
+        )
+        return 3
     return 0
 
 
@@ -188,15 +197,22 @@ def sweep_job(
 ) -> dict[str, Any]:
     """One sweep run: in this process, in a ``--jobs`` worker or as a ``--ray`` task (module
     level: sent to the worker by name). Under ``resume``, a finished run is read back and an
-    unfinished one continues from its checkpoint. ``on_phase``: the steps after the rounds (in
-    this process only)."""
+    unfinished one continues from its checkpoint. A run that diverges is a result of the sweep,
+    not its end: its folder (``summary.json`` with ``"status": "diverged"``, the rounds before)
+    is read back and the sweep goes on; its cell's table says so. ``on_phase``: the steps after
+    the rounds (in this process only)."""
     from fedbug.api import run
+    from fedbug.errors import DivergenceError
+    from fedbug.results import RunDir
 
     done = finished_run(cfg, run_dir) if resume and run_dir.exists() else None
     if done is not None:  # kept without its checkpoint, as a committed benchmark run is
         return done
     again = resume and run_dir.exists()
-    return _result(run(cfg, run_dir, resume=again, on_round=on_round, on_phase=on_phase))
+    try:
+        return _result(run(cfg, run_dir, resume=again, on_round=on_round, on_phase=on_phase))
+    except DivergenceError:
+        return RunDir(run_dir).read_run()
 
 
 def _run_parallel(
@@ -266,8 +282,9 @@ def _run_on_ray(
 
 
 def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
-    """A completed run of this config in ``run_dir`` (its summary says so and its config hash
-    matches), read back instead of run again; None otherwise. A damaged one (summary.json or
+    """A completed or diverged run of this config in ``run_dir`` (its summary says so and its
+    config hash matches), read back instead of run again (a diverged one would diverge again:
+    the same config and seed give the same numbers); None otherwise. A damaged one (summary.json or
     metrics.jsonl) is a :class:`~fedbug.errors.ResultsError` naming the file, not a shorter
     history."""
     from fedbug.config import config_hash
@@ -277,6 +294,7 @@ def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
     if not rd.summary_path.exists():
         return None
     summary = rd.read_summary()
-    if summary.get("status") != "completed" or summary.get("config_hash") != config_hash(cfg):
+    ended = summary.get("status") in ("completed", "diverged")
+    if not ended or summary.get("config_hash") != config_hash(cfg):
         return None
     return rd.read_run()

@@ -23,7 +23,9 @@ def pm(
 ) -> str:
     """``mean ± std`` over ``n`` values, multiplied by ``scale`` and formatted with ``fmt``
     (the std with ``std_fmt`` if given, and never with a sign); the mean alone when ``n`` is
-    1, as one value has no spread."""
+    1, as one value has no spread; "-" when there is none (every seed left out)."""
+    if n == 0:
+        return "-"
     text = f"{scale * mean:{fmt}}"
     return text if n < 2 else f"{text} ± {scale * std:{(std_fmt or fmt).replace('+', '')}}"
 

@@ -199,12 +199,16 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
 
 
 def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
-    """Per cell: mean +- std over seeds of final and best accuracy and of run time."""
+    """Per cell: mean +- std over seeds of final and best accuracy and of run time. A diverged
+    run (``"status": "diverged"``) is left out of the accuracies and named in
+    ``diverged_runs``: its last accuracy is not where training ended."""
     rows = []
     for cell, runs in cell_runs:
         metric = headline(runs)
-        final = [x for r in runs if (x := headline_value(r["summary"], "final")) is not None]
-        best = [x for r in runs if (x := headline_value(r["summary"], "best")) is not None]
+        diverged = [r for r in runs if r["summary"].get("status") == "diverged"]
+        kept = [r for r in runs if r["summary"].get("status") != "diverged"]
+        final = [x for r in kept if (x := headline_value(r["summary"], "final")) is not None]
+        best = [x for r in kept if (x := headline_value(r["summary"], "best")) is not None]
         secs = [r["summary"]["seconds"] for r in runs]
         fm, fs = mean_std(final)
         bm, bs = mean_std(best)
@@ -222,8 +226,9 @@ def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[s
             "best_acc_n": len(best),
             "seconds_mean": statistics.fmean(secs) if secs else math.nan,
             "runs": [str(r["run_dir"]) for r in runs],
+            "diverged_runs": [str(r["run_dir"]) for r in diverged],
         }
-        pfl = [r["summary"]["pfl"] for r in runs if "pfl" in r["summary"]]
+        pfl = [r["summary"]["pfl"] for r in kept if "pfl" in r["summary"]]
         for key in ("before_ft", "after_ft") if pfl else ():
             # over seeds: the client mean (as FedSeq Table 4), and the spread over clients
             means = [p[key]["mean"] for p in pfl if p[key]["mean"] is not None]
@@ -256,10 +261,16 @@ def _per_cell_pfl(rows: list[dict[str, Any]]) -> str:
             for k in ("before_ft", "after_ft")
         ]
         lines.append(
-            f"| {r['label']} | {len(r['seeds'])} | {cols[0]} | {cols[1]} | "
+            f"| {diverged_label(r)} | {len(r['seeds'])} | {cols[0]} | {cols[1]} | "
             f"{r['seconds_mean']:.1f} |"
         )
     return "\n".join(lines)
+
+
+def diverged_label(row: dict[str, Any]) -> str:
+    """The cell's label, with how many of its seeds diverged (left out of its numbers)."""
+    n = len(row.get("diverged_runs", ()))
+    return f"{row['label']} ({n} of {len(row['seeds'])} diverged)" if n else row["label"]
 
 
 def _per_cell(rows: list[dict[str, Any]]) -> str:
@@ -272,7 +283,8 @@ def _per_cell(rows: list[dict[str, Any]]) -> str:
         how = (".2f", 100.0, "") if acc else (".4g", 1.0, ".2g")  # fmt, scale, std_fmt
         final, best = (row_pm(r, key, *how) for key in ("final_acc", "best_acc"))
         lines.append(
-            f"| {r['label']} | {len(r['seeds'])} | {final} | {best} | {r['seconds_mean']:.1f} |"
+            f"| {diverged_label(r)} | {len(r['seeds'])} | {final} | {best} | "
+            f"{r['seconds_mean']:.1f} |"
         )
     return "\n".join(lines)
 
