@@ -221,17 +221,18 @@ def test_adam_with_step_counts_per_client_and_unit(algorithm, policy, over):
 
 
 def test_a_memory_budget_sizes_the_chunks():
-    """One client's share (its full step's counted memory and its rows of the stacked vectors)
-    sets how many a budget holds; a budget below one client still trains one at a time."""
+    """One client's share (its full step's counted memory, its rows of the stacked vectors and
+    its prepared samples) sets how many a budget holds; a budget below one client still trains
+    one at a time."""
     from fedbug.engine.executors import build_executor
 
     cfg = tiny_config(executor="cohort", threads=1, momentum=0.9)
     exp = Experiment(cfg)
     ex = build_executor(exp, None)
     tasks = [ClientTask(1, c, 0, 0.1, exp.mean_samples) for c in range(3)]
-    per = ex.client_bytes(tasks[0])
+    per = ex.client_bytes(tasks[0]) + ex.sample_bytes(tasks)
     rows = 3 + 1 + 1  # weights, received, gradient; momentum; its bool mask (a byte, counted 4)
-    assert per > 4 * exp.space.total * rows
+    assert ex.client_bytes(tasks[0]) > 4 * exp.space.total * rows
     ex.memory_mb = 2.5 * per / 2**20
     assert ex.chunk_size(tasks) == 2
     ex.memory_mb = 0.5 * per / 2**20
@@ -277,6 +278,20 @@ def test_a_memory_budget_counts_a_full_batch_whatever_the_first_clients_size():
     ex = build_executor(exp, None)
     small, big = (ClientTask(1, c, 0, 0.1, exp.mean_samples) for c in (1, 2))
     assert ex.client_bytes(small) == ex.client_bytes(big)
+
+
+def test_a_memory_budget_counts_the_largest_clients_prepared_samples():
+    """Each client's samples are prepared once a round (float32: 64 features x 4 bytes a digit
+    for the MLP): a chunk's share per client adds the round's largest client's."""
+    from fedbug.engine.executors import build_executor
+
+    cfg = tiny_config(executor="cohort", threads=1, partition="iid", unbalanced_sigma=0.8)
+    exp = Experiment(cfg)
+    ex = build_executor(exp, None)
+    tasks = [ClientTask(1, c, 0, 0.1, exp.mean_samples) for c in range(len(exp.sizes))]
+    assert ex.sample_bytes(tasks) == max(exp.sizes) * 64 * 4
+    ex.memory_mb = 2.5 * (ex.client_bytes(tasks[0]) + ex.sample_bytes(tasks)) / 2**20
+    assert ex.chunk_size(tasks) == 2
 
 
 def test_a_memory_budget_counts_the_clients_state():

@@ -45,6 +45,10 @@ __all__ = [
     "train_client",
 ]
 
+PREPARED_BYTES = 256 * 2**20
+"""A client's samples are prepared (normalised, laid out) once a round where they take at most
+this many bytes prepared and no augmentation comes between; each step then gathers its rows."""
+
 
 def to_channels_last(x: Tensor) -> Tensor:
     """A 4-D batch with NHWC strides (``memory_format: channels_last``); other tensors as they
@@ -242,6 +246,12 @@ class LocalRound:
         self.xs, self.ys = (
             (data.x, data.y) if rt.augment is not None else (data.x.to(dev), data.y.to(dev))
         )
+        #: the samples prepared once for the round: a step's batch is then its rows (the
+        #: preparation is elementwise, and indexing keeps the NHWC layout: the same numbers as
+        #: a batch prepared at its step, without normalising each sample every epoch again)
+        self.prepared = rt.augment is None and prepared_bytes(self.xs, rt) <= PREPARED_BYTES
+        if self.prepared:
+            self.xs = rt.prepare(self.xs)
         rt.model.train()
         rt.flat.copy_(self.received)
         load_local_parts(rt.flat, self.state, rt.space)
@@ -331,7 +341,7 @@ class LocalRound:
         if rt.augment is not None:
             x = rt.augment(x, self.gen)
             x, y = x.to(rt.device), y.to(rt.device)
-        return rt.prepare(x), y
+        return (x if self.prepared else rt.prepare(x)), y
 
     def step(self, units: tuple[int, ...], x: Tensor, y: Tensor) -> None:
         """One optimiser step on ``units``: the loss and the algorithm's terms, backward, the
@@ -488,6 +498,15 @@ def clip_grad_norm(grad: Tensor, regions: list[slice], max_norm: float) -> None:
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0).unsqueeze(-1)
     for r in regions:
         grad[..., r].mul_(scale)
+
+
+def prepared_bytes(xs: Tensor, rt: ClientRuntime) -> int:
+    """The bytes of ``xs`` once prepared (the model's input type: float32 images, int64
+    tokens), from one sample's."""
+    if not len(xs):
+        return 0
+    one = rt.prepare(xs[:1])
+    return one.numel() * one.element_size() * len(xs)
 
 
 def to_host(result: ClientResult, host: torch.device) -> ClientResult:

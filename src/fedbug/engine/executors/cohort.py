@@ -31,7 +31,14 @@ from torch.func import functional_call, grad_and_value, vmap
 from fedbug.algorithms import LocalCtx
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask
 from fedbug.core.units import ParamSpace
-from fedbug.engine.client import ClientRuntime, LocalRound, clip_grad_norm, unit_regions
+from fedbug.engine.client import (
+    PREPARED_BYTES,
+    ClientRuntime,
+    LocalRound,
+    clip_grad_norm,
+    prepared_bytes,
+    unit_regions,
+)
 from fedbug.engine.executors.base import Executor
 from fedbug.errors import ConfigError
 
@@ -91,15 +98,16 @@ class CohortExecutor(Executor):
         if self.memory_mb is not None and tasks:
             if self._client_bytes is None:  # a full batch of any client: the same every round
                 self._client_bytes = self.client_bytes(tasks[0])
-            size = min(size, max(1, int(self.memory_mb * 2**20 // self._client_bytes)))
+            share = self._client_bytes + self.sample_bytes(tasks)
+            size = min(size, max(1, int(self.memory_mb * 2**20 // share)))
         return size
 
     def client_bytes(self, task: ClientTask) -> int:
-        """Bytes one client of a chunk takes: a full step's memory as the library counts it
-        (activations saved for backward, gradients) on a full batch, and its rows of the
-        stacked vectors: the chunk's (weights, received weights, optimiser state, its state)
-        and a group step's copies (the gathered weights, the gradient, the gathered received
-        weights and state)."""
+        """Bytes one client of a chunk takes besides its samples (:meth:`sample_bytes`): a full
+        step's memory as the library counts it (activations saved for backward, gradients) on a
+        full batch, and its rows of the stacked vectors: the chunk's (weights, received weights,
+        optimiser state, its state) and a group step's copies (the gathered weights, the
+        gradient, the gathered received weights and state)."""
         rt = self.rt
         data = self.client_data(task.client)
         # a full batch even where this client holds fewer samples (the chunk's others may not)
@@ -111,6 +119,15 @@ class CohortExecutor(Executor):
         state = rt.algorithm.init_client_state(self.space)  # in the chunk and gathered per step
         state_bytes = 2 * sum(v.numel() * v.element_size() for v in state.values())
         return step.activations + step.trained + 4 * self.space.total * rows + state_bytes
+
+    def sample_bytes(self, tasks: list[ClientTask]) -> int:
+        """The most bytes a client of ``tasks`` holds of samples prepared for the round
+        (:data:`~fedbug.engine.client.PREPARED_BYTES`: a client's samples normalised once a
+        round, where they fit and nothing is augmented)."""
+        if self.rt.augment is not None:
+            return 0
+        held = (prepared_bytes(self.client_data(t.client).x, self.rt) for t in tasks)
+        return max((b for b in held if b <= PREPARED_BYTES), default=0)
 
     def train_chunk(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
