@@ -1,22 +1,55 @@
-"""fedbug: federated learning with layer freezing (FedBug, FreezeFL, FedSeq) on one simulator."""
+"""fedbug: federated learning with layer freezing (FedBug, FreezeFL, FedSeq) on one simulator.
 
-from typing import Any
+The names below load on first use (PEP 562), so ``import fedbug.cli`` and ``fedbug --help``
+start without importing PyTorch."""
 
-from fedbug.api import run  # in-process, or on Flower when the config's executor says so
-from fedbug.config import Config, load_config
-from fedbug.core.tasks import TASKS, CustomTask, Task
-from fedbug.data import FederatedDataset, load_dataset
-from fedbug.engine import Experiment, RepairReport, RunResult, repair_run, run_experiment
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from fedbug.errors import ConfigError, DataError, FedbugError
 from fedbug.version import __version__
 
+if TYPE_CHECKING:
+    from fedbug.api import run
+    from fedbug.config import Config, load_config
+    from fedbug.core.tasks import TASKS, CustomTask, Task
+    from fedbug.data import FederatedDataset, load_dataset
+    from fedbug.engine import Experiment, RepairReport, RunResult, repair_run, run_experiment
 
-def config(**values: Any) -> Any:
-    """A validated experiment config from keyword values (same keys as the YAML files)."""
-    return load_config(None, doc=values)
+#: public name -> the module it comes from (imported when the name is first used)
+_LAZY = {
+    "run": "fedbug.api",  # in-process, or on Flower when the config's executor says so
+    "Config": "fedbug.config",
+    "load_config": "fedbug.config",
+    "TASKS": "fedbug.core.tasks",
+    "CustomTask": "fedbug.core.tasks",
+    "Task": "fedbug.core.tasks",
+    "FederatedDataset": "fedbug.data",
+    "load_dataset": "fedbug.data",
+    "Experiment": "fedbug.engine",
+    "RepairReport": "fedbug.engine",
+    "RunResult": "fedbug.engine",
+    "repair_run": "fedbug.engine",
+    "run_experiment": "fedbug.engine",
+}
 
 
-repair = repair_run
+def __getattr__(name: str) -> Any:
+    if name == "config":  # fedbug.config(**values): the config package, callable
+        return importlib.import_module("fedbug.config")
+    source = "repair_run" if name == "repair" else name
+    if source not in _LAZY:
+        raise AttributeError(f"module 'fedbug' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[source]), source)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | {"repair", "config"})
+
 
 __all__ = [
     "__version__",

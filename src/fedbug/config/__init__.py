@@ -11,6 +11,10 @@ The package: ``schema`` (the fields, :func:`config_class`), ``presets`` (``metho
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import Any
+
 from fedbug.config.hashing import config_hash
 from fedbug.config.limits import (
     MAX_CONFIG_BYTES,
@@ -59,3 +63,15 @@ __all__ = [
     "set_dotted",
     "validate",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """``fedbug.config(**values)``: this package, called, is a validated config from keyword
+    values (the same keys as the YAML files). ``fedbug.config`` names this package once it is
+    imported, so the call lives here rather than as a function beside it."""
+
+    def __call__(self, **values: Any) -> BaseConfig:
+        return load_config(None, doc=values)
+
+
+sys.modules[__name__].__class__ = _CallableModule
