@@ -287,9 +287,20 @@ def test_a_pool_of_nodes_serves_each_client_on_its_own_node(plain):
 PLAIN_FEDAVG = dict(policy="none", upload="full", system=None, count_flops=False)
 
 
-def test_a_sub_model_is_refused_by_the_node_with_the_reason():
-    """FjORD sends a subset of each unit's entries; SecAgg+ sums whole units, so each node
-    refuses, and the short round says why."""
+@pytest.mark.parametrize("algorithm", ["fjord", "apf", "heterofl", "fedrolex", "slt"])
+def test_a_sub_model_is_refused_before_the_run(algorithm):
+    """FjORD, APF and the width methods send a subset of each unit's entries; SecAgg+ sums
+    whole units, so the config is refused in one line before anything starts."""
+    doc = {**PLAIN_FEDAVG, **method_needs(algorithm), "algorithm": algorithm, "upload": "partial"}
+    with pytest.raises(ConfigError, match=f"{algorithm} sends a sub-model") as e:
+        config(secagg={}, **doc)
+    assert "\n" not in str(e.value)
+
+
+def test_a_sub_model_that_reaches_a_node_is_refused_there(monkeypatch):
+    """The node's own guard, should a config get past: the short round says why."""
+    monkeypatch.setattr("fedbug.config.secagg.secagg_incompatibility", lambda cfg: None)
+    monkeypatch.setattr("fedbug.config.compat.secagg_incompatibility", lambda cfg: None)
     doc = {**PLAIN_FEDAVG, **method_needs("fjord"), "algorithm": "fjord", "upload": "partial"}
     with pytest.raises(ShortRoundError, match="fjord sends a sub-model"):
         run_on(config(secagg={}, **doc), SecureAggregates)

@@ -175,6 +175,11 @@ class Algorithm:
     #: the top-level modules ``wrap_model`` adds (FedROD's personal head): their units are the
     #: algorithm's, not the freeze policy's (needs ``wrap_model``)
     extra_modules: ClassVar[tuple[str, ...]] = ()
+    #: declared: a client's update holds a subset of each unit's entries (a sub-model: Fjord,
+    #: APF's active entries, the width methods), averaged entry by entry over the clients
+    #: holding it (``ClientResult.entries``); secure
+    #: aggregation, which sums whole units, refuses it
+    sends_sub_models: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

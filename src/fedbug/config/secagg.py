@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from fedbug.algorithms import ALGORITHMS
 from fedbug.selection import SELECTIONS
 from fedbug.selection.base import Selection
 
@@ -51,6 +52,12 @@ def secagg_incompatibility(cfg: Any) -> str | None:
         return (
             "record_updates: under flower.secagg the server never sees one client's update; "
             "remove record_updates"
+        )
+    if ALGORITHMS.get(cfg.algorithm).sends_sub_models:
+        return (
+            f"flower.secagg: algorithm {cfg.algorithm} sends a sub-model (a subset of each "
+            "unit's entries, averaged entry by entry), and SecAgg+ sums whole units; remove "
+            "flower.secagg for it"
         )
     if cfg.evaluation == "mean_of_local_models":
         return (

@@ -94,6 +94,7 @@ class Fjord(Algorithm):
 
     name = "fjord"
     params_cls = FjordParams
+    sends_sub_models = True
 
     def __init__(self, global_lr: float = 1.0, params: Any = None) -> None:
         super().__init__(global_lr, params)

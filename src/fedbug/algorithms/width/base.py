@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 class WidthAlgorithm(Algorithm):
     """A width method's shared halves; a subclass gives :meth:`index_sets` (and its session)."""
 
+    sends_sub_models = True
+
     def __init__(self, global_lr: float = 1.0, params: Any = None) -> None:
         super().__init__(global_lr, params)
         self.plan: planner.WidthPlan | None = None
