@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -189,7 +189,7 @@ class CohortExecutor(Executor):
         if rt.settings.clip_grad_norm:  # each client's gradient, as the sequential step clips
             clip_grad_norm(ctx.grads, ctx.regions, rt.settings.clip_grad_norm)
         rt.algorithm.adjust_grads_after_clipping(ctx)
-        opt.step(idx, clients, ctx.grads, units, self.space)
+        opt.step(Rows(idx, torch.tensor(clients)), ctx.grads, units, self.space)
         for c, (_, xs, ys), loss in zip(clients, steps, losses):
             rounds[c].loss_sum += loss
             rounds[c].count(units, xs, ys)
@@ -277,6 +277,14 @@ class Chunk:
         )
 
 
+class Rows(NamedTuple):
+    """A group's rows of the stacked clients: on the device (for the weights) and on the host
+    (for what is counted there, Adam's steps)."""
+
+    device: Tensor
+    host: Tensor
+
+
 class StackedOptimizer:
     """An optimiser over the stacked clients' flat weights, moving only each step's trained
     units."""
@@ -285,15 +293,8 @@ class StackedOptimizer:
         self.weights = weights
         self.lr, self.weight_decay = lr, settings.weight_decay
 
-    def step(
-        self,
-        idx: Tensor,
-        clients: list[int],
-        grads: Tensor,
-        units: Sequence[int],
-        space: ParamSpace,
-    ) -> None:
-        """Move rows ``idx`` (``clients``, the same rows as a list) on ``units``."""
+    def step(self, rows: Rows, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
+        """Move ``rows`` of the stacked weights on ``units``."""
         raise NotImplementedError
 
     def reset(self, row: int) -> None:
@@ -316,15 +317,9 @@ class StackedSGD(StackedOptimizer):
             self.buf[row].zero_()
             self.has_buf[row] = False
 
-    def step(
-        self,
-        idx: Tensor,
-        clients: list[int],
-        grads: Tensor,
-        units: Sequence[int],
-        space: ParamSpace,
-    ) -> None:
-        """The SGD step of clients ``idx`` (rows of the stacked weights) on ``units``."""
+    def step(self, rows: Rows, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
+        """The SGD step of ``rows`` of the stacked weights on ``units``."""
+        idx = rows.device
         for r in unit_regions(units, space):
             w = self.weights[idx, r]
             d = grads[:, r]
@@ -358,16 +353,9 @@ class StackedAdam(StackedOptimizer):
         self.v[row].zero_()
         self.t[row] = 0
 
-    def step(
-        self,
-        idx: Tensor,
-        clients: list[int],
-        grads: Tensor,
-        units: Sequence[int],
-        space: ParamSpace,
-    ) -> None:
+    def step(self, rows: Rows, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
         b1, b2 = self.betas
-        host = torch.tensor(clients)  # the step counts live on the host: no read-back
+        idx, host = rows.device, rows.host  # the step counts live on the host: no read-back
         for u in units:
             s = space.unit_slices[u]
             w = self.weights[idx, s]
