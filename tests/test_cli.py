@@ -623,6 +623,8 @@ def test_help_starts_without_importing_torch():
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
         "assert fedbug.run.__module__ == 'fedbug.api' and fedbug.repair is fedbug.repair_run\n"
+        "with fedbug.models.allow_import():\n    pass\n"  # subpackages as attributes, as before
+        "assert not hasattr(fedbug, 'nosuch')\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -167,8 +167,9 @@ def test_ray_sweep_gives_the_sequential_numbers_with_a_task_killed_mid_run(
 @needs_ray
 @pytest.mark.slow
 def test_a_failed_run_is_one_error_line(tmp_path, capsys, ray_head):
+    """A diverged run is a result on Ray too: the sweep ends, one line names it, exit code 4."""
     cfg = _config(tmp_path, lr=1e6, on_divergence="stop", rounds=2)
-    assert main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "-q", "--ray", ray_head]) == 3
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "-q", "--ray", ray_head]) == 4
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("fedbug:")]
     assert len(err) == 1 and "diverged" in err[0], err
 

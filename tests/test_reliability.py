@@ -129,11 +129,11 @@ def test_high_lr_exits_3_naming_round_client_and_cause(tmp_path, capsys):
 
 def test_a_sweep_goes_on_past_a_diverged_run_and_resume_reads_it_back(tmp_path, capsys):
     """A diverged cell is a result of the sweep: the other cells run, the table leaves the
-    diverged seed out and says so, the exit code is 3; --resume reads it back (not again)."""
+    diverged seed out and says so, the exit code is 4; --resume reads it back (not again)."""
     grid = {"lr": [0.1, 1e6]}
     path = write_yaml(tmp_path, grid=grid, seeds=1)
     out = tmp_path / "out"
-    assert main(["sweep", str(path), "--out", str(out), "-q"]) == 3
+    assert main(["sweep", str(path), "--out", str(out), "-q"]) == 4
     first = capsys.readouterr()
     err = [x for x in first.err.splitlines() if x.startswith("fedbug:")]
     assert len(err) == 1 and "1 run(s) diverged (lr-1000000.0-s0)" in err[0], err
@@ -146,10 +146,25 @@ def test_a_sweep_goes_on_past_a_diverged_run_and_resume_reads_it_back(tmp_path, 
     assert "| lr=1000000.0 (1 of 1 diverged) | 1 | - | - |" in first.out
     summary = out / "tiny-sweep" / "lr-1000000.0-s0" / "summary.json"
     stamp = summary.stat().st_mtime_ns
-    assert main(["sweep", str(path), "--out", str(out), "-q", "--resume"]) == 3
+    assert main(["sweep", str(path), "--out", str(out), "-q", "--resume"]) == 4
     again = capsys.readouterr()
     assert summary.stat().st_mtime_ns == stamp  # read back, not run again
     assert again.out == first.out
+
+
+def test_fedbug_report_on_simulated_runs_leaves_a_diverged_run_out_and_names_it(tmp_path, capsys):
+    """The FreezeFL table (runs with a simulated clock) names a diverged run under the table and
+    keeps its figures out of the means and FedAvg's baseline."""
+    grid = {"lr": [0.1, 1e6]}
+    system = {"abilities": "uniform"}
+    path = write_yaml(tmp_path, grid=grid, seeds=1, system=system, count_flops=True)
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "-q"]) == 4
+    capsys.readouterr()
+    assert main(["report", str(out / "tiny-sweep")]) == 0
+    text = capsys.readouterr().out
+    assert "Diverged, left out: lr-1000000.0-s0." in text
+    assert "lr=1000000.0" not in text.split("Diverged")[0]
 
 
 def test_divergence_keeps_the_rounds_before(tmp_path, monkeypatch):
@@ -367,3 +382,39 @@ def test_read_only_out_is_refused_before_any_work(tmp_path, capsys, monkeypatch,
     assert code == 2 and len(err.splitlines()) == 1
     assert str(out) in err and "read-only" in err
     assert list(out.iterdir()) == []
+
+
+def test_a_personalized_sweep_names_a_diverged_cell_under_table_4(tmp_path, capsys):
+    """Personalized cells: a cell whose every seed diverged shows "-" (not a global figure)
+    and is named under FedSeq's Table 4, from which its row is absent."""
+    grid = {"lr": [0.1, 1e6]}
+    path = write_yaml(tmp_path, grid=grid, seeds=1, evaluation="personalized")
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "-q"]) == 4
+    text = capsys.readouterr().out
+    assert "Diverged, left out: lr=1000000.0 (1 of 1)." in text
+    assert "| lr=1000000.0 (1 of 1 diverged) | 1 | - | - |" in text
+
+
+def test_the_sweeps_plot_leaves_a_diverged_seed_out_of_its_cells_curve(tmp_path, monkeypatch):
+    """Seeds at 0.8 and 0.6 and a third that diverged at 0.1: the curve is 70%, the label says
+    1 of 3 diverged."""
+    import matplotlib.axes
+
+    from fedbug.sweeps.sweep import Cell, plot_sweep
+
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+
+    def plot(self, x, y, *a, **kw):
+        drawn.append((kw.get("label"), list(y)))
+        return real(self, x, y, *a, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+
+    def run(acc, status="completed"):
+        return {"summary": {"status": status}, "records": [{"round": 1, "test_acc": acc}]}
+
+    runs = [run(0.8), run(0.6), run(0.1, "diverged")]
+    plot_sweep([(Cell({"lr": 0.1}), runs)], tmp_path / "a.png", "t")
+    ((label, ys),) = drawn
+    assert label.endswith("(1 of 3 diverged)") and ys == pytest.approx([70.0])

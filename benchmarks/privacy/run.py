@@ -78,12 +78,13 @@ def write_smoke(config: Path, results: Path) -> Path:
 
 def sweep(config: Path, results: Path, jobs: int) -> None:
     """``fedbug sweep CONFIG --out RESULTS --resume --jobs N`` (finished runs are kept; a run
-    that diverged is a result too, exit code 3 once every run has ended: the report names it)."""
+    that diverged is a result too: exit code 4 once every run has ended, the report names it)."""
     from fedbug.cli import main
+    from fedbug.cli.run import SWEEP_DIVERGED
 
     argv = ["sweep", str(config), "--out", str(results), "--resume", "--jobs", str(jobs), "-q"]
     rc = main(argv)
-    if rc and rc != 3:
+    if rc and rc != SWEEP_DIVERGED:
         raise SystemExit(f"fedbug {' '.join(argv)} exited {rc}")
 
 

@@ -13,10 +13,16 @@ from fedbug.version import __version__
 
 if TYPE_CHECKING:
     from fedbug.api import run
-    from fedbug.config import Config, load_config
+    from fedbug.config import BaseConfig, Config, load_config
     from fedbug.core.tasks import TASKS, CustomTask, Task
     from fedbug.data import FederatedDataset, load_dataset
     from fedbug.engine import Experiment, RepairReport, RunResult, repair_run, run_experiment
+
+    def config(**values: Any) -> BaseConfig:
+        """A validated experiment config from keyword values (same keys as the YAML files)."""
+        ...
+
+    repair = repair_run
 
 #: public name -> the module it comes from (imported when the name is first used)
 _LAZY = {
@@ -40,11 +46,16 @@ def __getattr__(name: str) -> Any:
     if name == "config":  # fedbug.config(**values): the config package, callable
         return importlib.import_module("fedbug.config")
     source = "repair_run" if name == "repair" else name
-    if source not in _LAZY:
-        raise AttributeError(f"module 'fedbug' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[source]), source)
-    globals()[name] = value
-    return value
+    if source in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[source]), source)
+        globals()[name] = value
+        return value
+    try:  # a subpackage (fedbug.models.allow_import(), ...), as after an eager import
+        return importlib.import_module(f"fedbug.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"fedbug.{name}":
+            raise
+    raise AttributeError(f"module 'fedbug' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -15,6 +15,10 @@ from typing import Any
 from fedbug.cli.progress import run_with_bar, with_bars
 from fedbug.errors import FedbugError
 
+SWEEP_DIVERGED = 4
+"""``fedbug sweep``'s exit code when every run ended and some diverged (3 is a run or the sweep
+stopped: a divergence outside a sweep, a short round)."""
+
 
 def _result(res: Any) -> dict[str, Any]:
     return {"run_dir": res.run_dir, "records": res.records, "summary": res.summary}
@@ -177,14 +181,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(format_table(rows, args.ft))
     print(f"sweep folder: {out} (sweep.md, sweep.json, accuracy.png)")
     diverged = [run for r in rows for run in r.get("diverged_runs", [])]
-    if diverged:  # every other run finished; the exit code still tells a script
+    if diverged:  # every run ended; the exit code tells a script some diverged
         names = ", ".join(Path(d).name for d in diverged)
         print(
             f"fedbug: {len(diverged)} run(s) diverged ({names}): their cells' means leave them "
             "out and say so; each folder's summary.json gives the round and the likely cause",
             file=sys.stderr,
         )
-        return 3
+        return SWEEP_DIVERGED
     return 0
 
 

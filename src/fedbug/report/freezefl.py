@@ -464,12 +464,19 @@ def freezefl_report(
 ) -> dict[str, Any]:
     """Table III of simulated runs: ``{"rows", "facts", "text", "files"}``; with ``out``,
     report.md, report.json and the PNGs are written there."""
+    notes = runs.notes() if isinstance(runs, RunList) else []
+    diverged = [r for r in runs if r["summary"].get("status") == "diverged"]
+    if diverged:  # their last figures are not where training ended (the baseline's too)
+        runs = [r for r in runs if r["summary"].get("status") != "diverged"]
+        names = ", ".join(Path(r["run_dir"]).name for r in diverged)
+        notes.append(f"Diverged, left out: {names}.")
+        if not runs:
+            raise ConfigError(f"every run diverged ({names}): there is no table to make")
     metric = pick_metric(runs, metric)
     groups = group_runs(runs)
     rows, facts = table_rows(groups, metric, target)
     text = format_freezefl_table(rows, facts)
-    notes = runs.notes() if isinstance(runs, RunList) else []
-    if notes:  # runs left out (damaged, duplicates), under the table
+    if notes:  # runs left out (damaged, duplicates, diverged), under the table
         text = "\n\n".join([text, *notes])
     files: list[Path] = []
     if out is not None:

@@ -257,7 +257,13 @@ def _per_cell_pfl(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         cols = [
-            cell_text(r, k) if f"{k}_mean" in r else f"global {row_pm(r, 'final_acc', scale=100)}"
+            cell_text(r, k)
+            if f"{k}_mean" in r
+            else (
+                "-"
+                if r.get("diverged_runs") and not r["final_acc_n"]
+                else f"global {row_pm(r, 'final_acc', scale=100)}"
+            )
             for k in ("before_ft", "after_ft")
         ]
         lines.append(
@@ -305,7 +311,8 @@ def _unit(rows: list[dict[str, Any]]) -> str:
 
 
 def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, title: str) -> None:
-    """Accuracy vs round per cell: mean over seeds, shaded +- one std (the legend says so)."""
+    """Accuracy vs round per cell: mean over seeds, shaded +- one std (the legend says so); a
+    diverged seed is left out, as in the table, and its cell's label says how many."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -314,11 +321,16 @@ def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, t
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     metric = "acc"
+    kept_counts = []
     for cell, runs in cell_runs:
         metric = headline(runs)  # one task a sweep
         key, scale = f"test_{metric}", metric_axis(f"test_{metric}")[1]
+        kept = [r for r in runs if r["summary"].get("status") != "diverged"]
+        kept_counts.append(len(kept))
+        gone = len(runs) - len(kept)
+        label = f"{cell.label} ({gone} of {len(runs)} diverged)" if gone else cell.label
         by_round: dict[int, list[float]] = {}
-        for run in runs:
+        for run in kept:
             for rec in run["records"]:
                 value = rec.get(key)
                 if value is not None:
@@ -327,14 +339,14 @@ def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, t
         mean = np.array([np.mean(by_round[r]) for r in rounds])
         # the sample sd over seeds, as the table's mean ± sd (report.spread.mean_std)
         std = np.array([mean_std(by_round[r])[1] for r in rounds])
-        (line,) = ax.plot(rounds, mean, label=cell.label)
+        (line,) = ax.plot(rounds, mean, label=label)
         ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
     ax.set_xlabel("round")
     ax.set_ylabel(metric_axis(f"test_{metric}")[0])
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.xaxis.get_major_locator().set_params(integer=True)  # rounds are whole numbers
-    seeds = sorted({len(runs) for _, runs in cell_runs})
+    seeds = sorted(set(kept_counts)) or [0]
     n = f"{seeds[0]} seeds" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds"
     ax.legend(fontsize=8, title=f"line: mean of {n}; band: ±1 sd", title_fontsize=8)
     fig.tight_layout()

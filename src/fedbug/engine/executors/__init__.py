@@ -26,7 +26,10 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
         runtime = exp.make_runtime()
         refuse_model(runtime.model, exp.space, exp.augmentation() is not None)
         params = exp.cfg.cohort
-        return CohortExecutor(runtime, exp.client_data, params.max_clients, params.memory_mb)
+        sizes = exp.sizes.__getitem__
+        return CohortExecutor(
+            runtime, exp.client_data, params.max_clients, params.memory_mb, sizes=sizes
+        )
     if name == "processes":
         from fedbug.engine.executors.processes import ProcessExecutor, WorkerSpec
 

@@ -75,8 +75,12 @@ class CohortExecutor(Executor):
         client_data: Callable[[int], ClientData],
         max_clients: int | None = None,
         memory_mb: float | None = None,
+        sizes: Callable[[int], int] | None = None,
     ) -> None:
         self.rt = runtime
+        #: a client's number of samples (default: its data's length, read through client_data)
+        self.sizes = sizes or (lambda c: len(client_data(c)))
+        self._sample_bytes: int | None = None
         self.client_data = client_data
         self.max_clients = max_clients
         self.memory_mb = memory_mb
@@ -124,9 +128,12 @@ class CohortExecutor(Executor):
         """The most bytes a client of ``tasks`` holds of samples prepared for the round
         (:data:`~fedbug.engine.client.PREPARED_BYTES`: a client's samples normalised once a
         round, where they fit and nothing is augmented)."""
-        if self.rt.augment is not None:
+        if self.rt.augment is not None or not tasks:
             return 0
-        held = (prepared_bytes(self.client_data(t.client).x, self.rt) for t in tasks)
+        if self._sample_bytes is None:  # one sample's, prepared: the same for every client
+            one = self.client_data(tasks[0].client).x[:1]
+            self._sample_bytes = prepared_bytes(one, self.rt) if len(one) else 0
+        held = (self.sizes(t.client) * self._sample_bytes for t in tasks)
         return max((b for b in held if b <= PREPARED_BYTES), default=0)
 
     def train_chunk(
