@@ -83,7 +83,8 @@ def test_ctrl_c_stops_every_job_and_resume_ends_as_uninterrupted(tmp_path):
 
 
 def test_a_failed_run_is_one_error_line(tmp_path, capsys):
+    """A run that diverges in a worker is a result of the sweep: one line names it, exit 4."""
     cfg = _config(tmp_path, lr=1e6, on_divergence="stop")
-    assert main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "-q", "--jobs", "2"]) == 3
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "-q", "--jobs", "2"]) == 4
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "diverged" in err, err

@@ -154,8 +154,11 @@ def format_pfl_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
             lines.append(f"| {label}{tag} | " + " | ".join(cols) + " |")
     note = "cells: before FT / after FT" if ft == "both" else "as FedSeq Table 4"
     text = "\n".join(lines) + f"\n\n({note}; mean ± std over seeds, std over clients in brackets)"
-    gone = [f"{r['label']} ({len(r['diverged_runs'])} of {len(r['seeds'])})" for r in rows]
-    gone = [g for g, r in zip(gone, rows) if r.get("diverged_runs")]
+    gone = [
+        f"{r['label']} ({len(r['diverged_runs'])} of {len(r['seeds'])})"
+        for r in rows
+        if r.get("diverged_runs")
+    ]
     if gone:  # left out of the cells above (a cell whose every seed diverged has no row)
         text += f"\n\nDiverged, left out: {', '.join(gone)}."
     return text
