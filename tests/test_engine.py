@@ -238,3 +238,26 @@ def test_policy_checks_count_only_the_models_own_units():
         Experiment(
             tiny_config(algorithm="fedrod", policy="fixed_top", fixed_top={"fixed_units": 3})
         )
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS.names())
+def test_an_algorithm_whose_clients_send_sub_models_declares_it(algorithm, monkeypatch):
+    """Secure aggregation refuses sub-model methods from ``sends_sub_models`` alone, before the
+    run: every algorithm whose client updates hold a subset of the entries must declare it."""
+    from fedbug.engine.client import LocalRound
+
+    seen = []
+    result = LocalRound.result
+
+    def recorded(self):
+        out = result(self)
+        seen.append(out.entries is not None)
+        return out
+
+    monkeypatch.setattr(LocalRound, "result", recorded)
+    evaluation = "global" if ALGORITHMS.get(algorithm).has_global_model else "personalized"
+    doc = {"count_flops": False, "upload": "partial", **method_needs(algorithm)}
+    run_experiment(tiny_config(algorithm=algorithm, evaluation=evaluation, rounds=1, **doc))
+    assert seen
+    if any(seen):
+        assert ALGORITHMS.get(algorithm).sends_sub_models
