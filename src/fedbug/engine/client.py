@@ -249,7 +249,7 @@ class LocalRound:
         #: the samples prepared once for the round: a step's batch is then its rows (the
         #: preparation is elementwise, and indexing keeps the NHWC layout: the same numbers as
         #: a batch prepared at its step, without normalising each sample every epoch again)
-        self.prepared = rt.augment is None and prepared_bytes(self.xs, rt) <= PREPARED_BYTES
+        self.prepared = prepares_once(prepared_bytes(self.xs, rt), rt)
         if self.prepared:
             self.xs = rt.prepare(self.xs)
         rt.model.train()
@@ -498,6 +498,12 @@ def clip_grad_norm(grad: Tensor, regions: list[slice], max_norm: float) -> None:
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0).unsqueeze(-1)
     for r in regions:
         grad[..., r].mul_(scale)
+
+
+def prepares_once(nbytes: int, rt: ClientRuntime) -> bool:
+    """Whether a client whose samples take ``nbytes`` prepared has them prepared once a round
+    (nothing augmented between, and at most :data:`PREPARED_BYTES`)."""
+    return rt.augment is None and nbytes <= PREPARED_BYTES
 
 
 def prepared_bytes(xs: Tensor, rt: ClientRuntime) -> int:

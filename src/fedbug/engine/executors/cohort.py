@@ -32,11 +32,11 @@ from fedbug.algorithms import LocalCtx
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask
 from fedbug.core.units import ParamSpace
 from fedbug.engine.client import (
-    PREPARED_BYTES,
     ClientRuntime,
     LocalRound,
     clip_grad_norm,
     prepared_bytes,
+    prepares_once,
     unit_regions,
 )
 from fedbug.engine.executors.base import Executor
@@ -128,13 +128,13 @@ class CohortExecutor(Executor):
         """The most bytes a client of ``tasks`` holds of samples prepared for the round
         (:data:`~fedbug.engine.client.PREPARED_BYTES`: a client's samples normalised once a
         round, where they fit and nothing is augmented)."""
-        if self.rt.augment is not None or not tasks:
+        if not tasks:
             return 0
         if self._sample_bytes is None:  # one sample's, prepared: the same for every client
             one = self.client_data(tasks[0].client).x[:1]
             self._sample_bytes = prepared_bytes(one, self.rt) if len(one) else 0
         held = (self.sizes(t.client) * self._sample_bytes for t in tasks)
-        return max((b for b in held if b <= PREPARED_BYTES), default=0)
+        return max((b for b in held if prepares_once(b, self.rt)), default=0)
 
     def train_chunk(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
@@ -183,7 +183,8 @@ class CohortExecutor(Executor):
     def group_step(self, clients: list[int], steps: list[Step], chunk: Chunk) -> None:
         """One step of clients that train the same units on batches of one shape."""
         units, rounds, opt = steps[0][0], chunk.rounds, chunk.opt
-        idx = chunk.rows(clients)
+        rows = chunk.rows(clients)
+        idx = rows.device
         x = torch.stack([s[1] for s in steps])
         y = torch.stack([s[2] for s in steps])
         for c in clients:
@@ -196,7 +197,7 @@ class CohortExecutor(Executor):
         if rt.settings.clip_grad_norm:  # each client's gradient, as the sequential step clips
             clip_grad_norm(ctx.grads, ctx.regions, rt.settings.clip_grad_norm)
         rt.algorithm.adjust_grads_after_clipping(ctx)
-        opt.step(Rows(idx, torch.tensor(clients)), ctx.grads, units, self.space)
+        opt.step(rows, ctx.grads, units, self.space)
         for c, (_, xs, ys), loss in zip(clients, steps, losses):
             rounds[c].loss_sum += loss
             rounds[c].count(units, xs, ys)
@@ -247,14 +248,15 @@ class Chunk:
         keys = rounds[0].state.keys() if rounds else ()
         self.state = {k: torch.stack([r.state[k] for r in rounds]) for k in keys}
         self.samples = torch.tensor([[float(r.n)] for r in rounds], device=dev)
-        self._rows: dict[tuple[int, ...], Tensor] = {}
+        self._rows: dict[tuple[int, ...], Rows] = {}
 
-    def rows(self, clients: list[int]) -> Tensor:
-        """The rows of ``clients`` as an index on the device, made once per set of clients (a
-        copy to the device each step would cost a transfer)."""
+    def rows(self, clients: list[int]) -> Rows:
+        """The rows of ``clients`` on the device and on the host, made once per set of clients
+        (a copy to the device each step would cost a transfer)."""
         key = tuple(clients)
         if key not in self._rows:
-            self._rows[key] = torch.tensor(clients, device=self.opt.weights.device)
+            host = torch.tensor(clients)
+            self._rows[key] = Rows(host.to(self.opt.weights.device), host)
         return self._rows[key]
 
     def ctx(
