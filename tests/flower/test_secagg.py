@@ -375,3 +375,28 @@ def test_a_loopback_deployment_sums_with_secagg(tmp_path):
         assert a["clients"] == b["clients"] == [0, 1, 2] and "dropped" not in b
         assert b["test_loss"] == pytest.approx(a["test_loss"], abs=1e-4)
         assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-4)
+
+
+def test_freezefl_partial_upload_sums_layer_by_layer_within_the_bound():
+    """FreezeFL itself (its probe epoch, n* from Eq. 2's importances, layer-wise partial
+    upload; a soft deadline T0 that makes stragglers of some clients in the first round;
+    uniform selection, since its reputation selection reads each client's figures): SecAgg+'s
+    per-unit means equal the plain ones within the bound, each unit's weight exactly."""
+    cfg = dict(
+        policy="freezefl",
+        freezefl={"T0": 0.5},
+        local_epochs=2,
+        local_steps=None,
+        **method_needs("freezefl"),
+    )
+    _, pex, _ = run_on(config(**cfg), PlainAggregates)
+    sa_cfg = config(secagg={}, **cfg)
+    _, sex, _ = run_on(sa_cfg, SecureAggregates)
+    p, s = pex.aggs[0], sex.aggs[0]
+    uploads = {r.client: (r.uploaded, r.num_samples) for r in pex.results}
+    assert any(not all(up) for up, _ in uploads.values()), "no client froze a unit"
+    assert any(all(up) for up, _ in uploads.values()), "every client froze a unit"
+    for u in range(p.space.num_units):
+        expected = sum(k for up, k in uploads.values() if up[u])
+        assert s.units_trained_by()[u] == p.units_trained_by()[u] == expected
+    assert 0 < excess(s, p, sa_cfg.flower.secagg, p.count) <= 1.0
