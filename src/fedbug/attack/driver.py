@@ -25,11 +25,12 @@ from fedbug.attack.replay import (
     replay_finding,
 )
 from fedbug.attack.scoring import image_scores, label_recovery, match_order, save_grid
+from fedbug.attack.unroll import unroll_of, unrolled_replay_error
 from fedbug.errors import ConfigError
 from fedbug.results.files import atomic_write_bytes, check_no_links
 
-METHODS = ("auto", "dlg", "idlg", "ig")
-DEFAULT_ITERATIONS = {"dlg": 300, "idlg": 300, "ig": 2000}
+METHODS = ("auto", "dlg", "idlg", "ig", "ig-unrolled")
+DEFAULT_ITERATIONS = {"dlg": 300, "idlg": 300, "ig": 2000, "ig-unrolled": 2000}
 
 
 def pick(run: Path, round: int | None, client: int | None) -> tuple[int, int]:
@@ -48,16 +49,22 @@ def pick(run: Path, round: int | None, client: int | None) -> tuple[int, int]:
     return r, k
 
 
-def observation(up: RecordedUpdate, model: nn.Module) -> Observation:
+def observation(up: RecordedUpdate, model: nn.Module, unrolled: bool = False) -> Observation:
     """The update as a gradient: ``-delta / lr - weight_decay * w`` per sent parameter that
     moved (the server knows the recipe: the decay of the received weights taken out; exact for
-    one SGD step, and for several a scaled gradient, which the cosine distance does not see)."""
+    one SGD step, and for several a scaled gradient, which the cosine distance does not see);
+    ``unrolled``: ``-delta`` itself, to match the replayed local steps' (its ``unroll`` is set
+    by the caller, :func:`fedbug.attack.unroll.unroll_of`)."""
     meta = up.meta
     lr, wd = float(meta["lr"]), float(meta.get("weight_decay", 0.0))
     params = dict(model.named_parameters())
     # a sent parameter that did not move at all was frozen (or had no gradient): the server
     # can tell, so it is left out of the match rather than matched to zero
-    target = {k: -d / lr - wd * params[k].detach() for k, d in up.deltas.items() if bool(d.any())}
+    moved = {k: d for k, d in up.deltas.items() if bool(d.any())}
+    if unrolled:
+        target = {k: -d for k, d in moved.items()}
+    else:
+        target = {k: -d / lr - wd * params[k].detach() for k, d in moved.items()}
     if not target:
         raise ConfigError(f"client {meta['client']}'s recorded update is all zeros: nothing leaks")
     shape = tuple(meta["input_shape"])
@@ -81,13 +88,15 @@ def build_attacked_model(up: RecordedUpdate) -> nn.Module:
     return model
 
 
-def choose_method(method: str, obs: Observation, steps: int) -> str:
-    """``auto``: iDLG for one image and one step, DLG for one step, Inverting Gradients else."""
+def choose_method(method: str, obs: Observation, steps: int, clients: int = 1) -> str:
+    """``auto``: iDLG for one image and one step, DLG for one step, else Inverting Gradients
+    with the client's local steps unrolled (the paper's multi-step attack), or matched as one
+    gradient where the update averages ``clients`` clients' (a release of several)."""
     if method != "auto":
         return method
     if steps == 1:
         return "idlg" if obs.num_images == 1 and idlg_labels(obs) is not None else "dlg"
-    return "ig"
+    return "ig-unrolled" if clients == 1 else "ig"
 
 
 def reconstruct(
@@ -95,16 +104,38 @@ def reconstruct(
 ) -> tuple[Tensor, Tensor, bool]:
     """(inputs, labels, whether the labels came from iDLG's rule); ``init``: the dummy inputs'
     start (:data:`fedbug.attack.inversion.INITS`)."""
-    labels = idlg_labels(obs) if method in ("idlg", "ig") else None
+    labels = idlg_labels(obs) if method in ("idlg", "ig", "ig-unrolled") else None
     if method == "idlg" and labels is None:
         raise ConfigError(
             "--method idlg needs a one-image update whose classifier was sent; use --method dlg"
         )
-    if method == "ig":
+    if method in ("ig", "ig-unrolled"):
         x, y = inverting_gradients(obs, iterations=iterations, seed=seed, labels=labels, init=init)
     else:
         x, y = dlg(obs, iterations=iterations, seed=seed, labels=labels, init=init)
     return x, y, labels is not None
+
+
+def unrolled(
+    cfg: Any, up: RecordedUpdate, model: nn.Module
+) -> tuple[Observation, float | None, list[Finding]]:
+    """The observation for ``ig-unrolled``: ``-delta`` with the client's local steps
+    (:func:`~fedbug.attack.unroll.unroll_of`); the replay error of the recorded inputs in their
+    first epoch's order (None: no truth recorded), and the findings. A release that averages
+    several clients is refused: their steps are not one client's."""
+    clients = int(up.meta.get("clients", 1))
+    if clients > 1:
+        raise ConfigError(
+            f"--method ig-unrolled replays one client's local steps, and this release averages "
+            f"{clients} clients' updates; use --method ig"
+        )
+    obs = observation(up, model, unrolled=True)
+    lr = float(up.meta.get("client_lr", up.meta["lr"]))
+    obs.unroll, found = unroll_of(cfg, up, obs, lr)
+    err = None
+    if up.inputs is not None and up.labels is not None:
+        err = unrolled_replay_error(obs, up.inputs, up.labels)
+    return obs, err, found
 
 
 def run_config(run: Path) -> Any:
@@ -137,6 +168,7 @@ def released_update(run: Path, r: int, cfg: Any) -> tuple[RecordedUpdate, list[F
     inputs = torch.cat([u.inputs for u in have]) if len(have) == len(ups) else None
     labels = torch.cat([u.labels for u in have]) if len(have) == len(ups) else None
     meta = {**first.meta, "client": "released", "lr": float(first.meta["lr"]) * cfg.global_lr,
+            "client_lr": float(first.meta["lr"]), "clients": len(ups),
             "num_images": sum(int(u.meta["num_images"]) for u in ups),
             "steps": max(int(u.meta["steps"]) for u in ups),
             "units_sent": sorted({x for u in ups for x in u.meta["units_sent"]})}  # fmt: skip
@@ -210,8 +242,12 @@ def attack(
     found += attack_mode(model)
     obs = observation(up, model)
     steps = int(up.meta["steps"])
-    chosen = choose_method(method, obs, steps)
+    chosen = choose_method(method, obs, steps, int(up.meta.get("clients", 1)))
     more, err = check_replay(cfg, up, obs, found, chosen, released)
+    unrolled_err = None
+    if chosen == "ig-unrolled":
+        obs, unrolled_err, found_unrolled = unrolled(cfg, up, model)
+        more += found_unrolled
     refuse(more, allow_inexact)
     its = iterations or DEFAULT_ITERATIONS[chosen]
     x, y, from_rule = reconstruct(obs, chosen, its, seed, init)
@@ -227,6 +263,7 @@ def attack(
         "units_sent": up.meta["units_sent"],
         "labels_from_idlg_rule": from_rule,
         "replay_error": err,
+        "unrolled_replay_error": unrolled_err,
         "inexact": [f"{f.kind}: {f}" for f in more],
     }
     who = "released" if released else f"client-{k}"

@@ -7,8 +7,10 @@
   activation); :func:`dlg` then optimises the inputs only, with that label fixed.
 * :func:`inverting_gradients` -- Inverting Gradients (Geiping et al. 2020): cosine distance
   between the gradients plus total variation of the images, optimised with Adam (signed
-  gradients, as in the paper's code) for multi-step FedAvg updates, the update being treated as
-  a scaled gradient (the cosine distance does not see the scale).
+  gradients, as in the paper's code). For a multi-step FedAvg update the paper's attack
+  (its section 6) unrolls the client's local steps on the dummy inputs and matches the update
+  they give (:class:`Unroll`, :func:`unrolled_update`); without an :class:`Unroll` the update
+  is matched as one scaled gradient (cheaper; the cosine distance does not see the scale).
 
 The attacker sees what the server sees: only the units that were sent take part in the match
 (a frozen or withheld unit's gradient is unknown); every other parameter keeps the round's
@@ -27,6 +29,26 @@ from torch.func import functional_call
 
 
 @dataclass
+class Unroll:
+    """A client's local training as the server knows it from the config, to replay on dummy
+    inputs: ``trained[k]`` the matched parameters local step ``k`` (0-based) trained (empty: an
+    idle step, its batch drawn and unused), SGD at ``lr`` with ``momentum`` and
+    ``weight_decay`` (torch's, no dampening), each step's gradient clipped to L2 ``clip`` over
+    the trained parameters where given. Step ``k`` trains on the dummy inputs' batch ``k mod
+    per_epoch`` of ``batch_size`` (Inverting Gradients' code: the attacker does not know the
+    client's shuffle; the first epoch's order is free, as the dummy inputs are, and later epochs
+    are taken in the same order)."""
+
+    trained: list[tuple[str, ...]]
+    lr: float
+    batch_size: int
+    per_epoch: int
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    clip: float | None = None
+
+
+@dataclass
 class Observation:
     """What the server holds about one client's update, as a gradient to match.
 
@@ -34,7 +56,9 @@ class Observation:
     its observed gradient (for a single SGD step, ``-delta / lr``; for several, ``-delta``, a
     scaled gradient); ``shape`` is one input's shape (as the model takes it), ``num_images`` how
     many inputs the update was computed on, ``num_classes`` the model's outputs,
-    ``image_shape`` (``C, H, W``) how a flat input is a picture (None: as the model takes it)."""
+    ``image_shape`` (``C, H, W``) how a flat input is a picture (None: as the model takes it);
+    ``unroll`` the client's local steps, where the update is matched by replaying them (then
+    ``target`` is ``-delta``: :func:`unrolled_update`)."""
 
     model: nn.Module
     target: dict[str, Tensor]
@@ -42,6 +66,7 @@ class Observation:
     num_images: int
     num_classes: int
     image_shape: tuple[int, ...] | None = None
+    unroll: Unroll | None = None
 
     def as_images(self, x: Tensor) -> Tensor | None:
         """``x`` as ``N, C, H, W`` images (None: the inputs are not images)."""
@@ -63,6 +88,45 @@ def dummy_gradient(obs: Observation, x: Tensor, y_soft: Tensor) -> dict[str, Ten
     loss = -(y_soft * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
     grads = torch.autograd.grad(loss, list(sent.values()), create_graph=True)
     return dict(zip(sent, grads))
+
+
+def unrolled_update(obs: Observation, x: Tensor, y_soft: Tensor) -> dict[str, Tensor]:
+    """``-delta`` of the matched parameters after the client's local steps (``obs.unroll``)
+    replayed on the dummy inputs ``x`` and soft labels ``y_soft``, differentiable in both;
+    every other parameter keeps the received weights. Exact where the dummy inputs are the
+    client's in its batch order (:class:`Unroll`)."""
+    u = obs.unroll
+    if u is None:
+        raise ValueError("unrolled_update needs an observation with an Unroll")
+    params = _params(obs.model)
+    start = {k: params[k] for k in obs.target}
+    w = {k: v.clone().requires_grad_(True) for k, v in start.items()}
+    buf: dict[str, Tensor] = {}
+    bs = u.batch_size
+    for k, names in enumerate(u.trained):
+        if not names:
+            continue
+        pos = k % u.per_epoch
+        xb, yb = x[pos * bs : (pos + 1) * bs], y_soft[pos * bs : (pos + 1) * bs]
+        # a fresh node a step: the step's gradient is the partial derivative at the current
+        # weights, not through an earlier step whose gradient read a weight not yet trained
+        w = {n: t.view_as(t) for n, t in w.items()}
+        logits = functional_call(obs.model, {**params, **w}, (xb,))
+        loss = -(yb * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+        grads = dict(
+            zip(names, torch.autograd.grad(loss, [w[n] for n in names], create_graph=True))
+        )
+        if u.clip is not None:
+            norm = torch.sqrt(sum((g**2).sum() for g in grads.values()))
+            scale = torch.clamp(u.clip / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_
+            grads = {n: g * scale for n, g in grads.items()}
+        for n, g in grads.items():
+            d = g + u.weight_decay * w[n] if u.weight_decay else g
+            if u.momentum:  # torch's buffer: the first step's d, then momentum x buffer + d
+                buf[n] = u.momentum * buf[n] + d if n in buf else d
+                d = buf[n]
+            w[n] = w[n] - u.lr * d
+    return {k: start[k] - w[k] for k in obs.target}
 
 
 def l2_distance(dummy: dict[str, Tensor], target: dict[str, Tensor]) -> Tensor:
@@ -200,8 +264,11 @@ def inverting_gradients(
 ) -> tuple[Tensor, Tensor]:
     """Inverting Gradients: Adam on the signed gradient of cosine distance + ``tv`` x total
     variation, learning rate decayed by 10 at 3/8, 5/8 and 7/8 of the iterations (as the
-    paper's code). Without ``labels`` the soft labels are optimised too. ``init`` as for
-    :func:`dlg`. Returns (inputs, labels)."""
+    paper's code). The dummy inputs' gradient is matched, or, where ``obs.unroll`` is given,
+    the update of the client's local steps replayed on them (:func:`unrolled_update`, the
+    paper's multi-step attack). Without ``labels`` the soft labels are optimised too. ``init``
+    as for :func:`dlg`. Returns (inputs, labels)."""
+    match = unrolled_update if obs.unroll is not None else dummy_gradient
     gen = torch.Generator().manual_seed(seed)
     x = _init(obs, gen, init).requires_grad_(True)
     free = labels is None
@@ -213,7 +280,7 @@ def inverting_gradients(
     for i in range(iterations):
         opt.zero_grad()
         y = torch.softmax(y_logits, -1) if fixed is None else fixed
-        loss = cosine_distance(dummy_gradient(obs, x, y), obs.target)
+        loss = cosine_distance(match(obs, x, y), obs.target)
         images = obs.as_images(x)
         if images is not None and tv > 0:
             loss = loss + tv * total_variation(images)

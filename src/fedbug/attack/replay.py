@@ -164,7 +164,7 @@ def config_findings(cfg: Any, meta: dict[str, Any], method: str, released: bool)
                 "rerun with local_steps: 1",
             )
         )
-    elif steps > 1:
+    elif steps > 1 and method != "ig-unrolled":
         out.append(
             Finding(
                 "warn",

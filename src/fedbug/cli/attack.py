@@ -22,9 +22,11 @@ def add_attack_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--client", type=int, default=None, help="default: the round's first")
     a.add_argument(
         "--method",
-        choices=("auto", "dlg", "idlg", "ig"),
+        choices=("auto", "dlg", "idlg", "ig", "ig-unrolled"),
         default="auto",
-        help="auto: iDLG for one image and one step, DLG for one step, Inverting Gradients else",
+        help="auto: iDLG for one image and one step, DLG for one step, else Inverting "
+        "Gradients with the client's local steps replayed (ig-unrolled; ig: the update "
+        "matched as one gradient, cheaper, and for a release of several clients)",
     )
     a.add_argument("--iterations", type=int, default=None, help="default: 300 (DLG), 2000 (IG)")
     a.add_argument("--seed", type=int, default=0, help="the dummy inputs' seed")
