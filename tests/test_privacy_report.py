@@ -150,3 +150,19 @@ def test_main_writes_the_table_and_the_picture(attack_results, tmp_path, capsys)
     main(["--attack", str(cfg), "--results", str(results), "--out", str(tmp_path / "out")])
     assert (tmp_path / "out" / "privacy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "60.0 / 0.90 / 100" in (tmp_path / "out" / "privacy.md").read_text()
+
+
+def test_a_multi_step_updates_two_inverting_gradients_attacks_are_rows_of_their_own(tmp_path):
+    cfg = tmp_path / "tiny-attack.yaml"
+    cfg.write_text(ATTACK)
+    sweep = tmp_path / "results" / "tiny-attack-sweep"
+    _write(sweep / FEDAVG, {"final": 0.5}, {
+        "round-1-client-3-ig": {**_scored(15.0, 0.3, 0.8, 3), "method": "ig"},
+        "round-1-client-3-ig-unrolled": {**_scored(21.0, 0.6, 1.0, 3), "method": "ig-unrolled"},
+    })  # fmt: skip
+    rows = [line.split("|")[1:5] for line in attack_table(load_attacks(cfg, tmp_path / "results"))
+            .splitlines() if line.startswith("| 1 step")]  # fmt: skip
+    assert [[c.strip() for c in r] for r in rows] == [
+        ["1 step, IG, one gradient", "FedAvg", "3.0", "15.0 / 0.30 / 80"],
+        ["1 step, IG, unrolled", "FedAvg", "3.0", "21.0 / 0.60 / 100"],
+    ]

@@ -22,11 +22,11 @@ def test_smoke_keeps_each_axis_first_entry_and_the_privacy_extremes():
     assert (plain["rounds"], plain["subsample"]) == (2, 0.05)
 
 
-def _recorded(run, rounds):
+def _recorded(run, rounds, steps=1):
     for r, client in rounds.items():
         d = run / "updates" / f"round-{r}"
         d.mkdir(parents=True)
-        (d / f"client-{client}.json").write_text("{}")
+        (d / f"client-{client}.json").write_text(json.dumps({"steps": steps}))
 
 
 def test_each_round_with_its_next_recorded_is_attacked_as_server_and_release(tmp_path):
@@ -44,3 +44,16 @@ def test_each_round_with_its_next_recorded_is_attacked_as_server_and_release(tmp
     assert [(j.round, j.who) for j in jobs] == [(3, "released"), (4, "released")]
     jobs = jobs_of(run, SimpleNamespace(dp=None), ITERATIONS)
     assert (4, "client") not in [(j.round, j.who) for j in jobs]
+
+
+def test_an_update_of_several_steps_is_attacked_as_one_gradient_and_unrolled(tmp_path):
+    run = tmp_path / "run"
+    _recorded(run, {3: 7, 4: 2}, steps=6)
+    jobs = jobs_of(run, SimpleNamespace(dp=object()), ITERATIONS)
+    got = [(j.round, j.who, j.method) for j in jobs]
+    assert got == [(3, "released", "ig"), (3, "released", "ig-unrolled")]
+    done = run / "attack" / "round-3-released-ig"
+    done.mkdir(parents=True)
+    (done / "scores.json").write_text(json.dumps({"psnr": 1.0}))
+    jobs = jobs_of(run, SimpleNamespace(dp=object()), ITERATIONS)
+    assert [(j.round, j.who, j.method) for j in jobs] == [(3, "released", "ig-unrolled")]

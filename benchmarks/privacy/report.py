@@ -7,7 +7,9 @@
 
 Attack sweeps: each cell's runs (``<results>/<name>-sweep/<cell slug>-s<seed>``) and their
 attacks (``attack/*/scores.json``, written by ``benchmarks.privacy.run``); per workload, local
-steps and method, the mean PSNR (dB), SSIM and label recovery (%) over the attacked updates,
+steps and method (several steps: a row for each Inverting Gradients attack, the update matched
+as one gradient and the steps unrolled), the mean PSNR (dB), SSIM and label recovery (%) over
+the attacked updates,
 as the server sees them (the client's own update, cells without DP) and as released (the
 global model's change), per privacy level; a refused attack counts apart. Accuracy sweep: per
 method and privacy level the final accuracy (mean ± sd over seeds) and the epsilon spent
@@ -34,6 +36,8 @@ from fedbug.sweeps.sweep import expand
 
 BEGIN, END = "<!-- privacy:begin -->", "<!-- privacy:end -->"
 SERVER = "server view"
+#: a multi-step update's two Inverting Gradients attacks, each a row of its own
+KINDS = {"ig": "IG, one gradient", "ig-unrolled": "IG, unrolled"}
 
 
 @dataclass
@@ -112,7 +116,8 @@ def load_attacks(config: Path, results: Path) -> AttackStudy:
                 s = json.loads(path.read_text())
                 released = "-released-" in path.parent.name or s.get("client") == "released"
                 view = "released" if released else SERVER
-                study.cells[(steps, method, level, view)].add(s)
+                row = f"{steps}, {KINDS[s['method']]}" if s.get("method") in KINDS else steps
+                study.cells[(row, method, level, view)].add(s)
     return study
 
 

@@ -10,10 +10,12 @@ rounds in its ``record_updates``), then ``fedbug attack`` on every attackable ro
 run (a round whose next round is recorded too): the client's own update (the server's view;
 cells without ``dp:`` only, as DP-FedAvg's trusted server sees it unprotected under ``dp:``
 too) and the released update (``--released``: the global model's change, under ``dp:`` the
-clipped and noised aggregate). Method ``auto`` (iDLG or DLG for one step, Inverting Gradients
-for several) with fixed iterations and seed; an attack refused as inexact is recorded as such
-(``round-R-WHO-refused/scores.json``), not forced. An attack whose ``scores.json`` exists is
-skipped. ``accuracy``: ``fedbug sweep CONFIG --out RESULTS --resume``.
+clipped and noised aggregate). One local step: method ``auto`` (iDLG or DLG); several:
+Inverting Gradients twice, the update matched as one gradient (``ig``) and the client's steps
+unrolled (``ig-unrolled``, the paper's multi-step attack); fixed iterations and seed. An attack
+refused as inexact is recorded as such (``round-R-WHO-[METHOD-]refused/scores.json``), not
+forced. An attack whose ``scores.json`` exists is skipped. ``accuracy``: ``fedbug sweep CONFIG
+--out RESULTS --resume``.
 
 ``--smoke``: the config cut to its grid's first entries and the last privacy entry (2 cells;
 the accuracy sweep also to 2 rounds on 5% of the data), renamed ``*-smoke``, with few attack
@@ -36,8 +38,8 @@ from fedbug.config.loading import read_config_doc
 from fedbug.sweeps.sweep import expand
 
 RESULTS = Path("benchmarks/privacy/results")
-ITERATIONS = {"dlg": 100, "idlg": 100, "ig": 500}  # see README.md: sizing
-SMOKE_ITERATIONS = {"dlg": 10, "idlg": 10, "ig": 20}
+ITERATIONS = {"dlg": 100, "idlg": 100, "ig": 500, "ig-unrolled": 500}  # README.md: sizing
+SMOKE_ITERATIONS = {"dlg": 10, "idlg": 10, "ig": 20, "ig-unrolled": 20}
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Job:
     round: int
     released: bool
     iterations: tuple[tuple[str, int], ...]
+    method: str = "auto"  # "auto" for one local step; "ig" or "ig-unrolled" for several
 
     @property
     def who(self) -> str:
@@ -98,6 +101,20 @@ def run_folders(config: Path, results: Path) -> list[tuple[Path, Any]]:
     return out
 
 
+def methods_of(run: Path, round: int, client: int) -> list[str]:
+    """``auto`` for an update of one local step; both Inverting Gradients for several."""
+    from fedbug.attack.records import round_dir
+
+    meta = json.loads((round_dir(run, round) / f"client-{client}.json").read_text())
+    return ["auto"] if int(meta.get("steps", 1)) == 1 else ["ig", "ig-unrolled"]
+
+
+def done(run: Path, round: int, who: str, method: str) -> bool:
+    """Whether the attack has its ``scores.json`` (``auto``: any method's, or a refusal)."""
+    names = ["*"] if method == "auto" else [method, f"{method}-refused"]
+    return any(any((run / "attack").glob(f"round-{round}-{who}-{n}/scores.json")) for n in names)
+
+
 def jobs_of(run: Path, cfg: Any, iterations: dict[str, int]) -> list[Job]:
     """The attacks a finished run calls for, less those already done."""
     from fedbug.attack.records import recorded
@@ -110,10 +127,10 @@ def jobs_of(run: Path, cfg: Any, iterations: dict[str, int]) -> list[Job]:
             continue
         views = [True] if cfg.dp is not None else [False, True]
         for released in views:
-            job = Job(str(run), r, released, its)
             who = "released" if released else f"client-{have[r][0]}"
-            if not any((run / "attack").glob(f"round-{r}-{who}-*/scores.json")):
-                out.append(job)
+            for method in methods_of(run, r, have[r][0]):
+                if not done(run, r, who, method):
+                    out.append(Job(str(run), r, released, its, method))
     return out
 
 
@@ -132,9 +149,10 @@ def one_attack(job: Job) -> str:
         s = _attack(run, job, client, its)
     except ConfigError as e:
         who = "released" if job.released else f"client-{client}"
-        folder = run / "attack" / f"round-{job.round}-{who}-refused"
+        kind = "" if job.method == "auto" else f"{job.method}-"
+        folder = run / "attack" / f"round-{job.round}-{who}-{kind}refused"
         folder.mkdir(parents=True, exist_ok=True)
-        doc = {"round": job.round, "client": who, "refused": str(e)}
+        doc = {"round": job.round, "client": who, "method": job.method, "refused": str(e)}
         (folder / "scores.json").write_text(json.dumps(doc, indent=1) + "\n")
         return f"{run.name} round {job.round} {job.who}: refused: {e}"
     return (
@@ -144,14 +162,12 @@ def one_attack(job: Job) -> str:
 
 
 def _attack(run: Path, job: Job, client: int, its: dict[str, int]) -> dict[str, Any]:
-    """``auto``'s method (iDLG/DLG for one step, Inverting Gradients for several) at the
-    iteration count of that kind, seed 0."""
+    """The job's method (``auto``: iDLG/DLG for one step) at the iteration count of its kind,
+    seed 0."""
     from fedbug.attack import attack
-    from fedbug.attack.records import load_update
 
-    steps = int(load_update(run, job.round, client).meta["steps"])
-    n = its["ig"] if steps > 1 else its["dlg"]
-    return attack(run, job.round, client, "auto", n, seed=0, released=job.released)
+    n = its["dlg"] if job.method == "auto" else its[job.method]
+    return attack(run, job.round, client, job.method, n, seed=0, released=job.released)
 
 
 def write_privacy(run: Path) -> None:
