@@ -22,8 +22,9 @@ def tiny_run(tmp_path, *extra: str):
     from fedbug.config import load_config
 
     sets = ["dataset=digits", "model=mlp", "num_clients=4", "clients_per_round=1", "rounds=2"]
-    sets += ["batch_size=2", "local_steps=4", "count_flops=false", "threads=1", *extra]
-    return run(load_config(None, [*sets, "record_updates=[1]"]), tmp_path / "run").run_dir
+    sets += ["batch_size=2", "local_steps=4", "count_flops=false", "threads=1"]
+    sets += ["record_updates=[1]", *extra]
+    return run(load_config(None, sets), tmp_path / "run").run_dir
 
 
 def first_update(folder):
@@ -122,3 +123,17 @@ def test_later_epochs_in_the_first_ones_order_are_said_to_be_a_guess(tmp_path):
     assert [f.key for f in found] == ["local_epochs"]
     assert obs.unroll.per_epoch < len(obs.unroll.trained)
     assert err is not None and err > 1e-5
+
+
+def test_a_release_of_one_client_replays_as_its_update(tmp_path):
+    """One client a round: round 1's release (the global model's change, global_lr times the
+    client's delta) is the client's own update, and unrolls exactly."""
+    from fedbug.attack.driver import released_update
+
+    folder = tiny_run(tmp_path, "momentum=0.9", "global_lr=0.5", "record_updates=[1, 2]")
+    cfg = run_config(folder)
+    up, _ = released_update(folder, 1, cfg)
+    model = build_attacked_model(up)
+    attack_mode(model)
+    _, err, _ = unrolled_observation(cfg, up, model)
+    assert err is not None and err < 1e-5

@@ -53,7 +53,8 @@ def observation(up: RecordedUpdate, model: nn.Module, unrolled: bool = False) ->
     """The update as a gradient: ``-delta / lr - weight_decay * w`` per sent parameter that
     moved (the server knows the recipe: the decay of the received weights taken out; exact for
     one SGD step, and for several a scaled gradient, which the cosine distance does not see);
-    ``unrolled``: ``-delta`` itself, to match the replayed local steps' (its ``unroll`` is set
+    ``unrolled``: ``-delta`` itself (a release's over ``global_lr``), to match the replayed
+    local steps' (its ``unroll`` is set
     by the caller, :func:`fedbug.attack.unroll.unroll_of`)."""
     meta = up.meta
     lr, wd = float(meta["lr"]), float(meta.get("weight_decay", 0.0))
@@ -61,8 +62,9 @@ def observation(up: RecordedUpdate, model: nn.Module, unrolled: bool = False) ->
     # a sent parameter that did not move at all was frozen (or had no gradient): the server
     # can tell, so it is left out of the match rather than matched to zero
     moved = {k: d for k, d in up.deltas.items() if bool(d.any())}
-    if unrolled:
-        target = {k: -d for k, d in moved.items()}
+    if unrolled:  # a release's delta is global_lr times the client's (lr: its product)
+        scale = float(meta.get("client_lr", lr)) / lr
+        target = {k: -d * scale for k, d in moved.items()}
     else:
         target = {k: -d / lr - wd * params[k].detach() for k, d in moved.items()}
     if not target:
@@ -169,6 +171,7 @@ def released_update(run: Path, r: int, cfg: Any) -> tuple[RecordedUpdate, list[F
     labels = torch.cat([u.labels for u in have]) if len(have) == len(ups) else None
     meta = {**first.meta, "client": "released", "lr": float(first.meta["lr"]) * cfg.global_lr,
             "client_lr": float(first.meta["lr"]), "clients": len(ups),
+            "first_client": first.meta["client"],
             "num_images": sum(int(u.meta["num_images"]) for u in ups),
             "steps": max(int(u.meta["steps"]) for u in ups),
             "units_sent": sorted({x for u in ups for x in u.meta["units_sent"]})}  # fmt: skip

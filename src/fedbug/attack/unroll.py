@@ -49,8 +49,9 @@ def step_schedule(cfg: Any, model: nn.Module, meta: dict[str, Any]) -> tuple[lis
     example = torch.zeros(2, *meta["input_shape"])
     parts = build_parts(cfg, alg, copy.deepcopy(model), example)
     n, steps = int(meta["num_samples"]), int(meta["steps"])
-    r, client = int(meta["round"]), int(meta["client"])
-    task = ClientTask(r, client, cfg.seed, float(meta["lr"]), n, rounds=cfg.rounds)
+    r, client = int(meta["round"]), int(meta.get("first_client", meta["client"]))
+    lr = float(meta.get("client_lr", meta["lr"]))  # a release's is times global_lr
+    task = ClientTask(r, client, cfg.seed, lr, n, rounds=cfg.rounds)
     policy = parts.policy.start_client(task)
     session = ClientSession(alg, task, torch.zeros(n, dtype=torch.long))
     space, pe = parts.space, per_epoch(n, cfg.batch_size)
