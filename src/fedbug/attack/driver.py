@@ -25,7 +25,7 @@ from fedbug.attack.replay import (
     replay_finding,
 )
 from fedbug.attack.scoring import image_scores, label_recovery, match_order, save_grid
-from fedbug.attack.unroll import unroll_of, unrolled_replay_error
+from fedbug.attack.unroll import unroll_of
 from fedbug.errors import ConfigError
 from fedbug.results.files import atomic_write_bytes, check_no_links
 
@@ -136,7 +136,7 @@ def unrolled(
     obs.unroll, found = unroll_of(cfg, up, obs, lr)
     err = None
     if up.inputs is not None and up.labels is not None:
-        err = unrolled_replay_error(obs, up.inputs, up.labels)
+        err = replay_error(obs, up.inputs, up.labels)
     return obs, err, found
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedbug.attack.inversion import Observation, dummy_gradient
+from fedbug.attack.inversion import Observation, dummy_gradient, unrolled_update
 
 OBJECTIVE_HOOKS = ("loss", "logits", "extra_loss", "adjust_grads", "adjust_grads_after_clipping")
 REPLAY_TOL = 1e-3  # relative L2 error of the truth's gradient that counts as an exact replay
@@ -218,11 +218,14 @@ def clipped_findings(cfg: Any, obs: Observation, method: str, steps: int) -> lis
 
 
 def replay_error(obs: Observation, inputs: Tensor, labels: Tensor) -> float:
-    """The relative L2 error between the observed gradient and the gradient of the recorded
-    inputs' mean cross-entropy at the received weights (0: one step replays exactly)."""
+    """The relative L2 error between the observation and what the recorded inputs give at the
+    received weights: their mean cross-entropy's gradient, or, where ``obs.unroll`` is set,
+    the update of the client's steps replayed on them in their first epoch's order (0: the
+    attack's model of the client is exact)."""
+    match = unrolled_update if obs.unroll is not None else dummy_gradient
     x = inputs.reshape(-1, *obs.shape).to(torch.float32)
     y = nn.functional.one_hot(labels.flatten(), obs.num_classes).float()
-    g = dummy_gradient(obs, x, y)
+    g = match(obs, x, y)
     num = sum(((g[k].detach() - t) ** 2).sum() for k, t in obs.target.items())
     den = sum((t**2).sum() for t in obs.target.values())
     return float(torch.sqrt(num / den.clamp_min(1e-30)))

@@ -22,7 +22,7 @@ import copy
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from fedbug.attack.inversion import Observation, Unroll
 from fedbug.attack.records import RecordedUpdate
@@ -116,17 +116,3 @@ def unroll_of(
             )
         )
     return unroll, found
-
-
-def unrolled_replay_error(obs: Observation, inputs: Tensor, labels: Tensor) -> float:
-    """The relative L2 error between the observed update and the replay of the recorded inputs
-    (in their first epoch's order) through ``obs.unroll`` (0: the attack's model of the local
-    steps is exact; after the first epoch the client's shuffle differs)."""
-    from fedbug.attack.inversion import unrolled_update
-
-    x = inputs.reshape(-1, *obs.shape).to(torch.float32)
-    y = nn.functional.one_hot(labels.flatten(), obs.num_classes).float()
-    g = unrolled_update(obs, x, y)
-    num = sum(((g[k].detach() - t) ** 2).sum() for k, t in obs.target.items())
-    den = sum((t**2).sum() for t in obs.target.values())
-    return float(torch.sqrt(num / den.clamp_min(1e-30)))
