@@ -214,16 +214,23 @@ def accuracy_table(acc: Accuracy) -> str:
 
 
 def plot(studies: list[AttackStudy], accs: list[Accuracy], path: Path) -> None:
-    """Left: the released update's mean PSNR against the noise multiplier (no DP drawn at a
-    tenth of the smallest), a line per workload, steps and method. Right: final accuracy
-    against epsilon (no DP drawn past the largest)."""
+    """A panel per attack workload: the released update's mean PSNR against the noise
+    multiplier (no DP drawn at a tenth of the smallest), colour by method, line style by local
+    steps and attack (one step solid; over several, one gradient dotted, unrolled dashed). Last
+    panel: final accuracy against epsilon (no DP drawn past the largest)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for study in studies:
+    n = len(studies) + (1 if accs else 0)
+    fig, axes = plt.subplots(1, max(1, n), figsize=(5.2 * max(1, n), 4.8), squeeze=False)
+    methods = list(dict.fromkeys(k[1] for st in studies for k in st.cells))
+    colour = {m: f"C{i % 10}" for i, m in enumerate(methods)}
+    kinds = list(dict.fromkeys(k[0] for st in studies for k in st.cells))
+    styles = {k: _style(k) for k in kinds}
+    for ax, study in zip(axes[0], studies):
         zs = [z for z in study.noise.values() if z > 0]
         floor = min(zs) / 10 if zs else 1.0
         for steps, method in sorted({(k[0], k[1]) for k in study.cells}):
@@ -231,22 +238,37 @@ def plot(studies: list[AttackStudy], accs: list[Accuracy], path: Path) -> None:
                    for lv in study.levels]  # fmt: skip
             pts = [(z, sum(s.psnr) / len(s.psnr)) for z, s in got if s is not None and s.psnr]
             if pts:
-                left.plot(*zip(*pts), marker="o", lw=1, label=f"{study.name}: {method}, {steps}")
-    left.set_xscale("log")
-    left.set_xlabel("noise multiplier z (leftmost: no DP)")
-    left.set_ylabel("PSNR of the released update's attack (dB)")
-    if left.lines:
-        left.legend(fontsize=6)
-    for acc in accs:
-        _accuracy_panel(right, acc)
-    for ax in (left, right):
+                ax.plot(*zip(*pts), marker="o", ms=3, lw=1.2, color=colour[method],
+                        linestyle=styles[steps])  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_title(study.name, fontsize=9)
+        ax.set_xlabel("noise multiplier z (leftmost: no DP)")
+        ax.set_ylabel("PSNR of the released update's attack (dB)")
         ax.grid(alpha=0.3)
+    if studies:
+        handles = [Line2D([], [], color=colour[m], lw=2, label=m) for m in methods]
+        handles += [Line2D([], [], color="k", lw=1.2, linestyle=styles[k], label=k) for k in kinds]
+        axes[0][0].legend(handles=handles, fontsize=7, loc="upper right")
+    if accs:
+        right = axes[0][n - 1]
+        for acc in accs:
+            _accuracy_panel(right, acc)
+        right.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def _style(row: str) -> str:
+    """A row's line style: one step solid; one gradient dotted; unrolled dashed."""
+    if row.endswith(KINDS["ig-unrolled"]):
+        return "--"
+    return ":" if row.endswith(KINDS["ig"]) else "-"
+
+
 def _accuracy_panel(ax: Any, acc: Accuracy) -> None:
+    from matplotlib.ticker import NullFormatter
+
     eps_all = [e for f, eps, _ in acc.rows.values() for e in eps if math.isfinite(e)]
     top = 2 * max(eps_all) if eps_all else 1.0
     by_method: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -255,8 +277,10 @@ def _accuracy_panel(ax: Any, acc: Accuracy) -> None:
             e = sum(eps) / len(eps) if eps else top
             by_method[method].append((e, 100 * sum(finals) / len(finals)))
     for method, pts in by_method.items():
-        ax.plot(*zip(*sorted(pts)), marker="o", lw=1, label=f"{acc.name}: {method}")
+        ax.plot(*zip(*sorted(pts)), marker="o", lw=1, label=method)
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # the decades only: minor labels overlap
+    ax.set_title(f"{acc.name} (diverged cells left out)", fontsize=9)
     ax.set_xlabel("ε at δ 1e-5 (rightmost: no DP)")
     ax.set_ylabel("final accuracy (%)")
     if by_method:
