@@ -13,7 +13,9 @@ def _run(final, flops, up, down, clients, mem, curve):
         "client_rounds": clients,
         "peak_mem_bytes": mem,
     }
-    records = [{"round": r, "test_acc": a, "sim_clock": 2.0 * r} for r, a in curve]
+    records = [{"round": r, "test_acc": a, "sim_clock": 2.0 * r,
+                "per_client": [{"peak_mem": mem}, {"peak_mem": mem / 2}] if mem else []}
+               for r, a in curve]  # fmt: skip
     return {"summary": summary, "records": records}
 
 
@@ -32,7 +34,9 @@ def test_per_client_round_costs_time_to_target_and_the_row():
     cells = [c.strip() for c in row(m, 0.75).strip("|").split("|")]
     assert cells[:3] == ["FedPart", "global", "2/3"]
     assert cells[3] == "75.00 ± 7.07"
-    assert cells[6:] == ["30.0 (1/2)", "0.25", "0.15", "0.40", "7.0"]
+    # each round's clients need mem and mem / 2: a mean of 3.75 and 5.25 MB over the runs
+    assert m.client_memory() == 0.5 * (3.75e6 + 5.25e6)
+    assert cells[6:] == ["30.0 (1/2)", "0.25", "0.15", "0.40", "7.0", "4.5"]
 
 
 def test_a_run_without_the_totals_leaves_the_cost_out():
@@ -40,6 +44,7 @@ def test_a_run_without_the_totals_leaves_the_cost_out():
     m.runs = [_run(0.5, 1e9, 1e6, 1e6, 10, None, [(1, 0.5)])]
     del m.runs[0]["summary"]["client_rounds"]
     assert m.per_client_round("total_flops") is None and m.memory() is None
+    assert m.client_memory() is None
 
 
 def test_pareto_keeps_the_points_nothing_beats_on_both_counts():
