@@ -42,8 +42,29 @@ def first_update(folder):
         ("policy=top_down", "top_down.gu_ratio=0.5"),
         ("clip_grad_norm=0.05",),
         ("algorithm=fedbabu",),  # the head never trains
+        ("method=fedseq-vanilla", "rounds=4"),  # FedSeq's round schedule
+        # a personal head: trained, not sent (in round 1 the client's is the received one)
+        ("algorithm=fedper", "evaluation=personalized"),
+        (
+            "algorithm=fedrep",
+            "evaluation=personalized",
+            "fedrep.head_epochs=1",
+            "local_epochs=1",
+            "clip_grad_norm=0.5",
+        ),  # of the 4 steps, 2 on the head, then 2 on the base; clipped over what trains
+        ("num_clients=400", "local_steps=null", "local_epochs=1", "batch_size=3"),  # 4 = 3 + 1
     ],
-    ids=["momentum", "fedbug", "top-down", "clipped", "fedbabu"],
+    ids=[
+        "momentum",
+        "fedbug",
+        "top-down",
+        "clipped",
+        "fedbabu",
+        "fedseq",
+        "fedper",
+        "fedrep",
+        "last-batch",
+    ],
 )
 def test_the_replay_of_the_truth_gives_the_update_where_one_gradient_misses(tmp_path, extra):
     cfg, up, model = first_update(tiny_run(tmp_path, *extra))
@@ -116,24 +137,38 @@ def test_unrolling_a_release_of_several_clients_is_one_line_exit_2(tmp_path, cap
 
 def test_later_epochs_in_the_first_ones_order_are_said_to_be_a_guess(tmp_path):
     """Two epochs of a client's few samples: the client reshuffled for the second, which the
-    server cannot know; the replay of the truth then misses, and the attack says why."""
-    folder = tiny_run(tmp_path, "num_clients=400", "local_steps=null", "local_epochs=2")
+    server cannot know; the replay of the truth then misses, and the attack says why. Given
+    the second epoch's order (the client's generator's second permutation), it is exact."""
+    import dataclasses
+
+    from fedbug.core.seeding import torch_generator
+
+    folder = tiny_run(
+        tmp_path, "num_clients=400", "local_steps=null", "local_epochs=2", "batch_size=1"
+    )
     cfg, up, model = first_update(folder)
     obs, err, found = unrolled_observation(cfg, up, model)
-    assert [f.key for f in found] == ["local_epochs"]
-    assert obs.unroll.per_epoch < len(obs.unroll.trained)
-    assert err is not None and err > 1e-5
+    assert [f.key for f in found] == ["local_epochs", "replay"]
+    n = obs.unroll.per_epoch
+    assert len(obs.unroll.trained) == 2 * n and err is not None and err > 1e-3
+    gen = torch_generator(cfg.seed, "client", 1, int(up.meta["client"]))
+    first, second = torch.randperm(n, generator=gen), torch.randperm(n, generator=gen)
+    where = torch.empty_like(first)
+    where[first] = torch.arange(n)  # the recorded inputs are the first epoch's order
+    order = torch.cat([torch.arange(n), where[second]])
+    known = dataclasses.replace(obs, unroll=dataclasses.replace(obs.unroll, per_epoch=2 * n))
+    assert replay_error(known, up.inputs[order], up.labels[order]) < 1e-5
 
 
-def test_a_release_of_one_client_replays_as_its_update(tmp_path):
-    """One client a round: round 1's release (the global model's change, global_lr times the
-    client's delta) is the client's own update, and unrolls exactly."""
-    from fedbug.attack.driver import released_update
+def test_a_policy_configured_per_client_replays_its_sent_units_and_says_so(tmp_path):
+    """CoCoFL trains one block a client, chosen by the server for its device (``client_config``,
+    which the attack does not rebuild): the sent units at every step, exact for it."""
+    from tiny import method_needs
 
-    folder = tiny_run(tmp_path, "momentum=0.9", "global_lr=0.5", "record_updates=[1, 2]")
-    cfg = run_config(folder)
-    up, _ = released_update(folder, 1, cfg)
-    model = build_attacked_model(up)
-    attack_mode(model)
-    _, err, _ = unrolled_observation(cfg, up, model)
+    needs = [f"{k}={v}" for k, v in method_needs("cocofl").items() if k != "system"]
+    folder = tiny_run(tmp_path, "policy=cocofl", "upload=partial", "system.abilities=uniform",
+                      *needs)  # fmt: skip
+    cfg, up, model = first_update(folder)
+    obs, err, found = unrolled_observation(cfg, up, model)
+    assert [f.key for f in found] == ["policy"] and "per-client config" in found[0].line
     assert err is not None and err < 1e-5

@@ -116,7 +116,8 @@ def load_attacks(config: Path, results: Path) -> AttackStudy:
                 s = json.loads(path.read_text())
                 released = "-released-" in path.parent.name or s.get("client") == "released"
                 view = "released" if released else SERVER
-                row = f"{steps}, {KINDS[s['method']]}" if s.get("method") in KINDS else steps
+                kind = KINDS.get(s.get("method", ""))
+                row = ", ".join(x for x in (steps, kind) if x) if kind else steps
                 study.cells[(row, method, level, view)].add(s)
     return study
 

@@ -137,6 +137,7 @@ def unrolled(
     err = None
     if up.inputs is not None and up.labels is not None:
         err = replay_error(obs, up.inputs, up.labels)
+        found += replay_finding(err, "the replay of the recorded inputs' steps")
     return obs, err, found
 
 

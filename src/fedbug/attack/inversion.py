@@ -31,8 +31,8 @@ from torch.func import functional_call
 @dataclass
 class Unroll:
     """A client's local training as the server knows it from the config, to replay on dummy
-    inputs: ``trained[k]`` the matched parameters local step ``k`` (0-based) trained (empty: an
-    idle step, its batch drawn and unused), SGD at ``lr`` with ``momentum`` and
+    inputs: ``trained[k]`` the parameters local step ``k`` (0-based) trained, sent or not (empty:
+    an idle step, its batch drawn and unused), SGD at ``lr`` with ``momentum`` and
     ``weight_decay`` (torch's, no dampening), each step's gradient clipped to L2 ``clip`` over
     the trained parameters where given. Step ``k`` trains on the dummy inputs' batch ``k mod
     per_epoch`` of ``batch_size`` (Inverting Gradients' code: the attacker does not know the
@@ -92,14 +92,16 @@ def dummy_gradient(obs: Observation, x: Tensor, y_soft: Tensor) -> dict[str, Ten
 
 def unrolled_update(obs: Observation, x: Tensor, y_soft: Tensor) -> dict[str, Tensor]:
     """``-delta`` of the matched parameters after the client's local steps (``obs.unroll``)
-    replayed on the dummy inputs ``x`` and soft labels ``y_soft``, differentiable in both;
-    every other parameter keeps the received weights. Exact where the dummy inputs are the
-    client's in its batch order (:class:`Unroll`)."""
+    replayed on the dummy inputs ``x`` and soft labels ``y_soft``, differentiable in both; the
+    parameters a step trains and the client did not send train too (from the received
+    weights), every other keeps them. Exact where the dummy inputs are the client's in its
+    batch order (:class:`Unroll`)."""
     u = obs.unroll
     if u is None:
         raise ValueError("unrolled_update needs an observation with an Unroll")
     params = _params(obs.model)
-    start = {k: params[k] for k in obs.target}
+    moving = dict.fromkeys([*obs.target, *(n for step in u.trained for n in step)])
+    start = {k: params[k] for k in moving}
     w = {k: v.clone().requires_grad_(True) for k, v in start.items()}
     buf: dict[str, Tensor] = {}
     bs = u.batch_size
@@ -113,11 +115,11 @@ def unrolled_update(obs: Observation, x: Tensor, y_soft: Tensor) -> dict[str, Te
         w = {n: t.view_as(t) for n, t in w.items()}
         logits = functional_call(obs.model, {**params, **w}, (xb,))
         loss = -(yb * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
-        grads = dict(
-            zip(names, torch.autograd.grad(loss, [w[n] for n in names], create_graph=True))
-        )
-        if u.clip is not None:
-            norm = torch.sqrt(sum((g**2).sum() for g in grads.values()))
+        got = torch.autograd.grad(loss, [w[n] for n in names], create_graph=True, allow_unused=True)
+        # a trained parameter the forward pass did not use steps on zeros, as the client's does
+        grads = {n: torch.zeros_like(w[n]) if g is None else g for n, g in zip(names, got)}
+        if u.clip is not None:  # (clamped: the square root's derivative at 0 is infinite)
+            norm = torch.sqrt(sum((g**2).sum() for g in grads.values()).clamp_min(1e-24))
             scale = torch.clamp(u.clip / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_
             grads = {n: g * scale for n, g in grads.items()}
         for n, g in grads.items():

@@ -231,15 +231,16 @@ def replay_error(obs: Observation, inputs: Tensor, labels: Tensor) -> float:
     return float(torch.sqrt(num / den.clamp_min(1e-30)))
 
 
-def replay_finding(error: float) -> list[Finding]:
+def replay_finding(error: float, what: str = "the recorded inputs' gradient") -> list[Finding]:
+    """A warning where ``what`` (the one-step gradient, or the unrolled steps' update) misses
+    the observed update by more than :data:`REPLAY_TOL`."""
     if error <= REPLAY_TOL:
         return []
     return [
         Finding(
             "warn",
             "replay",
-            f"the recorded inputs' gradient misses the update by "
-            f"{error:.2g} (relative): the step does not replay from the config; the "
-            "score is a lower bound",
+            f"{what} misses the update by {error:.2g} (relative): the client's training does "
+            "not replay from the config; the score is a lower bound",
         )
     ]

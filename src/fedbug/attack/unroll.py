@@ -12,13 +12,18 @@ the server saw move. What the server cannot know is left as the attack's model a
 * the client's shuffle: step ``k`` trains on the dummy inputs' batch ``k mod per_epoch``, so
   epochs after the first are replayed in the first's order;
 * a policy that chooses its units during training (FreezeFL's probe epoch: its session
-  overrides ``end_of_epoch``): the fresh session's answer, every sent unit at every step;
-* units the client trained and did not send: held at the received weights.
+  overrides ``end_of_epoch``), or from the server's per-client config (CoCoFL's block,
+  FreezeFL's deadline: it overrides ``client_config``): every sent unit at every step;
+* an algorithm's client session that cannot open without the client's runtime: the plain
+  session's answers (every unit the policy allows);
+* units the client trained and did not send (a personal head) train in the replay from the
+  received weights, which are the client's own only where it has never kept them apart.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,39 +34,84 @@ from fedbug.attack.records import RecordedUpdate
 from fedbug.attack.replay import Finding
 
 
-def per_epoch(num_samples: int, batch_size: int) -> int:
-    """Local steps an epoch (the last batch smaller), as the client counts them."""
-    return max(1, -(-num_samples // batch_size))
+def _warn(key: str, line: str) -> Finding:
+    return Finding("warn", key, line)
 
 
-def step_schedule(cfg: Any, model: nn.Module, meta: dict[str, Any]) -> tuple[list[set[str]], bool]:
-    """Per local step (0-based), the names of the parameters it trains, from the run's own
-    policy (with its round schedule) and algorithm, as the client's loop asks them; and
-    whether the policy chooses a client's units from its training (:func:`decides`)."""
+@dataclass
+class Schedule:
+    """Per local step (0-based) the parameters it trains, its steps an epoch, and what in it
+    is a guess (warnings)."""
+
+    trained: list[tuple[str, ...]]
+    per_epoch: int
+    found: list[Finding] = field(default_factory=list)
+
+
+def step_schedule(cfg: Any, model: nn.Module, meta: dict[str, Any]) -> Schedule:
+    """The client's steps from the run's own policy (with its round schedule) and algorithm,
+    as the client's loop asks them (its algorithm session counting the steps: FedRep's head
+    epochs come first)."""
     from fedbug.algorithms.base import ClientSession, build_algorithm
-    from fedbug.core.protocol import ClientTask
+    from fedbug.core.protocol import ClientTask, TrainSettings
     from fedbug.engine.build import build_parts
     from fedbug.engine.client import step_units
-    from fedbug.policies.base import StepCtx
+    from fedbug.policies.base import PolicySession, StepCtx
 
     blocks = {name: cfg.options(name) for name in type(cfg).model_fields}
     alg = build_algorithm(cfg.algorithm, cfg.global_lr, blocks)
     example = torch.zeros(2, *meta["input_shape"])
     parts = build_parts(cfg, alg, copy.deepcopy(model), example)
     n, steps = int(meta["num_samples"]), int(meta["steps"])
-    r, client = int(meta["round"]), int(meta.get("first_client", meta["client"]))
+    r, client = int(meta.get("round", 1)), int(meta.get("first_client", meta["client"]))
     lr = float(meta.get("client_lr", meta["lr"]))  # a release's is times global_lr
     task = ClientTask(r, client, cfg.seed, lr, n, rounds=cfg.rounds)
-    policy = parts.policy.start_client(task)
-    session = ClientSession(alg, task, torch.zeros(n, dtype=torch.long))
-    space, pe = parts.space, per_epoch(n, cfg.batch_size)
+    found: list[Finding] = []
+    labels = torch.zeros(n, dtype=torch.long)
+    try:
+        session = alg.start_client(task, labels)
+    except (AttributeError, TypeError, ValueError, KeyError):  # needs the client's runtime
+        session = ClientSession(alg, task, labels)
+        why = "needs the client's runtime: the replay asks the plain session which units train"
+        found.append(_warn("algorithm", f"{cfg.algorithm}'s client session {why}"))
+    settings = TrainSettings(
+        local_epochs=cfg.local_epochs, local_steps=cfg.local_steps, batch_size=cfg.batch_size
+    )
+    k_all, pe = session.local_step_count(n, settings)
+    if k_all != steps:
+        why = f"the config gives {k_all} local steps and the client took {steps}"
+        found.append(_warn("local_steps", f"{why}: the replay takes the client's"))
+    space = parts.space
     names = [(nm, u) for nm, is_p, u in zip(space.names, space.is_param, space.unit_of) if is_p]
-    out = []
+    if configured(parts.policy):
+        sent = set(meta["units_sent"])
+        why = "picks a client's units from the server's per-client config, which the attack"
+        found.append(_warn("policy", f"{cfg.policy} {why} does not rebuild: every sent unit "
+                           "trains at every step of the replay"))  # fmt: skip
+        return Schedule([tuple(nm for nm, u in names if u in sent)] * steps, pe, found)
+    policy: PolicySession = parts.policy.start_client(task)
+    if decides(policy):
+        why = "chooses a client's units during its training, which the config does not tell"
+        found.append(_warn("policy", f"{cfg.policy} {why}: the replay trains what its fresh "
+                           "session allows"))  # fmt: skip
+    trained = []
     for k in range(1, steps + 1):
         ctx = StepCtx(k, steps, parts.policy_units, r, client, cfg.rounds)
         units = set(step_units(policy, session, ctx, pe, parts.layout.extra))
-        out.append({nm for nm, u in names if u in units})
-    return out, decides(policy)
+        trained.append(tuple(nm for nm, u in names if u in units))
+    return Schedule(trained, pe, found)
+
+
+def configured(policy: Any) -> bool:
+    """Whether a policy's client answers come from the server's per-client config (it
+    overrides ``client_config``: CoCoFL's block, FreezeFL's deadline); an intersection is
+    where one of its parts is."""
+    from fedbug.policies.base import FreezePolicy
+
+    parts = getattr(policy, "policies", None)
+    if parts is not None:
+        return any(configured(p) for p in parts)
+    return type(policy).client_config is not FreezePolicy.client_config
 
 
 def decides(session: Any) -> bool:
@@ -79,40 +129,28 @@ def decides(session: Any) -> bool:
 def unroll_of(
     cfg: Any, up: RecordedUpdate, obs: Observation, client_lr: float
 ) -> tuple[Unroll, list[Finding]]:
-    """The :class:`Unroll` of ``up``'s local steps over the parameters ``obs`` matches, and
-    what in it is the attack's guess (warnings)."""
+    """The :class:`Unroll` of ``up``'s local steps (every parameter a step trains, sent or
+    not; the match is over ``obs.target``'s), and what in it is the attack's guess."""
     meta = up.meta
-    schedule, chosen_in_training = step_schedule(cfg, obs.model, meta)
-    trained = [tuple(k for k in obs.target if k in step) for step in schedule]
-    n, bs = int(meta["num_samples"]), cfg.batch_size
-    pe = per_epoch(n, bs)
+    sched = step_schedule(cfg, obs.model, meta)
     unroll = Unroll(
-        trained,
+        sched.trained,
         lr=client_lr,
-        batch_size=bs,
-        per_epoch=pe,
+        batch_size=cfg.batch_size,
+        per_epoch=sched.per_epoch,
         momentum=float(meta.get("momentum", cfg.momentum)),
         weight_decay=float(meta.get("weight_decay", cfg.weight_decay)),
         clip=cfg.clip_grad_norm,
     )
-    found = []
-    if len(schedule) > pe:
+    found = list(sched.found)
+    if len(sched.trained) > sched.per_epoch:
         found.append(
             Finding(
                 "warn",
                 "local_epochs",
-                f"{len(schedule)} steps over {pe} batches an epoch: the client's shuffle is "
-                "unknown, so later epochs are replayed in the first's order (the score is a "
-                "lower bound)",
-            )
-        )
-    if chosen_in_training:
-        found.append(
-            Finding(
-                "warn",
-                "policy",
-                f"{cfg.policy} chooses a client's units during its training, which the config "
-                "does not tell: the replay trains every sent unit at every step",
+                f"{len(sched.trained)} steps over {sched.per_epoch} batches an epoch: the "
+                "client's shuffle is unknown, so later epochs are replayed in the first's order "
+                "(the score is a lower bound)",
             )
         )
     return unroll, found
