@@ -172,3 +172,18 @@ def test_a_policy_configured_per_client_replays_its_sent_units_and_says_so(tmp_p
     obs, err, found = unrolled_observation(cfg, up, model)
     assert [f.key for f in found] == ["policy"] and "per-client config" in found[0].line
     assert err is not None and err < 1e-5
+
+
+@pytest.mark.slow  # scoring imports scikit-image, SciPy and matplotlib: seconds
+def test_the_attack_says_its_findings_first_and_its_progress_to_the_terminal_and_a_log(tmp_path):
+    pytest.importorskip("skimage")
+    from fedbug.attack import attack
+
+    folder = tiny_run(tmp_path, "num_clients=400", "local_steps=null", "local_epochs=2")
+    said: list[str] = []
+    s = attack(folder, 1, None, "auto", 4, say=said.append)
+    assert s["method"] == "ig-unrolled" and said[0].startswith("warn: local_epochs")
+    steps = [line for line in said if line.startswith("iteration ")]
+    assert [line.split(",")[0] for line in steps] == [f"iteration {i}/4" for i in (1, 2, 3, 4)]
+    log = folder / "attack" / f"round-1-client-{s['client']}-ig-unrolled" / "attack.log"
+    assert log.read_text().splitlines() == said

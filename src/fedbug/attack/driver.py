@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,19 +104,28 @@ def choose_method(method: str, obs: Observation, steps: int, clients: int = 1) -
 
 
 def reconstruct(
-    obs: Observation, method: str, iterations: int, seed: int, init: str = "normal"
+    obs: Observation,
+    method: str,
+    iterations: int,
+    seed: int,
+    init: str = "normal",
+    progress: Callable[[int, float], None] | None = None,
 ) -> tuple[Tensor, Tensor, bool]:
     """(inputs, labels, whether the labels came from iDLG's rule); ``init``: the dummy inputs'
-    start (:data:`fedbug.attack.inversion.INITS`)."""
+    start (:data:`fedbug.attack.inversion.INITS`); ``progress(i, loss)`` each iteration."""
     labels = idlg_labels(obs) if method in ("idlg", "ig", "ig-unrolled") else None
     if method == "idlg" and labels is None:
         raise ConfigError(
             "--method idlg needs a one-image update whose classifier was sent; use --method dlg"
         )
     if method in ("ig", "ig-unrolled"):
-        x, y = inverting_gradients(obs, iterations=iterations, seed=seed, labels=labels, init=init)
+        x, y = inverting_gradients(
+            obs, iterations=iterations, seed=seed, labels=labels, init=init, progress=progress
+        )
     else:
-        x, y = dlg(obs, iterations=iterations, seed=seed, labels=labels, init=init)
+        x, y = dlg(
+            obs, iterations=iterations, seed=seed, labels=labels, init=init, progress=progress
+        )
     return x, y, labels is not None
 
 
@@ -228,12 +239,15 @@ def attack(
     init: str = "normal",
     released: bool = False,
     allow_inexact: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Attack one recorded update (``released``: the round's released update, the aggregate);
     returns the scores (also written with the grid). ``init``: ``normal`` (DLG's and Inverting
     Gradients' code) or ``uniform`` (iDLG's code, Fling's). What the attack cannot replay
     exactly (:mod:`fedbug.attack.replay`) is refused unless ``allow_inexact``; every finding is
-    in the scores' ``inexact``."""
+    in the scores' ``inexact``. ``say`` is told each finding before the attack starts and its
+    progress (every twentieth of the iterations), which also goes to ``attack.log`` in the
+    attack's folder."""
     run = Path(run)
     if method not in METHODS:
         raise ConfigError(f"--method {method}: choose one of {', '.join(METHODS)}")
@@ -254,7 +268,11 @@ def attack(
         more += found_unrolled
     refuse(more, allow_inexact)
     its = iterations or DEFAULT_ITERATIONS[chosen]
-    x, y, from_rule = reconstruct(obs, chosen, its, seed, init)
+    who = "released" if released else f"client-{k}"
+    log = Progress(attack_folder(run, f"round-{r}-{who}-{chosen}") / "attack.log", its, say)
+    for f in more:
+        log.say(f"{f.kind}: {f}")
+    x, y, from_rule = reconstruct(obs, chosen, its, seed, init, log.step)
     out = {
         "round": r,
         "client": "released" if released else k,
@@ -270,8 +288,36 @@ def attack(
         "unrolled_replay_error": unrolled_err,
         "inexact": [f"{f.kind}: {f}" for f in more],
     }
-    who = "released" if released else f"client-{k}"
     return score(run, f"round-{r}-{who}-{chosen}", up, x, y, out)
+
+
+def attack_folder(run: Path, name: str) -> Path:
+    """``run/attack/name``, made, never through a link."""
+    folder = run / "attack" / name
+    check_no_links(run, folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class Progress:
+    """An attack's findings and progress: each line to ``say`` (the terminal) and ``path``."""
+
+    def __init__(self, path: Path, iterations: int, say: Callable[[str], None] | None) -> None:
+        self.path, self.iterations, self.tell = path, iterations, say
+        self.every = max(1, iterations // 20)
+        self.start = time.perf_counter()
+        path.write_text("")  # this attack's log, not a former one's
+
+    def say(self, line: str) -> None:
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+        if self.tell is not None:
+            self.tell(line)
+
+    def step(self, i: int, loss: float) -> None:
+        if (i + 1) % self.every == 0 or i + 1 == self.iterations:
+            took = time.perf_counter() - self.start
+            self.say(f"iteration {i + 1}/{self.iterations}, loss {loss:.4g}, {took:.0f} s")
 
 
 def score(
@@ -285,9 +331,7 @@ def score(
     """``head`` (what was attacked, how) with PSNR/SSIM (per image, each true image paired with
     its nearest distinct reconstruction, and their mean), label recovery; written with the grid
     under ``attack/``."""
-    folder = run / "attack" / name
-    check_no_links(run, folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = attack_folder(run, name)
     out: dict[str, Any] = {**(head or {}), "folder": str(folder)}
     if up.inputs is None or up.labels is None:
         out["scored"] = False

@@ -213,6 +213,7 @@ def dlg(
     init: str = "normal",
     optimizer: str = "lbfgs",
     distance: str = "l2",
+    progress: Callable[[int, float], None] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """DLG: L-BFGS on dummy inputs (and, without ``labels``, dummy soft labels) to match the
     observed gradient in squared distance. Returns (the inputs, the labels: argmax of the soft
@@ -225,7 +226,7 @@ def dlg(
     ``init='uniform'`` and the seed's global draw (``torch.manual_seed(seed)``) this is step for
     step Fling's ``DLGAttacker`` (``use_gt_labels=False``, ``tv_weight=0``) with the same
     ``optim_backend`` and ``distance_measure``, on the same target gradient
-    (benchmarks/equivalence/run_fling_attack.py)."""
+    (benchmarks/equivalence/run_fling_attack.py). ``progress(i, loss)`` after each iteration."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
     match = DISTANCES[distance]
@@ -245,8 +246,10 @@ def dlg(
         loss.backward()
         return loss
 
-    for _ in range(iterations):
+    for i in range(iterations):
         loss = opt.step(closure)
+        if progress is not None:
+            progress(i, float(loss))
         if not torch.isfinite(loss):
             break
     found = y_logits.argmax(-1) if free else labels

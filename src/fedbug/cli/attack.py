@@ -71,9 +71,8 @@ def cmd_attack(args: argparse.Namespace) -> int:
         args.init,
         released=args.released,
         allow_inexact=args.allow_inexact,
+        say=lambda line: print(f"fedbug attack: {line}", file=sys.stderr, flush=True),
     )
-    for line in s["inexact"]:
-        print(f"fedbug attack: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(s, indent=1))
         return 0
