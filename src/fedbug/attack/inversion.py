@@ -249,7 +249,7 @@ def dlg(
     for i in range(iterations):
         loss = opt.step(closure)
         if progress is not None:
-            progress(i, float(loss))
+            progress(i, float(loss.detach()))
         if not torch.isfinite(loss):
             break
     found = y_logits.argmax(-1) if free else labels
@@ -296,6 +296,6 @@ def inverting_gradients(
         opt.step()
         sched.step()
         if progress is not None:
-            progress(i, float(loss))
+            progress(i, float(loss.detach()))
     found = y_logits.argmax(-1) if free else labels
     return x.detach(), found.detach()
