@@ -27,7 +27,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from benchmarks.common import fill_block
 from fedbug.config.loading import read_config_doc
@@ -260,7 +260,7 @@ def plot(studies: list[AttackStudy], accs: list[Accuracy], path: Path) -> None:
     plt.close(fig)
 
 
-def _style(row: str) -> str:
+def _style(row: str) -> Literal["-", "--", ":"]:
     """A row's line style: one step solid; one gradient dotted; unrolled dashed."""
     if row.endswith(KINDS["ig-unrolled"]):
         return "--"
