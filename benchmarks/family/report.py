@@ -247,6 +247,7 @@ def plot(works: list[Workload], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, axes = plt.subplots(len(works), len(COSTS), figsize=(5 * len(COSTS), 4 * len(works)))
     axes = [axes] if len(works) == 1 else axes
@@ -261,6 +262,10 @@ def plot(works: list[Workload], path: Path) -> None:
                 ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.8)
             if points and min(p[0] for p in points) > 0:
                 ax.set_xscale("log")
+                short = FuncFormatter(lambda v, _: f"{v:g}")  # "1.4", not "1.4 x 10^0": no overlap
+                lo, hi = ax.get_xlim()
+                ax.xaxis.set_major_formatter(short)  # minor ticks labelled within a decade only
+                ax.xaxis.set_minor_formatter(short if hi / lo < 10 else NullFormatter())
             if not points:
                 ax.text(0.5, 0.5, "no finished run yet", ha="center", transform=ax.transAxes)
             ax.set_xlabel(name)
