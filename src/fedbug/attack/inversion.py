@@ -119,7 +119,7 @@ def unrolled_update(obs: Observation, x: Tensor, y_soft: Tensor) -> dict[str, Te
         # a trained parameter the forward pass did not use steps on zeros, as the client's does
         grads = {n: torch.zeros_like(w[n]) if g is None else g for n, g in zip(names, got)}
         if u.clip is not None:  # (clamped: the square root's derivative at 0 is infinite)
-            norm = torch.sqrt(sum((g**2).sum() for g in grads.values()).clamp_min(1e-24))
+            norm = torch.stack([(g**2).sum() for g in grads.values()]).sum().clamp_min(1e-24).sqrt()
             scale = torch.clamp(u.clip / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_
             grads = {n: g * scale for n, g in grads.items()}
         for n, g in grads.items():
