@@ -128,3 +128,18 @@ def test_a_sweep_cell_that_is_a_link_is_refused(tmp_path, capsys):
     assert main(["sweep", str(cfg), "--out", str(tmp_path / "out"), "-q"]) == 2
     assert "is a symbolic link" in capsys.readouterr().err
     assert list(elsewhere.iterdir()) == []
+
+
+def test_an_attacks_log_planted_as_a_link_is_never_written_through(tmp_path, outside, capsys):
+    """A received run folder with ``attack/<name>/attack.log`` linked to a file elsewhere:
+    ``fedbug attack`` refuses in one line before it writes a byte there."""
+    cfg = tiny_config(rounds=2, count_flops=False, record_updates=[1], clients_per_round=1)
+    folder = fedbug.run(cfg, run_dir=tmp_path / "run").run_dir
+    client = sorted(p.stem for p in (folder / "updates" / "round-1").glob("client-*.json"))[0]
+    log = folder / "attack" / f"round-1-{client}-ig-unrolled" / "attack.log"
+    log.parent.mkdir(parents=True)
+    log.symlink_to(outside)
+    assert main(["attack", str(folder), "--iterations", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "symbolic link" in err[0] and "attack.log" in err[0]
+    assert outside.read_text() == "precious\n"

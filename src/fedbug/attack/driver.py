@@ -29,7 +29,7 @@ from fedbug.attack.replay import (
 from fedbug.attack.scoring import image_scores, label_recovery, match_order, save_grid
 from fedbug.attack.unroll import unroll_of
 from fedbug.errors import ConfigError
-from fedbug.results.files import atomic_write_bytes, check_no_links
+from fedbug.results.files import atomic_write_bytes, check_no_links, open_write
 
 METHODS = ("auto", "dlg", "idlg", "ig", "ig-unrolled")
 DEFAULT_ITERATIONS = {"dlg": 300, "idlg": 300, "ig": 2000, "ig-unrolled": 2000}
@@ -300,16 +300,19 @@ def attack_folder(run: Path, name: str) -> Path:
 
 
 class Progress:
-    """An attack's findings and progress: each line to ``say`` (the terminal) and ``path``."""
+    """An attack's findings and progress: each line to ``say`` (the terminal) and ``path``,
+    a new file (a former attack's log removed; never written through a link)."""
 
     def __init__(self, path: Path, iterations: int, say: Callable[[str], None] | None) -> None:
         self.path, self.iterations, self.tell = path, iterations, say
         self.every = max(1, iterations // 20)
         self.start = time.perf_counter()
-        path.write_text("")  # this attack's log, not a former one's
+        check_no_links(path.parent, path)
+        path.unlink(missing_ok=True)
+        open_write(path).close()
 
     def say(self, line: str) -> None:
-        with self.path.open("a") as f:
+        with open_write(self.path, append=True) as f:
             f.write(line + "\n")
         if self.tell is not None:
             self.tell(line)
