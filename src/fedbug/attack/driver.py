@@ -56,8 +56,7 @@ def observation(up: RecordedUpdate, model: nn.Module, unrolled: bool = False) ->
     moved (the server knows the recipe: the decay of the received weights taken out; exact for
     one SGD step, and for several a scaled gradient, which the cosine distance does not see);
     ``unrolled``: ``-delta`` itself (a release's over ``global_lr``), to match the replayed
-    local steps' (its ``unroll`` is set
-    by the caller, :func:`fedbug.attack.unroll.unroll_of`)."""
+    local steps' (the caller sets its ``unroll``: :func:`fedbug.attack.unroll.unroll_of`)."""
     meta = up.meta
     lr, wd = float(meta["lr"]), float(meta.get("weight_decay", 0.0))
     params = dict(model.named_parameters())
