@@ -13,11 +13,11 @@ import torch
 from sklearn.datasets import load_digits
 
 from fedbug.attack import Observation, cosine_distance, dlg, idlg_labels, load_update, recorded
-from fedbug.attack.records import load_tensors, write_global, write_update
 from fedbug.attack.scoring import image_scores, label_recovery, match_order
 from fedbug.cli import main
 from fedbug.errors import ConfigError
 from fedbug.models.mlp import MLP
+from fedbug.results.updates import load_tensors, write_global, write_update
 
 pytest.importorskip("skimage")
 

@@ -12,9 +12,9 @@ from torch import nn
 from fedbug.attack.driver import build_attacked_model, choose_method, observation, run_config
 from fedbug.attack.driver import unrolled as unrolled_observation
 from fedbug.attack.inversion import Observation, Unroll, unrolled_update
-from fedbug.attack.records import load_update, recorded
 from fedbug.attack.replay import attack_mode, replay_error
 from fedbug.cli import main
+from fedbug.results.updates import load_update, recorded
 
 
 def tiny_run(tmp_path, *extra: str):

@@ -103,7 +103,7 @@ def run_folders(config: Path, results: Path) -> list[tuple[Path, Any]]:
 
 def methods_of(run: Path, round: int, client: int) -> list[str]:
     """``auto`` for an update of one local step; both Inverting Gradients for several."""
-    from fedbug.attack.records import round_dir
+    from fedbug.results.updates import round_dir
 
     meta = json.loads((round_dir(run, round) / f"client-{client}.json").read_text())
     return ["auto"] if int(meta.get("steps", 1)) == 1 else ["ig", "ig-unrolled"]
@@ -117,7 +117,7 @@ def done(run: Path, round: int, who: str, method: str) -> bool:
 
 def jobs_of(run: Path, cfg: Any, iterations: dict[str, int]) -> list[Job]:
     """The attacks a finished run calls for, less those already done."""
-    from fedbug.attack.records import recorded
+    from fedbug.results.updates import recorded
 
     have = recorded(run)
     its = tuple(sorted(iterations.items()))
@@ -138,8 +138,8 @@ def one_attack(job: Job) -> str:
     """One ``fedbug attack`` in this process (one torch thread); a refusal is recorded."""
     import torch
 
-    from fedbug.attack.records import recorded
     from fedbug.errors import ConfigError
+    from fedbug.results.updates import recorded
 
     torch.set_num_threads(1)
     its = dict(job.iterations)

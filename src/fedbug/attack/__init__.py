@@ -13,7 +13,7 @@ from fedbug.attack.inversion import (
     l2_distance,
     total_variation,
 )
-from fedbug.attack.records import RecordedUpdate, load_update, recorded
+from fedbug.results.updates import RecordedUpdate, load_update, recorded
 
 __all__ = [
     "Observation",

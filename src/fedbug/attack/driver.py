@@ -15,7 +15,6 @@ import torch
 from torch import Tensor, nn
 
 from fedbug.attack.inversion import INITS, Observation, dlg, idlg_labels, inverting_gradients
-from fedbug.attack.records import RecordedUpdate, load_tensors, load_update, recorded, round_dir
 from fedbug.attack.replay import (
     REPLAY_TOL,
     Finding,
@@ -30,6 +29,7 @@ from fedbug.attack.scoring import image_scores, label_recovery, match_order, sav
 from fedbug.attack.unroll import unroll_of
 from fedbug.errors import ConfigError
 from fedbug.results.files import atomic_write_bytes, check_no_links, open_write
+from fedbug.results.updates import RecordedUpdate, load_tensors, load_update, recorded, round_dir
 
 METHODS = ("auto", "dlg", "idlg", "ig", "ig-unrolled")
 DEFAULT_ITERATIONS = {"dlg": 300, "idlg": 300, "ig": 2000, "ig-unrolled": 2000}

@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from fedbug.attack.inversion import Observation, Unroll
-from fedbug.attack.records import RecordedUpdate
 from fedbug.attack.replay import Finding
+from fedbug.results.updates import RecordedUpdate
 
 
 def _warn(key: str, line: str) -> Finding:

@@ -1,5 +1,5 @@
 """``record_updates: [round, ...]``: in those rounds, write what the server receives from each
-client into the run folder (:mod:`fedbug.attack.records`), for the attack to reconstruct, with
+client into the run folder (:mod:`fedbug.results.updates`), for the attack to reconstruct, with
 the client's true inputs of the round kept beside it for scoring only.
 
 The true inputs are the samples of the client's first local batches, found by drawing the
@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedbug.attack.records import write_global, write_update
 from fedbug.core.protocol import ClientResult, ClientTask
 from fedbug.core.seeding import torch_generator
+from fedbug.results.updates import write_global, write_update
 
 
 def sent_units(exp: Any, res: ClientResult) -> list[int]:

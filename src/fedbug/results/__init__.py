@@ -12,7 +12,8 @@ that the holder still holds it: once the holder is gone it stops without writing
 
 The package's modules: ``files`` (the writes, and the checks before them), ``lock``, ``records``
 (checksummed metrics lines and summary.json), ``thinned`` (metrics.thin.jsonl), ``checkpoint``,
-``provenance`` (git commit, processor, versions), ``plot`` and ``run_dir`` (:class:`RunDir`);
+``provenance`` (git commit, processor, versions), ``plot``, ``updates`` (the updates a run
+records for ``fedbug attack``: ``record_updates``) and ``run_dir`` (:class:`RunDir`);
 the names other modules use are imported from here.
 """
 
