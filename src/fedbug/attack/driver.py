@@ -177,9 +177,10 @@ def released_update(run: Path, r: int, cfg: Any) -> tuple[RecordedUpdate, list[F
         shapes.update({k: v.shape for k, v in up.deltas.items()})
     deltas = {k: delta[offsets[k][0] : offsets[k][0] + offsets[k][1]].view(shp)
               for k, shp in shapes.items()}  # fmt: skip
-    have = [u for u in ups if u.inputs is not None and u.labels is not None]
-    inputs = torch.cat([u.inputs for u in have]) if len(have) == len(ups) else None
-    labels = torch.cat([u.labels for u in have]) if len(have) == len(ups) else None
+    truth = [(u.inputs, u.labels) for u in ups if u.inputs is not None and u.labels is not None]
+    whole = len(truth) == len(ups)  # the truth of every client, or none
+    inputs = torch.cat([x for x, _ in truth]) if whole else None
+    labels = torch.cat([y for _, y in truth]) if whole else None
     meta = {**first.meta, "client": "released", "lr": float(first.meta["lr"]) * cfg.global_lr,
             "client_lr": float(first.meta["lr"]), "clients": len(ups),
             "first_client": first.meta["client"],

@@ -20,8 +20,9 @@ received weights. Nothing here reads the true inputs: they are for scoring only
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -131,16 +132,21 @@ def unrolled_update(obs: Observation, x: Tensor, y_soft: Tensor) -> dict[str, Te
     return {k: start[k] - w[k] for k in obs.target}
 
 
+def total(terms: Iterable[Tensor]) -> Tensor:
+    """The terms' sum, in order (Python's ``sum``, typed: the same additions bit for bit)."""
+    return cast(Tensor, sum(terms))
+
+
 def l2_distance(dummy: dict[str, Tensor], target: dict[str, Tensor]) -> Tensor:
     """DLG's distance: the summed squared difference over the sent parameters."""
-    return sum(((dummy[k] - target[k]) ** 2).sum() for k in target)
+    return total(((dummy[k] - target[k]) ** 2).sum() for k in target)
 
 
 def cosine_distance(dummy: dict[str, Tensor], target: dict[str, Tensor]) -> Tensor:
     """Inverting Gradients' distance: 1 - cosine similarity of the concatenated gradients."""
-    dot = sum((dummy[k] * target[k]).sum() for k in target)
-    dn = torch.sqrt(sum((dummy[k] ** 2).sum() for k in target))
-    tn = torch.sqrt(sum((target[k] ** 2).sum() for k in target))
+    dot = total((dummy[k] * target[k]).sum() for k in target)
+    dn = torch.sqrt(total((dummy[k] ** 2).sum() for k in target))
+    tn = torch.sqrt(total((target[k] ** 2).sum() for k in target))
     return 1 - dot / (dn * tn + 1e-12)
 
 
@@ -148,7 +154,7 @@ def layer_cosine_distance(dummy: dict[str, Tensor], target: dict[str, Tensor]) -
     """Fling's ``'cos'`` distance: the sum over the sent parameters of 1 - each tensor's own
     cosine similarity (torch's, eps 1e-10), which weighs every tensor alike whatever its size
     (Inverting Gradients' :func:`cosine_distance` takes one cosine over all of them)."""
-    return sum(
+    return total(
         1 - nn.functional.cosine_similarity(dummy[k].flatten(), target[k].flatten(), 0, 1e-10)
         for k in target
     )
@@ -234,7 +240,7 @@ def dlg(
     x = _init(obs, gen, init).requires_grad_(True)
     free = labels is None
     y_logits = torch.randn((obs.num_images, obs.num_classes), generator=gen).requires_grad_(free)
-    fixed = None if free else nn.functional.one_hot(labels, obs.num_classes).float()
+    fixed = None if labels is None else nn.functional.one_hot(labels, obs.num_classes).float()
     name, default_lr = OPTIMIZERS[optimizer]
     opt_cls = getattr(torch.optim, name)  # looked up per call (the harness records its steps)
     opt = opt_cls([x, y_logits] if free else [x], lr=default_lr if lr is None else lr)
@@ -252,7 +258,7 @@ def dlg(
             progress(i, float(loss.detach()))
         if not torch.isfinite(loss):
             break
-    found = y_logits.argmax(-1) if free else labels
+    found = y_logits.argmax(-1) if labels is None else labels
     return x.detach(), found.detach()
 
 
@@ -278,7 +284,7 @@ def inverting_gradients(
     x = _init(obs, gen, init).requires_grad_(True)
     free = labels is None
     y_logits = torch.randn((obs.num_images, obs.num_classes), generator=gen).requires_grad_(free)
-    fixed = None if free else nn.functional.one_hot(labels, obs.num_classes).float()
+    fixed = None if labels is None else nn.functional.one_hot(labels, obs.num_classes).float()
     opt = torch.optim.Adam([x, y_logits] if free else [x], lr=lr)
     marks = [int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=marks, gamma=0.1)
@@ -290,12 +296,13 @@ def inverting_gradients(
         if images is not None and tv > 0:
             loss = loss + tv * total_variation(images)
         loss.backward()
+        assert x.grad is not None and (y_logits.grad is not None or not free)
         x.grad.sign_()
-        if free:
+        if y_logits.grad is not None:
             y_logits.grad.sign_()
         opt.step()
         sched.step()
         if progress is not None:
             progress(i, float(loss.detach()))
-    found = y_logits.argmax(-1) if free else labels
+    found = y_logits.argmax(-1) if labels is None else labels
     return x.detach(), found.detach()

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedbug.attack.inversion import Observation, dummy_gradient, unrolled_update
+from fedbug.attack.inversion import Observation, dummy_gradient, total, unrolled_update
 
 OBJECTIVE_HOOKS = ("loss", "logits", "extra_loss", "adjust_grads", "adjust_grads_after_clipping")
 REPLAY_TOL = 1e-3  # relative L2 error of the truth's gradient that counts as an exact replay
@@ -203,7 +203,7 @@ def clipped_findings(cfg: Any, obs: Observation, method: str, steps: int) -> lis
     c = cfg.clip_grad_norm
     if c is None or steps != 1 or method not in ("dlg", "idlg"):
         return []
-    norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in obs.target.values())))
+    norm = float(torch.sqrt(total((g.double() ** 2).sum() for g in obs.target.values())))
     if norm < 0.999 * c:
         return []
     return [
@@ -226,8 +226,8 @@ def replay_error(obs: Observation, inputs: Tensor, labels: Tensor) -> float:
     x = inputs.reshape(-1, *obs.shape).to(torch.float32)
     y = nn.functional.one_hot(labels.flatten(), obs.num_classes).float()
     g = match(obs, x, y)
-    num = sum(((g[k].detach() - t) ** 2).sum() for k, t in obs.target.items())
-    den = sum((t**2).sum() for t in obs.target.values())
+    num = total(((g[k].detach() - t) ** 2).sum() for k, t in obs.target.items())
+    den = total((t**2).sum() for t in obs.target.values())
     return float(torch.sqrt(num / den.clamp_min(1e-30)))
 
 
