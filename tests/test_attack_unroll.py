@@ -135,29 +135,34 @@ def test_unrolling_a_release_of_several_clients_is_one_line_exit_2(tmp_path, cap
     assert "averages 2 clients' updates" in err and "--method ig" in err
 
 
-def test_later_epochs_in_the_first_ones_order_are_said_to_be_a_guess(tmp_path):
+@pytest.mark.parametrize("batch_size", [1, 3])  # 3: an epoch of 4-5 samples ends short
+def test_later_epochs_in_the_first_ones_order_are_a_guess_and_the_known_order_exact(
+    tmp_path, batch_size
+):
     """Two epochs of a client's few samples: the client reshuffled for the second, which the
     server cannot know; the replay of the truth then misses, and the attack says why. Given
-    the second epoch's order (the client's generator's second permutation), it is exact."""
-    import dataclasses
-
-    from fedbug.core.seeding import torch_generator
-
+    the client's shuffle (``known_order``: from the run's seed), the replay is exact."""
     folder = tiny_run(
-        tmp_path, "num_clients=400", "local_steps=null", "local_epochs=2", "batch_size=1"
+        tmp_path,
+        "num_clients=400",
+        "local_steps=null",
+        "local_epochs=2",
+        f"batch_size={batch_size}",
     )
     cfg, up, model = first_update(folder)
     obs, err, found = unrolled_observation(cfg, up, model)
     assert [f.key for f in found] == ["local_epochs", "replay"]
-    n = obs.unroll.per_epoch
-    assert len(obs.unroll.trained) == 2 * n and err is not None and err > 1e-3
-    gen = torch_generator(cfg.seed, "client", 1, int(up.meta["client"]))
-    first, second = torch.randperm(n, generator=gen), torch.randperm(n, generator=gen)
-    where = torch.empty_like(first)
-    where[first] = torch.arange(n)  # the recorded inputs are the first epoch's order
-    order = torch.cat([torch.arange(n), where[second]])
-    known = dataclasses.replace(obs, unroll=dataclasses.replace(obs.unroll, per_epoch=2 * n))
-    assert replay_error(known, up.inputs[order], up.labels[order]) < 1e-5
+    assert len(obs.unroll.trained) == 2 * obs.unroll.per_epoch and err is not None and err > 1e-3
+    obs, err, found = unrolled_observation(cfg, up, model, known_order=True)
+    assert [f.key for f in found] == ["--known-order"] and "upper bound" in found[0].line
+    assert err is not None and err < 1e-5
+
+
+def test_the_known_order_needs_the_unrolled_attack_one_line_exit_2(tmp_path, capsys):
+    folder = tiny_run(tmp_path)
+    assert main(["attack", str(folder), "--method", "ig", "--known-order"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--known-order" in err[0] and "--method ig-unrolled" in err[0]
 
 
 def test_a_policy_configured_per_client_replays_its_sent_units_and_says_so(tmp_path):

@@ -129,7 +129,7 @@ def reconstruct(
 
 
 def unrolled(
-    cfg: Any, up: RecordedUpdate, model: nn.Module
+    cfg: Any, up: RecordedUpdate, model: nn.Module, known_order: bool = False
 ) -> tuple[Observation, float | None, list[Finding]]:
     """The observation for ``ig-unrolled``: ``-delta`` with the client's local steps
     (:func:`~fedbug.attack.unroll.unroll_of`); the replay error of the recorded inputs in their
@@ -143,7 +143,7 @@ def unrolled(
         )
     obs = observation(up, model, unrolled=True)
     lr = float(up.meta.get("client_lr", up.meta["lr"]))
-    obs.unroll, found = unroll_of(cfg, up, obs, lr)
+    obs.unroll, found = unroll_of(cfg, up, obs, lr, known_order)
     err = None
     if up.inputs is not None and up.labels is not None:
         err = replay_error(obs, up.inputs, up.labels)
@@ -240,14 +240,16 @@ def attack(
     released: bool = False,
     allow_inexact: bool = False,
     say: Callable[[str], None] | None = None,
+    known_order: bool = False,
 ) -> dict[str, Any]:
     """Attack one recorded update (``released``: the round's released update, the aggregate);
     returns the scores (also written with the grid). ``init``: ``normal`` (DLG's and Inverting
     Gradients' code) or ``uniform`` (iDLG's code, Fling's). What the attack cannot replay
     exactly (:mod:`fedbug.attack.replay`) is refused unless ``allow_inexact``; every finding is
-    in the scores' ``inexact``. ``say`` is told each finding before the attack starts and its
-    progress (every twentieth of the iterations), which also goes to ``attack.log`` in the
-    attack's folder."""
+    in the scores' ``inexact``. ``known_order`` gives ``ig-unrolled`` the client's shuffle (an
+    upper bound: :func:`fedbug.attack.unroll.known_batches`). ``say`` is told each finding
+    before the attack starts and its progress (every twentieth of the iterations), which also
+    goes to ``attack.log`` in the attack's folder."""
     run = Path(run)
     if method not in METHODS:
         raise ConfigError(f"--method {method}: choose one of {', '.join(METHODS)}")
@@ -263,8 +265,13 @@ def attack(
     chosen = choose_method(method, obs, steps, int(up.meta.get("clients", 1)))
     more, err = check_replay(cfg, up, obs, found, chosen, released)
     unrolled_err = None
+    if known_order and chosen != "ig-unrolled":
+        raise ConfigError(
+            f"--known-order replays the client's steps in its own order, and --method {chosen} "
+            "replays none; use --method ig-unrolled (auto takes it for several local steps)"
+        )
     if chosen == "ig-unrolled":
-        obs, unrolled_err, found_unrolled = unrolled(cfg, up, model)
+        obs, unrolled_err, found_unrolled = unrolled(cfg, up, model, known_order)
         more += found_unrolled
     refuse(more, allow_inexact)
     its = iterations or DEFAULT_ITERATIONS[chosen]
@@ -286,6 +293,7 @@ def attack(
         "labels_from_idlg_rule": from_rule,
         "replay_error": err,
         "unrolled_replay_error": unrolled_err,
+        "known_order": known_order,
         "inexact": [f"{f.kind}: {f}" for f in more],
     }
     return score(run, f"round-{r}-{who}-{chosen}", up, x, y, out)

@@ -38,7 +38,8 @@ class Unroll:
     the trained parameters where given. Step ``k`` trains on the dummy inputs' batch ``k mod
     per_epoch`` of ``batch_size`` (Inverting Gradients' code: the attacker does not know the
     client's shuffle; the first epoch's order is free, as the dummy inputs are, and later epochs
-    are taken in the same order)."""
+    are taken in the same order), or, where ``batches`` is given, on the rows ``batches[k]``
+    (a server told the client's shuffle)."""
 
     trained: list[tuple[str, ...]]
     lr: float
@@ -47,6 +48,7 @@ class Unroll:
     momentum: float = 0.0
     weight_decay: float = 0.0
     clip: float | None = None
+    batches: list[Tensor] | None = None
 
 
 @dataclass
@@ -109,8 +111,11 @@ def unrolled_update(obs: Observation, x: Tensor, y_soft: Tensor) -> dict[str, Te
     for k, names in enumerate(u.trained):
         if not names:
             continue
-        pos = k % u.per_epoch
-        xb, yb = x[pos * bs : (pos + 1) * bs], y_soft[pos * bs : (pos + 1) * bs]
+        if u.batches is not None:
+            xb, yb = x[u.batches[k]], y_soft[u.batches[k]]
+        else:
+            pos = k % u.per_epoch
+            xb, yb = x[pos * bs : (pos + 1) * bs], y_soft[pos * bs : (pos + 1) * bs]
         # a fresh node a step: the step's gradient is the partial derivative at the current
         # weights, not through an earlier step whose gradient read a weight not yet trained
         w = {n: t.view_as(t) for n, t in w.items()}

@@ -10,7 +10,8 @@ client's loop asks them (:func:`~fedbug.engine.client.step_units`), and keeps th
 the server saw move. What the server cannot know is left as the attack's model and said:
 
 * the client's shuffle: step ``k`` trains on the dummy inputs' batch ``k mod per_epoch``, so
-  epochs after the first are replayed in the first's order;
+  epochs after the first are replayed in the first's order (``known_order``: the shuffle fedbug
+  draws from the run's seed, given to the attack: an upper bound, a server that knows it);
 * a policy that chooses its units during training (FreezeFL's probe epoch: its session
   overrides ``end_of_epoch``), or from the server's per-client config (CoCoFL's block,
   FreezeFL's deadline: it overrides ``client_config``): every sent unit at every step;
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from fedbug.attack.inversion import Observation, Unroll
 from fedbug.attack.replay import Finding
@@ -126,11 +127,32 @@ def decides(session: Any) -> bool:
     return type(session).end_of_epoch is not PolicySession.end_of_epoch
 
 
+def known_batches(cfg: Any, meta: dict[str, Any], steps: int, per_epoch: int) -> list[Tensor]:
+    """Each step's rows of the dummy inputs (which stand, in order, for the client's first
+    epoch's samples) as the client drew them: an epoch's permutation from the client's own
+    generator (``torch_generator(seed, "client", round, client)``, as its local round draws
+    them where nothing else draws first), sliced into batches."""
+    from fedbug.core.seeding import torch_generator
+
+    n, bs = int(meta["num_samples"]), cfg.batch_size
+    r, client = int(meta.get("round", 1)), int(meta.get("first_client", meta["client"]))
+    gen = torch_generator(cfg.seed, "client", r, client)
+    perms = [torch.randperm(n, generator=gen) for _ in range(-(-steps // per_epoch))]
+    row = torch.empty_like(perms[0])
+    row[perms[0]] = torch.arange(n)  # sample -> its place in the first epoch's order
+    out = []
+    for k in range(steps):
+        pos, perm = k % per_epoch, perms[k // per_epoch]
+        out.append(row[perm[pos * bs : (pos + 1) * bs]])
+    return out
+
+
 def unroll_of(
-    cfg: Any, up: RecordedUpdate, obs: Observation, client_lr: float
+    cfg: Any, up: RecordedUpdate, obs: Observation, client_lr: float, known_order: bool = False
 ) -> tuple[Unroll, list[Finding]]:
     """The :class:`Unroll` of ``up``'s local steps (every parameter a step trains, sent or
-    not; the match is over ``obs.target``'s), and what in it is the attack's guess."""
+    not; the match is over ``obs.target``'s), and what in it is the attack's guess;
+    ``known_order``: the client's batches as it drew them (:func:`known_batches`)."""
     meta = up.meta
     sched = step_schedule(cfg, obs.model, meta)
     unroll = Unroll(
@@ -143,7 +165,12 @@ def unroll_of(
         clip=cfg.clip_grad_norm,
     )
     found = list(sched.found)
-    if len(sched.trained) > sched.per_epoch:
+    if known_order:
+        unroll.batches = known_batches(cfg, meta, len(sched.trained), sched.per_epoch)
+        found.append(_warn("--known-order", "the attack is given the client's shuffle (fedbug "
+                           "draws it from the run's seed), which a server does not know: an "
+                           "upper bound of the leak"))  # fmt: skip
+    elif len(sched.trained) > sched.per_epoch:
         found.append(
             Finding(
                 "warn",

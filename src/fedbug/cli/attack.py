@@ -49,6 +49,12 @@ def add_attack_parser(sub: argparse._SubParsersAction) -> None:
         help="attack what cannot be replayed exactly (augmentation, dropout, extra loss terms, "
         "...) anyway, as an approximation; the reasons go to the scores",
     )
+    a.add_argument(
+        "--known-order",
+        action="store_true",
+        help="ig-unrolled: replay the client's batches in the order it drew them (from the "
+        "run's seed), which a server does not know: an upper bound of the leak",
+    )
     a.add_argument("--json", action="store_true", help="print the scores as JSON")
     a.set_defaults(func=cmd_attack)
 
@@ -72,6 +78,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
         released=args.released,
         allow_inexact=args.allow_inexact,
         say=lambda line: print(f"fedbug attack: {line}", file=sys.stderr, flush=True),
+        known_order=args.known_order,
     )
     if args.json:
         print(json.dumps(s, indent=1))
