@@ -159,10 +159,13 @@ def test_a_multi_step_updates_two_inverting_gradients_attacks_are_rows_of_their_
     _write(sweep / FEDAVG, {"final": 0.5}, {
         "round-1-client-3-ig": {**_scored(15.0, 0.3, 0.8, 3), "method": "ig"},
         "round-1-client-3-ig-unrolled": {**_scored(21.0, 0.6, 1.0, 3), "method": "ig-unrolled"},
+        "round-1-client-3-ig-unrolled-known-order": {
+            **_scored(30.0, 0.9, 1.0, 3), "method": "ig-unrolled", "known_order": True},
     })  # fmt: skip
     rows = [line.split("|")[1:5] for line in attack_table(load_attacks(cfg, tmp_path / "results"))
             .splitlines() if line.startswith("| 1 step")]  # fmt: skip
     assert [[c.strip() for c in r] for r in rows] == [
         ["1 step, IG, one gradient", "FedAvg", "3.0", "15.0 / 0.30 / 80"],
         ["1 step, IG, unrolled", "FedAvg", "3.0", "21.0 / 0.60 / 100"],
+        ["1 step, IG, unrolled, known order", "FedAvg", "3.0", "30.0 / 0.90 / 100"],
     ]

@@ -52,6 +52,10 @@ def test_an_update_of_several_steps_is_attacked_as_one_gradient_and_unrolled(tmp
     jobs = jobs_of(run, SimpleNamespace(dp=object()), ITERATIONS)
     got = [(j.round, j.who, j.method) for j in jobs]
     assert got == [(3, "released", "ig"), (3, "released", "ig-unrolled")]
+    # without DP the client's own update too, and unrolled in its known order (upper bound)
+    jobs = jobs_of(run, SimpleNamespace(dp=None), ITERATIONS)
+    client = [j.method for j in jobs if j.round == 3 and j.who == "client"]
+    assert client == ["ig", "ig-unrolled", "ig-unrolled-known-order"]
     done = run / "attack" / "round-3-released-ig"
     done.mkdir(parents=True)
     (done / "scores.json").write_text(json.dumps({"psnr": 1.0}))

@@ -37,7 +37,11 @@ from fedbug.sweeps.sweep import expand
 BEGIN, END = "<!-- privacy:begin -->", "<!-- privacy:end -->"
 SERVER = "server view"
 #: a multi-step update's two Inverting Gradients attacks, each a row of its own
-KINDS = {"ig": "IG, one gradient", "ig-unrolled": "IG, unrolled"}
+KINDS = {
+    "ig": "IG, one gradient",
+    "ig-unrolled": "IG, unrolled",
+    "ig-unrolled+known": "IG, unrolled, known order",  # the client's shuffle given: upper bound
+}
 
 
 @dataclass
@@ -116,7 +120,7 @@ def load_attacks(config: Path, results: Path) -> AttackStudy:
                 s = json.loads(path.read_text())
                 released = "-released-" in path.parent.name or s.get("client") == "released"
                 view = "released" if released else SERVER
-                kind = KINDS.get(s.get("method", ""))
+                kind = KINDS.get(s.get("method", "") + ("+known" if s.get("known_order") else ""))
                 row = ", ".join(x for x in (steps, kind) if x) if kind else steps
                 study.cells[(row, method, level, view)].add(s)
     return study
@@ -260,8 +264,11 @@ def plot(studies: list[AttackStudy], accs: list[Accuracy], path: Path) -> None:
     plt.close(fig)
 
 
-def _style(row: str) -> Literal["-", "--", ":"]:
-    """A row's line style: one step solid; one gradient dotted; unrolled dashed."""
+def _style(row: str) -> Literal["-", "--", ":", "-."]:
+    """A row's line style: one step solid; one gradient dotted; unrolled dashed; unrolled in
+    the known order dash-dotted."""
+    if row.endswith(KINDS["ig-unrolled+known"]):
+        return "-."
     if row.endswith(KINDS["ig-unrolled"]):
         return "--"
     return ":" if row.endswith(KINDS["ig"]) else "-"

@@ -12,7 +12,9 @@ cells without ``dp:`` only, as DP-FedAvg's trusted server sees it unprotected un
 too) and the released update (``--released``: the global model's change, under ``dp:`` the
 clipped and noised aggregate). One local step: method ``auto`` (iDLG or DLG); several:
 Inverting Gradients twice, the update matched as one gradient (``ig``) and the client's steps
-unrolled (``ig-unrolled``, the paper's multi-step attack); fixed iterations and seed. An attack
+unrolled (``ig-unrolled``, the paper's multi-step attack), and, on the client's own update,
+unrolled in the client's own batch order (``--known-order``: an upper bound); fixed
+iterations and seed. An attack
 refused as inexact is recorded as such (``round-R-WHO-[METHOD-]refused/scores.json``), not
 forced. An attack whose ``scores.json`` exists is skipped. ``accuracy``: ``fedbug sweep CONFIG
 --out RESULTS --resume``.
@@ -38,6 +40,7 @@ from fedbug.config.loading import read_config_doc
 from fedbug.sweeps.sweep import expand
 
 RESULTS = Path("benchmarks/privacy/results")
+KNOWN = "ig-unrolled-known-order"
 ITERATIONS = {"dlg": 100, "idlg": 100, "ig": 500, "ig-unrolled": 500}  # README.md: sizing
 SMOKE_ITERATIONS = {"dlg": 10, "idlg": 10, "ig": 20, "ig-unrolled": 20}
 
@@ -48,7 +51,9 @@ class Job:
     round: int
     released: bool
     iterations: tuple[tuple[str, int], ...]
-    method: str = "auto"  # "auto" for one local step; "ig" or "ig-unrolled" for several
+    #: "auto" for one local step; for several "ig", "ig-unrolled" or KNOWN (the server's view
+    #: without DP only: the unrolled attack given the client's shuffle, an upper bound)
+    method: str = "auto"
 
     @property
     def who(self) -> str:
@@ -128,7 +133,10 @@ def jobs_of(run: Path, cfg: Any, iterations: dict[str, int]) -> list[Job]:
         views = [True] if cfg.dp is not None else [False, True]
         for released in views:
             who = "released" if released else f"client-{have[r][0]}"
-            for method in methods_of(run, r, have[r][0]):
+            methods = methods_of(run, r, have[r][0])
+            if not released and "ig-unrolled" in methods:
+                methods.append(KNOWN)
+            for method in methods:
                 if not done(run, r, who, method):
                     out.append(Job(str(run), r, released, its, method))
     return out
@@ -166,8 +174,12 @@ def _attack(run: Path, job: Job, client: int, its: dict[str, int]) -> dict[str, 
     seed 0."""
     from fedbug.attack import attack
 
-    n = its["dlg"] if job.method == "auto" else its[job.method]
-    return attack(run, job.round, client, job.method, n, seed=0, released=job.released)
+    known = job.method == KNOWN
+    method = "ig-unrolled" if known else job.method
+    n = its["dlg"] if method == "auto" else its[method]
+    return attack(
+        run, job.round, client, method, n, seed=0, released=job.released, known_order=known
+    )
 
 
 def write_privacy(run: Path) -> None:

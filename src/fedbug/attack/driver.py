@@ -276,7 +276,8 @@ def attack(
     refuse(more, allow_inexact)
     its = iterations or DEFAULT_ITERATIONS[chosen]
     who = "released" if released else f"client-{k}"
-    log = Progress(attack_folder(run, f"round-{r}-{who}-{chosen}") / "attack.log", its, say)
+    name = f"round-{r}-{who}-{chosen}" + ("-known-order" if known_order else "")
+    log = Progress(attack_folder(run, name) / "attack.log", its, say)
     for f in more:
         log.say(f"{f.kind}: {f}")
     x, y, from_rule = reconstruct(obs, chosen, its, seed, init, log.step)
@@ -296,7 +297,7 @@ def attack(
         "known_order": known_order,
         "inexact": [f"{f.kind}: {f}" for f in more],
     }
-    return score(run, f"round-{r}-{who}-{chosen}", up, x, y, out)
+    return score(run, name, up, x, y, out)
 
 
 def attack_folder(run: Path, name: str) -> Path:
