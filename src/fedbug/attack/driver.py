@@ -26,7 +26,7 @@ from fedbug.attack.replay import (
     replay_finding,
 )
 from fedbug.attack.scoring import image_scores, label_recovery, match_order, save_grid
-from fedbug.attack.unroll import unroll_of
+from fedbug.attack.unroll import trainer, unroll_of
 from fedbug.errors import ConfigError
 from fedbug.results.files import atomic_write_bytes, check_no_links, open_write
 from fedbug.results.updates import RecordedUpdate, load_tensors, load_update, recorded, round_dir
@@ -64,7 +64,7 @@ def observation(up: RecordedUpdate, model: nn.Module, unrolled: bool = False) ->
     # can tell, so it is left out of the match rather than matched to zero
     moved = {k: d for k, d in up.deltas.items() if bool(d.any())}
     if unrolled:  # a release's delta is global_lr times the client's (lr: its product)
-        scale = float(meta.get("client_lr", lr)) / lr
+        scale = trainer(meta)[2] / lr
         target = {k: -d * scale for k, d in moved.items()}
     else:
         target = {k: -d / lr - wd * params[k].detach() for k, d in moved.items()}
@@ -142,8 +142,7 @@ def unrolled(
             f"{clients} clients' updates; use --method ig"
         )
     obs = observation(up, model, unrolled=True)
-    lr = float(up.meta.get("client_lr", up.meta["lr"]))
-    obs.unroll, found = unroll_of(cfg, up, obs, lr, known_order)
+    obs.unroll, found = unroll_of(cfg, up, obs, known_order)
     err = None
     if up.inputs is not None and up.labels is not None:
         err = replay_error(obs, up.inputs, up.labels)

@@ -39,6 +39,14 @@ def _warn(key: str, line: str) -> Finding:
     return Finding("warn", key, line)
 
 
+def trainer(meta: dict[str, Any]) -> tuple[int, int, float]:
+    """(round, client, learning rate) of the client whose steps an update is: a release of one
+    client's update names it and its rate apart (``first_client``, ``client_lr``: the
+    release's ``lr`` is times ``global_lr``)."""
+    client = int(meta.get("first_client", meta["client"]))
+    return int(meta.get("round", 1)), client, float(meta.get("client_lr", meta["lr"]))
+
+
 @dataclass
 class Schedule:
     """Per local step (0-based) the parameters it trains, its steps an epoch, and what in it
@@ -64,8 +72,7 @@ def step_schedule(cfg: Any, model: nn.Module, meta: dict[str, Any]) -> Schedule:
     example = torch.zeros(2, *meta["input_shape"])
     parts = build_parts(cfg, alg, copy.deepcopy(model), example)
     n, steps = int(meta["num_samples"]), int(meta["steps"])
-    r, client = int(meta.get("round", 1)), int(meta.get("first_client", meta["client"]))
-    lr = float(meta.get("client_lr", meta["lr"]))  # a release's is times global_lr
+    r, client, lr = trainer(meta)
     task = ClientTask(r, client, cfg.seed, lr, n, rounds=cfg.rounds)
     found: list[Finding] = []
     labels = torch.zeros(n, dtype=torch.long)
@@ -135,7 +142,7 @@ def known_batches(cfg: Any, meta: dict[str, Any], steps: int, per_epoch: int) ->
     from fedbug.core.seeding import torch_generator
 
     n, bs = int(meta["num_samples"]), cfg.batch_size
-    r, client = int(meta.get("round", 1)), int(meta.get("first_client", meta["client"]))
+    r, client, _ = trainer(meta)
     gen = torch_generator(cfg.seed, "client", r, client)
     perms = [torch.randperm(n, generator=gen) for _ in range(-(-steps // per_epoch))]
     row = torch.empty_like(perms[0])
@@ -148,7 +155,7 @@ def known_batches(cfg: Any, meta: dict[str, Any], steps: int, per_epoch: int) ->
 
 
 def unroll_of(
-    cfg: Any, up: RecordedUpdate, obs: Observation, client_lr: float, known_order: bool = False
+    cfg: Any, up: RecordedUpdate, obs: Observation, known_order: bool = False
 ) -> tuple[Unroll, list[Finding]]:
     """The :class:`Unroll` of ``up``'s local steps (every parameter a step trains, sent or
     not; the match is over ``obs.target``'s), and what in it is the attack's guess;
@@ -157,7 +164,7 @@ def unroll_of(
     sched = step_schedule(cfg, obs.model, meta)
     unroll = Unroll(
         sched.trained,
-        lr=client_lr,
+        lr=trainer(meta)[2],
         batch_size=cfg.batch_size,
         per_epoch=sched.per_epoch,
         momentum=float(meta.get("momentum", cfg.momentum)),
@@ -171,13 +178,8 @@ def unroll_of(
                            "draws it from the run's seed), which a server does not know: an "
                            "upper bound of the leak"))  # fmt: skip
     elif len(sched.trained) > sched.per_epoch:
-        found.append(
-            Finding(
-                "warn",
-                "local_epochs",
-                f"{len(sched.trained)} steps over {sched.per_epoch} batches an epoch: the "
-                "client's shuffle is unknown, so later epochs are replayed in the first's order "
-                "(the score is a lower bound)",
-            )
-        )
+        why = f"{len(sched.trained)} steps over {sched.per_epoch} batches an epoch"
+        found.append(_warn("local_epochs", f"{why}: the client's shuffle is unknown, so later "
+                           "epochs are replayed in the first's order (the score is a lower "
+                           "bound)"))  # fmt: skip
     return unroll, found
