@@ -1,6 +1,15 @@
 """benchmarks/family/report.py: the family table's figures from run summaries and curves."""
 
-from benchmarks.family.report import Method, pareto, row
+import json
+
+import pytest
+from tiny import tiny_config
+
+import fedbug
+from benchmarks.family.report import EXTRACT, Method, pareto, read_run, row, write_extract
+from fedbug.errors import ResultsError
+from fedbug.report.thin import main as thin
+from fedbug.results import RunDir, with_crc
 
 
 def _run(final, flops, up, down, clients, mem, curve):
@@ -50,3 +59,40 @@ def test_a_run_without_the_totals_leaves_the_cost_out():
 def test_pareto_keeps_the_points_nothing_beats_on_both_counts():
     points = [(1.0, 70.0, "a"), (2.0, 80.0, "b"), (3.0, 75.0, "c"), (0.5, 60.0, "d")]
     assert [p[2] for p in pareto(points)] == ["d", "a", "b"]
+
+
+def test_a_run_kept_as_its_extract_and_thinned_curve_reads_as_the_full_one(tmp_path):
+    """What is committed of a run whose summary is too large for git (``family.json``, the
+    summary less its per-client tables, and ``metrics.thin.jsonl``) gives the report the same
+    figures; a damaged extract, or one of another run, is an error naming the file."""
+    cfg = tiny_config(rounds=4, eval_every=2, count_flops=False, threads=1)
+    fedbug.run(cfg, run_dir=tmp_path / "run")
+    rd = RunDir(tmp_path / "run")
+    full = read_run(rd)
+    assert thin([str(rd.path), "--every", "2"]) == 0
+    write_extract(rd)
+    rd.summary_path.unlink()
+    rd.metrics_path.unlink()
+    kept = read_run(rd)
+    assert "clients" in full["summary"] and "clients" not in kept["summary"]
+    for key in ("final", "best", "rounds", "client_rounds", "total_bytes_up", "peak_mem_bytes"):
+        assert kept["summary"].get(key) == full["summary"].get(key)
+    assert kept["records"] == [r for r in full["records"] if r["round"] in (2, 4)]
+
+    path = rd.path / EXTRACT
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "final": 0.99}))  # an edit, its checksum left as it was
+    with pytest.raises(ResultsError, match=EXTRACT):
+        read_run(rd)
+    doc.update(rounds=6)  # another run's extract, checksummed again
+    path.write_text(json.dumps(with_crc({k: v for k, v in doc.items() if k != "crc"})))
+    with pytest.raises(ResultsError, match="curve of 4 rounds where family.json says 6"):
+        read_run(rd)
+
+
+def test_curve_figures_come_from_the_committed_rounds_only():
+    """Every 10th round and the last: the same table beside the full curve as from a clone."""
+    m = Method("FedPart", "global", 1)
+    m.runs = [_run(0.8, 4e9, 2e6, 8e6, 20, 4e6, [(5, 0.9), (10, 0.7), (15, 0.8)])]
+    m.runs[0]["records"][0]["per_client"] = [{"peak_mem": 100e6}]  # round 5: not committed
+    assert m.client_memory() == 3e6 and m.time_to(0.8) == (30.0, 1)

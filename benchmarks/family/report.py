@@ -7,8 +7,11 @@
 For each sweep config the cells are expanded as ``fedbug sweep`` expands them, and each cell's
 runs are read from ``<results>/<name>-sweep/<cell slug>-s<seed>`` (``summary.json`` and the curve,
 ``metrics.jsonl`` or, as committed, the thinned ``metrics.thin.jsonl``, read through fedbug's own
-checked reader). Per method: final and best accuracy (mean ± sd over seeds; a personalized
-method's client mean, and after fine-tuning), the simulated time to a target accuracy (the
+checked reader; where a run's ``summary.json`` is not kept, as for the Shakespeare sweep whose
+per-client tables of 660 roles make a summary 120 KB, from ``family.json``: the summary less its
+per-client tables, checksummed, written by ``--extract`` and committed in its place). Per
+method: final and best accuracy (mean ± sd over seeds; a personalized method's client mean, and
+after fine-tuning), the simulated time to a target accuracy (the
 first evaluated round at or above it, mean over the seeds that reach it), and per client-round
 the FLOPs, bytes up and down (``summary.json``'s totals over its client-rounds: the library's
 own counts), the largest client step's memory (activations saved for backward, gradients and
@@ -22,6 +25,7 @@ cheaper and more accurate).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +35,7 @@ from benchmarks.common import fill_block
 from fedbug.config.loading import read_config_doc
 from fedbug.errors import ResultsError
 from fedbug.report.spread import mean_std, pm
-from fedbug.results import RunDir
+from fedbug.results import RunDir, atomic_write_text, read_summary, with_crc
 from fedbug.sweeps.sweep import Cell, expand, headline_value
 
 BEGIN, END = "<!-- family:begin -->", "<!-- family:end -->"
@@ -41,6 +45,13 @@ COSTS = (  # (row key, axis label, scale)
     ("mb_up", "MB up per client-round", 1e-6),
     ("client_mem_mb", "client step memory, mean of client-rounds (MB)", 1e-6),
 )
+
+
+def _kept(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's records of the rounds its committed curve keeps (every ``EVERY``-th and the
+    last): the figures drawn from a curve are then the same from a clone as beside the full one."""
+    last = run["records"][-1]["round"] if run["records"] else 0
+    return [rec for rec in run["records"] if rec["round"] % EVERY == 0 or rec["round"] == last]
 
 
 @dataclass
@@ -83,7 +94,7 @@ class Method:
         trained part for some clients or rounds lowers this one)."""
         means = []
         for r in self.runs:
-            mems = [c.get("peak_mem") for rec in r["records"] for c in rec.get("per_client", [])]
+            mems = [c.get("peak_mem") for rec in _kept(r) for c in rec.get("per_client", [])]
             if not mems or None in mems:
                 return None
             means.append(sum(mems) / len(mems))
@@ -95,14 +106,11 @@ class Method:
         clone as beside the full curves)."""
         times = []
         for r in self.runs:
-            last = r["records"][-1]["round"] if r["records"] else 0
             hit = next(
                 (
                     rec.get("sim_clock")
-                    for rec in r["records"]
-                    if (rec["round"] % EVERY == 0 or rec["round"] == last)
-                    and rec.get("test_acc") is not None
-                    and rec["test_acc"] >= target
+                    for rec in _kept(r)
+                    if rec.get("test_acc") is not None and rec["test_acc"] >= target
                 ),
                 None,
             )
@@ -117,6 +125,53 @@ class Workload:
     config: Path
     methods: list[Method]
     target: float = math.nan
+
+
+#: what ``family.json`` keeps of a summary: everything but the per-client tables
+DROPPED = ("clients", "pfl.clients")
+EXTRACT = "family.json"
+
+
+def write_extract(rd: RunDir) -> Path:
+    """``family.json`` beside a finished run's ``summary.json``: the summary (checked) less its
+    per-client tables (:data:`DROPPED`), checksummed as a summary is."""
+    summary = rd.read_summary()
+    kept = {k: v for k, v in summary.items() if k not in DROPPED}
+    if isinstance(summary.get("pfl"), dict):
+        kept["pfl"] = {k: v for k, v in summary["pfl"].items() if k != "clients"}
+    kept["extract"] = {"of": "summary.json", "dropped": list(DROPPED)}
+    path = rd.path / EXTRACT
+    atomic_write_text(path, json.dumps(with_crc(kept), indent=1) + "\n")
+    return path
+
+
+def read_run(rd: RunDir) -> dict[str, Any]:
+    """A finished run as :meth:`RunDir.read_run` reads it, or, where its ``summary.json`` is not
+    kept, from ``family.json`` and the thinned curve, each checked and the two against each other
+    (the curve's rounds are the summary's)."""
+    if rd.summary_path.exists() or not (rd.path / EXTRACT).exists():
+        return rd.read_run()
+    summary = read_summary(rd.path / EXTRACT)
+    declared, records = rd.read_thinned()
+    if declared["rounds"] != summary["rounds"]:
+        raise ResultsError(
+            f"{str(rd.thin_path)!r} is a curve of {declared['rounds']} rounds where {EXTRACT} "
+            f"says {summary['rounds']}: one of them is from another run; run the sweep again"
+        )
+    return {"run_dir": rd.path, "summary": summary, "records": records, "thinned": declared}
+
+
+def extract(config: Path, results: Path) -> list[Path]:
+    """``family.json`` for every finished run of the workload that has its ``summary.json``."""
+    doc = read_config_doc(config)
+    sweep = results / f"{doc['name']}-sweep"
+    out = []
+    for cell, _ in expand(doc, doc.get("grid") or {}):
+        for seed in range(int(doc.get("seeds", 1))):
+            rd = RunDir(sweep / f"{cell.slug}-s{seed}")
+            if rd.summary_path.exists():
+                out.append(write_extract(rd))
+    return out
 
 
 def _label(cell: Cell) -> str:
@@ -134,11 +189,11 @@ def load(config: Path, results: Path) -> Workload:
         m = Method(_label(cell), cfg.evaluation, seeds)
         for seed in range(seeds):
             rd = RunDir(sweep / f"{cell.slug}-s{seed}")
-            if not rd.summary_path.exists():
+            if not rd.summary_path.exists() and not (rd.path / EXTRACT).exists():
                 m.missing.append(rd.path.name)
                 continue
             try:
-                run = rd.read_run()
+                run = read_run(rd)
             except ResultsError as e:
                 raise SystemExit(f"family report: {e}") from None
             if run["summary"].get("status") == "diverged":  # not where training ended
@@ -290,7 +345,12 @@ def main() -> None:
                     "config, in order (default: 90%% of FedAvg's final)")  # fmt: skip
     ap.add_argument("--out", type=Path, help="write family.md and family.png here")
     ap.add_argument("--into", type=Path, help="also fill the block of this file (RESULTS.md)")
+    ap.add_argument("--extract", action="store_true", help=f"first write {EXTRACT} beside every "
+                    "finished run's summary.json (committed where that is not)")  # fmt: skip
     args = ap.parse_args()
+    if args.extract:
+        written = [p for c in args.configs for p in extract(c, args.results)]
+        print(f"{EXTRACT} written for {len(written)} runs")
     works = [load(c, args.results) for c in args.configs]
     targets = args.target or []
     for i, work in enumerate(works):
