@@ -263,7 +263,8 @@ def table(work: Workload) -> str:
     lines += [row(m, work.target) for m in work.methods]
     missing = sum(len(m.missing) for m in work.methods)
     if missing:
-        lines += ["", f"In progress: {missing} of {sum(m.seeds for m in work.methods)} runs."]
+        total = sum(m.seeds for m in work.methods)
+        lines += ["", f"In progress: {total - missing} of {total} runs done, {missing} to go."]
     diverged = [d for m in work.methods for d in m.diverged]
     if diverged:
         lines += ["", f"Diverged, left out of the figures: {', '.join(diverged)}."]
