@@ -14,6 +14,11 @@ write once this process is gone. Killed with SIGTERM or SIGINT, this process sto
 started; killed with SIGKILL, the SuperLink it started dies with it (Linux: the parent-death
 signal) and takes its ServerApp along (Flower's own parent monitor), and the next ``fedbug run
 --resume`` on the folder ends whatever of that run is left before it starts.
+
+Flower's programs (``flower-superlink``, ``flwr``, and what the SuperLink starts in turn:
+:data:`PROGRAMS`) are found on ``PATH``, else beside this Python's interpreter (a virtualenv's
+``bin``, where pip put them): ``.venv/bin/fedbug run`` works without the virtualenv activated.
+They are looked up before the run folder is made; one missing is a :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Any
 
 from fedbug.core.process import die_with_parent
 from fedbug.errors import ConfigError, DivergenceError, FedbugError, ShortRoundError
-from fedbug.integrations.flower import require_flower
+from fedbug.integrations.flower import INSTALL_HINT, require_flower
 from fedbug.models import import_root, is_import_path
 from fedbug.results import RunDir, pid_alive
 
@@ -101,12 +106,56 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: the programs each Flower executor needs: those this process starts (the SuperLink, ``flwr``)
+#: and those Flower starts by name in turn (the SuperLink its SuperExec, which starts the
+#: simulation); each is looked up on :func:`flower_path`
+PROGRAMS: dict[str, tuple[str, ...]] = {
+    "flower-simulation": ("flower-superlink", "flwr", "flower-superexec", "flwr-simulation"),
+    "flower-deployment": ("flwr",),
+}
+
+
+def _interpreter_folder() -> str:
+    """The folder of this Python's interpreter, not resolved (a virtualenv's ``bin``)."""
+    return str(Path(sys.executable).parent) if sys.executable else ""
+
+
+def flower_path(path: str | None = None) -> str:
+    """The ``PATH`` of every Flower process fedbug starts: ``path`` (by default this process's),
+    then the folder of this Python's interpreter when ``path`` lacks it. A program on ``PATH``
+    comes first; a virtualenv's Flower is found without the virtualenv activated, by fedbug's
+    launch and by the SuperLink's own launches alike."""
+    path = os.environ.get("PATH", os.defpath) if path is None else path
+    parts = [p for p in path.split(os.pathsep) if p]
+    here = _interpreter_folder()
+    if here and here not in parts:
+        parts.append(here)
+    return os.pathsep.join(parts)
+
+
+def check_programs(executor: str, path: str | None = None) -> dict[str, str]:
+    """Where each program of ``executor`` (:data:`PROGRAMS`) is on ``path`` (by default
+    :func:`flower_path`); a missing one is one :class:`ConfigError` naming it and the fix."""
+    path = flower_path() if path is None else path
+    found = {name: shutil.which(name, path=path) for name in PROGRAMS.get(executor, ())}
+    missing = [name for name, where in found.items() if where is None]
+    if missing:
+        what = f"program {missing[0]}" if len(missing) == 1 else f"programs {', '.join(missing)}"
+        raise ConfigError(
+            f"executor {executor} needs the {what}, not found on PATH or beside this Python "
+            f"({_interpreter_folder()}); install flwr into this environment ({INSTALL_HINT}) "
+            "or activate its virtualenv"
+        )
+    return {name: str(where) for name, where in found.items()}
+
+
 def flower_env(
     home: Path, ray_tmp: Path | None = None, python_path: list[str] | None = None
 ) -> dict[str, str]:
     """The environment of every Flower process fedbug starts (``python_path`` before the
-    ``PYTHONPATH`` this process has)."""
+    ``PYTHONPATH`` this process has; ``PATH``: :func:`flower_path`)."""
     env = dict(os.environ)
+    env["PATH"] = flower_path()
     if python_path:
         env["PYTHONPATH"] = os.pathsep.join(
             [*python_path, *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -356,6 +405,7 @@ def run_on_flower(
     """Run ``cfg`` on Flower (its ``executor`` says simulation or deployment) writing
     ``run_dir``; return the run's summary (``summary.json``)."""
     require_flower(f"executor {cfg.executor}")
+    check_programs(cfg.executor)  # before the run folder: a missing program leaves none
     from fedbug.config import resolve
 
     cfg = resolve(cfg)
