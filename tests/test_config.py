@@ -9,10 +9,11 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from tiny import method_needs
 
 from fedbug.algorithms import ALGORITHMS
+from fedbug.algorithms.fedavg import FedAvg
 from fedbug.config import (
     BaseConfig,
     Config,
@@ -251,6 +252,110 @@ def test_invalid_overrides_raise_one_line_config_error(overrides, words):
     for w in words:
         assert w in msg, (w, msg)
     assert isinstance(exc.value, FedbugError) and exc.value.exit_code == 2
+
+
+FEDPART_KEYS = "rounds_per_unit, warmup, full_between, cycles, order, units_per_round"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # no key of the block is close: the block's own keys, not the block's name or a stranger
+        (["method=fedpart", "fedpart.bogus=1"], f"'fedpart.bogus'; fedpart takes: {FEDPART_KEYS}"),
+        (
+            ["method=slt", "slt.bogus=1"],
+            "'slt.bogus'; slt takes: constraint, configs, schedule, switch_rounds, eval",
+        ),
+        (
+            ["policy=apf", "apf.bogus=1"],
+            "'apf.bogus'; apf takes: ema_alpha, stable_threshold, tighten_at, random_freezing",
+        ),
+        # a typo of one of the block's keys: that key, alone
+        (
+            ["method=fedpart", "fedpart.rounds_per_units=2"],
+            "'fedpart.rounds_per_units'; did you mean 'fedpart.rounds_per_unit'?",
+        ),
+        # a key of another block, or of the top level, put in this one: that key, and this
+        # block's own
+        (
+            ["method=fedpart", "fedpart.mu=1"],
+            f"'fedpart.mu'; did you mean 'fedprox.mu'? fedpart takes: {FEDPART_KEYS}",
+        ),
+        (
+            ["method=fedpart", "fedpart.lr=0.1"],
+            f"'fedpart.lr'; did you mean 'lr'? fedpart takes: {FEDPART_KEYS}",
+        ),
+    ],
+)
+def test_an_unknown_key_in_a_block_names_the_blocks_keys(overrides, message):
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, overrides)
+    assert str(exc.value) == f"invalid config: unknown key {message}"
+
+
+class _ToyParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    alpha: float = 0.5
+    beta_steps: int = 3
+
+
+class _Toy(FedAvg):
+    name = "toy_opts"
+    params_cls = _ToyParams
+
+
+@pytest.fixture
+def toy_algorithm():
+    before = dict(ALGORITHMS._items)
+    ALGORITHMS.register(_Toy.name)(_Toy)
+    yield
+    ALGORITHMS._items.clear()
+    ALGORITHMS._items.update(before)
+
+
+def test_a_users_algorithm_block_names_its_keys_too(toy_algorithm):
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, ["algorithm=toy_opts", "toy_opts.gamma=1"])
+    assert (
+        str(exc.value)
+        == "invalid config: unknown key 'toy_opts.gamma'; toy_opts takes: alpha, beta_steps"
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, ["algorithm=toy_opts", "toy_opts.beta_step=1"])
+    assert str(exc.value).endswith("did you mean 'toy_opts.beta_steps'?")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["method=heterofl", "heterofl.rates=[1.5, 0.5]"],
+            "heterofl.rates: every heterofl rate must be in (0, 1]; got [1.5]",
+        ),
+        (
+            ["method=slt", "slt.configs=[[1.5, 0.1]]"],
+            "slt.configs: a width s must be in (0, 1]; got [1.5, 0.1]",
+        ),
+        (
+            ["method=slt", "slt.configs=[]"],
+            "slt.configs needs at least one [s, f] pair, e.g. [[0.5, 0.1]] (got [])",
+        ),
+        (
+            ["rounds=2.5"],
+            "rounds: Input should be a valid integer, got a number with a fractional part "
+            "(got 2.5)",
+        ),
+        (
+            ["rounds=abc"],
+            "rounds: Input should be a valid integer, unable to parse string as an "
+            "integer (got 'abc')",
+        ),
+    ],
+)
+def test_a_refused_value_names_its_key_and_value_once(overrides, message):
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, overrides)
+    assert str(exc.value) == f"invalid config: {message}"
 
 
 def test_name_with_equals_is_refused():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -45,21 +46,60 @@ KEY_ALIASES = {
 
 def closest_key(key: str) -> str | None:
     """The valid key an unknown dotted ``key`` most likely meant: a key of the same block close
-    to its last part (or a known alias of one), else a key of another block with that name."""
+    to its last part (or a known alias of one), else a key of another block with that name;
+    a key of no known block may also be close to a valid key as a whole."""
     keys = all_keys()
     prefix, _, last = key.rpartition(".")
-    prefix = f"{prefix}." if prefix else ""
-    siblings = [k[len(prefix) :] for k in keys if k.startswith(prefix)]
-    siblings = [k for k in siblings if "." not in k]
+    siblings = _block_keys(prefix)
     names = siblings + ([a for a in KEY_ALIASES if a not in siblings] if not prefix else [])
-    close = difflib.get_close_matches(last, names, n=1, cutoff=0.5)
+    # in a block, only a real likeness: 'bogus' is half of 'configs' by difflib's count
+    close = difflib.get_close_matches(last, names, n=1, cutoff=0.6 if prefix else 0.5)
+    dot = f"{prefix}." if prefix else ""
     if close:
-        return prefix + (close[0] if close[0] in siblings else KEY_ALIASES[close[0]])
+        return dot + (close[0] if close[0] in siblings else KEY_ALIASES[close[0]])
     elsewhere = [k for k in keys if k.rpartition(".")[2] == last]
     if elsewhere:
         return elsewhere[0]
+    if siblings and prefix:
+        return None  # a block's key is not its block's name, nor a key of a block named alike
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     return close[0] if close else None
+
+
+def _block_keys(block: str) -> list[str]:
+    """The keys of the options block ``block`` (dotted; "" for the top level) in the order its
+    class declares them; [] if there is no such block."""
+    dot = f"{block}." if block else ""
+    inner = [k[len(dot) :] for k in all_keys() if k.startswith(dot)]
+    return [k for k in inner if "." not in k]
+
+
+def _unknown_key(loc: str) -> str:
+    """One unknown key's part of the message: the key it meant where one is close, and a
+    block's keys where the key is in a block and is not a typo of one of them."""
+    close = closest_key(loc)
+    block = loc.rpartition(".")[0]
+    keys = _block_keys(block) if block else []
+    hints = [f"did you mean {close!r}?"] if close else []
+    if keys and not (close or "").startswith(f"{block}."):
+        hints.append(f"{block} takes: {', '.join(keys)}")
+    hint = " ".join(hints) or "see the README's config keys"
+    return f"unknown key {loc!r}; {hint}"
+
+
+def _given(msg: str, loc: str, given: Any, own: bool) -> str:
+    """A refused value's part of the message: the key, the reason and the value, each once.
+    A message that starts with its key keeps it; a validator's ``own`` message that says what
+    it got keeps that (pydantic's own messages, 'got a number with a fractional part', do not
+    show the value)."""
+    shown = repr(given) if not isinstance(given, dict) else "a mapping"
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    if not (own and re.search(r"\bgot\b", msg)):
+        msg = f"{msg} (got {shown})"
+    if re.match(rf"{re.escape(loc)}(?![\w.])", msg):
+        return msg
+    return f"{loc}: {msg}"
 
 
 def _format_error(err: ValidationError) -> str:
@@ -67,18 +107,14 @@ def _format_error(err: ValidationError) -> str:
     for e in err.errors():
         loc = printable(".".join(str(p) for p in e["loc"]))
         if e["type"] == "extra_forbidden":
-            close = closest_key(loc)
-            hint = f"; did you mean {close!r}?" if close else "; see the README's config keys"
-            parts.append(f"unknown key {loc!r}{hint}")
-        else:
-            msg = printable(e["msg"].removeprefix("Value error, "))
-            given = e.get("input")
-            shown = repr(given) if not isinstance(given, dict) else "a mapping"
-            if len(shown) > 60:
-                shown = shown[:57] + "..."
-            if e["type"] in _NUMBER_ERRORS and _is_nan(given):
-                msg = "not a number; give a number"  # nan fails every bound, so say why
-            parts.append(f"{loc}: {msg} (got {shown})" if loc else msg)
+            parts.append(_unknown_key(loc))
+            continue
+        msg = printable(e["msg"].removeprefix("Value error, "))
+        given = e.get("input")
+        if e["type"] in _NUMBER_ERRORS and _is_nan(given):
+            msg = "not a number; give a number"  # nan fails every bound, so say why
+        own = e["type"] in ("value_error", "assertion_error")  # a validator's own message
+        parts.append(_given(msg, loc, given, own) if loc else msg)
     return "invalid config: " + "; ".join(parts)
 
 
