@@ -358,6 +358,17 @@ def test_a_refused_value_names_its_key_and_value_once(overrides, message):
     assert str(exc.value) == f"invalid config: {message}"
 
 
+def test_an_unknown_method_lists_each_known_name_once():
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, ["method=nosuch"])
+    msg = str(exc.value)
+    assert msg.startswith("unknown method 'nosuch'; known: apf, cocofl, fedavg, ")
+    known = msg.split("; known: ")[1].split(", ")
+    assert known == sorted(set(known))
+    # each a preset and an algorithm: once each
+    assert {"fedrolex", "fjord", "heterofl", "local", "slt"} <= set(known)
+
+
 def test_name_with_equals_is_refused():
     with pytest.raises(ConfigError, match="name"):
         load_config(None, ["name=x=y"])

@@ -59,7 +59,7 @@ def apply_method(doc: dict[str, Any]) -> dict[str, Any]:
     elif method in ALGORITHMS:
         preset = {"algorithm": method}
     else:
-        raise ConfigError(_unknown("method", method, sorted([*PRESETS, *ALGORITHMS.names()])))
+        raise ConfigError(_unknown("method", method, sorted({*PRESETS, *ALGORITHMS.names()})))
     for key in DEFINING:
         if key in preset and doc.get(key) is not None and doc[key] != preset[key]:
             raise ConfigError(
