@@ -303,6 +303,15 @@ def test_config_refusals_name_the_key_and_the_fix(over, fix):
         _run_cfg(**over)
 
 
+def test_a_missing_system_block_is_refused_with_an_example_of_one():
+    with pytest.raises(ConfigError) as exc:
+        _run_cfg(system=None)
+    assert str(exc.value) == (
+        "invalid config: policy: cocofl needs a system: block (the devices whose limits choose "
+        "blocks), e.g. system: {abilities: uniform}"
+    )
+
+
 @pytest.mark.parametrize(
     "bad", [{"data": 0.0}, {"data": [0.9, 0.5]}, {"memory": 1.5}, {"deadline": -1.0}]
 )

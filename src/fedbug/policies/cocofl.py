@@ -161,7 +161,10 @@ class CoCoFL(FreezePolicy):
     @classmethod
     def check_config(cls, cfg: Any) -> str | None:
         if cfg.system is None:
-            return "policy: cocofl needs a system: block (the devices whose limits choose blocks)"
+            return (
+                "policy: cocofl needs a system: block (the devices whose limits choose blocks), "
+                "e.g. system: {abilities: uniform}"
+            )
         if cfg.system.cost != "flops":
             return "policy: cocofl counts each block's FLOPs; set system.cost: flops"
         if cfg.upload != "partial":
