@@ -314,7 +314,7 @@ def test_subprocess_bad_key_exit_code_and_one_line_stderr(tmp_path):
     cfg = write_config(tmp_path)
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "fedbug.cli", "run", str(cfg), "--out", str(out), "-s", "lrr=1"],
+        [sys.executable, "-m", "fedbug", "run", str(cfg), "--out", str(out), "-s", "lrr=1"],
         capture_output=True,
         text=True,
         timeout=120,

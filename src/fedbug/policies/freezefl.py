@@ -137,7 +137,10 @@ class FreezeFL(FreezePolicy):
     @classmethod
     def check_config(cls, cfg: Any) -> str | None:
         if cfg.system is None:
-            return "policy: freezefl needs a system: block (the simulated devices)"
+            return (
+                "policy: freezefl needs a system: block (the simulated devices), e.g. "
+                "system: {abilities: uniform}"
+            )
         return None
 
     # -- client half ---------------------------------------------------------------------
