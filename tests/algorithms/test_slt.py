@@ -399,6 +399,84 @@ def test_a_constraint_no_configuration_fits_is_refused_naming_the_key():
         run_experiment(_cfg(slt={"constraint": 0.5}, rounds=1))
 
 
+def _fit_at(model, constraint, rule):
+    """auto_configs' configurations for ``model`` (a build_model name) under ``rule``, or its
+    refusal."""
+    alg = SLT(params=SLTParams(constraint=constraint))
+    shape, classifier = {"mlp": ((64,), "classifier"), "digits_cnn": ((1, 8, 8), "fc3")}[model]
+    alg.wrap_model(build_model(model, shape, 10, 0), classifier)
+    try:
+        return auto_configs(alg, rule)
+    except ConfigError as e:
+        return str(e)
+
+
+def test_the_refusal_names_the_smallest_constraint_that_fits_by_hand():
+    """The MLP (64 -> 64 -> 32 -> 10; one configuration, T = 1) at batch 16, in 8-byte words:
+    a width-c model keeping k0 = int(64 c), k1 = int(32 c) rows costs its float32 weights
+    and their gradients (plain SGD), 65 k0 + k0 k1 + 11 k1 + 10 words, and the activations
+    saved on the two examples, 8 times over: the linear layers' inputs, the ReLUs' outputs, the
+    log-softmax (4 bytes x 2 x (64 + k0 + k1 + 10)) and the loss's 20 bytes: 8 (74 + k0 + k1)
+    + 20 words. The narrowest step, hidden.0 full and hidden.1 one row (k0 = 64, k1 = 1):
+    4245 + 1132 = 5377. 0.719 keeps 46 and 23 rows: 4853 + 622 = 5475 >= 5377; 0.718 keeps 45
+    and 22: 4693 + 622 = 5315 < 5377 (the slow test below runs auto_configs at such edges). A
+    smaller batch never fits: the step's weights and its activations a sample both outgrow
+    the width-0.5 model's."""
+    rule = MemoryRule(torch.randn(2, 64), torch.tensor([0, 1]), 16, 0)
+    msg = _fit_at("mlp", 0.5, rule)
+    assert "raise slt.constraint to at least 0.719 (for this model at batch_size 16), or " in msg
+    assert "batch_size to" not in msg and msg.endswith("give slt.configs as [[s, f], ...]")
+    alg = SLT(params=SLTParams(constraint=0.5))
+    alg.wrap_model(build_model("mlp", (64,), 10, 0), "classifier")
+    words = [rule_memory(alg, key, rule) / 8 for key in [(0.001, 1), (0.719, 0), (0.718, 0)]]
+    assert words == [5377, 5475, 5315]
+
+
+@pytest.mark.slow
+def test_digits_cnns_smallest_constraint_and_largest_batch_are_the_edges_of_what_fits():
+    """digits_cnn (the CLI test's message): at batch 50, 0.594 fits and 0.593 does not; at
+    0.5, batch 21 fits and 22 does not (each auto_configs run a few seconds)."""
+    x, y = torch.randn(2, 1, 8, 8), torch.tensor([0, 1])
+    at50, at21, at22 = (MemoryRule(x, y, b, 0) for b in (50, 21, 22))
+    assert isinstance(_fit_at("digits_cnn", 0.594, at50), list)
+    assert "at least 0.594" in _fit_at("digits_cnn", 0.593, at50)
+    assert isinstance(_fit_at("digits_cnn", 0.5, at21), list)
+    assert "lower batch_size to 21 or less" in _fit_at("digits_cnn", 0.5, at22)
+
+
+@pytest.mark.parametrize(
+    "slt_block",
+    [
+        {"constraint": 0.5},  # no configuration fits
+        {"constraint": 0.75, "schedule": "rounds", "switch_rounds": [2, 3]},  # auto gives one
+    ],
+)
+def test_a_refusal_of_the_computed_configs_leaves_no_run_folder(tmp_path, slt_block):
+    """Refused when the run is built, before its folder is written: the same call refused
+    again (not told the folder holds a run)."""
+    cfg = _cfg(slt=slt_block, rounds=2, system=None, count_flops=False)
+    for _ in range(2):
+        with pytest.raises(ConfigError, match=r"^slt\."):
+            run_experiment(cfg, tmp_path / "out" / "run")
+        assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_refuses_the_demos_constraint_naming_what_fits_writing_nothing(tmp_path, capsys):
+    """digits_cnn at batch 50: 0.5 is refused before anything is written, naming 0.594 (every
+    j / 1000 scanned: the smallest whose width-j model holds the costliest narrowest step) and
+    batch 21 (the edges checked by the slow test above)."""
+    flags = [f for s in ["algorithm=slt", "rounds=1", "slt.constraint=0.5"] for f in ("-s", s)]
+    for _ in range(2):  # again: the same refusal, not "already holds a run"
+        rc = main(["run", str(DEMO), *flags, "--out", str(tmp_path / "out"), "--quiet"])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1, lines
+        assert lines[0].endswith(
+            "raise slt.constraint to at least 0.594 (for this model at batch_size 50), or lower "
+            "batch_size to 21 or less, or give slt.configs as [[s, f], ...]"
+        )
+        assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("sets", "words"),
     [

@@ -256,6 +256,13 @@ class Algorithm:
         Fjord: its width). ``system``: the simulated devices, or None."""
         return {}
 
+    def setup_run(self, cfg: BaseConfig, example: Tensor) -> None:
+        """Called once the model is built and cut into units (``cfg``: the run's config;
+        ``example``: the prepared batch the units were traced on), wherever a run's clients
+        are built and before a run folder is written: compute what needs the model and the
+        config together, refusing (ConfigError) what cannot run. Nothing by default."""
+        return None
+
     def setup_system(
         self, system: SystemModel, model: nn.Module, x: Tensor, y: Tensor
     ) -> dict[str, Any]:

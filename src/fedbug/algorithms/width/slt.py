@@ -44,7 +44,11 @@ Options (the ``slt:`` block); the defaults are the authors' code, k1l1/SLT at ``
   saves more activations than the whole width-0.125 model), where the code's count admits one.
   ``auto`` counts on the example batch the engine traces the model's units on (or the one
   ``setup_system`` gives, with a ``system:`` block); its cost is a few dozen forward and
-  backward passes of narrow networks, once per process (ResNet20: 20-90 s on 2 busy cores).
+  backward passes of narrow networks, once per process (ResNet20: 20-90 s on 2 busy cores),
+  as the run is built (``setup_run``): a constraint no configuration fits is refused before a
+  run folder is written, naming the smallest constraint that fits at the run's batch size
+  (digits_cnn at batch 50: 0.594, plain SGD) and, where one does, the largest batch size at
+  which the constraint given fits.
 - ``schedule``: ``code`` (``algorithms/slt.py``: ``int(s_1 N)`` rounds of pretraining, then each
   stage as many rounds, of the N - pretraining left, as its share of the bytes the stages train,
   their frozen layers left out: ``ends = int(cumsum(b) / sum(b) * (N - pre)) + pre``) or
@@ -78,11 +82,12 @@ from fedbug.algorithms.base import ALGORITHMS, Params, ServerStep
 from fedbug.algorithms.fjord.od import flat_mask
 from fedbug.algorithms.width import planner
 from fedbug.algorithms.width.base import WidthAlgorithm, WidthClient
-from fedbug.core.flops import training_cost
+from fedbug.core.flops import optimizer_state_copies, training_cost
 from fedbug.core.units import ParamSpace
 from fedbug.errors import ConfigError
 
 if TYPE_CHECKING:
+    from fedbug.config import BaseConfig
     from fedbug.core.protocol import ClientResult, ClientTask
     from fedbug.engine.client import ClientRuntime
     from fedbug.system import SystemModel
@@ -371,6 +376,20 @@ class SLT(WidthAlgorithm):
             )
         return wrapped
 
+    def setup_run(self, cfg: BaseConfig, example: Tensor) -> None:
+        """The configurations (``auto``: counted on ``example`` at the run's batch size and
+        optimiser) and the run's stages, computed as the run is built: a constraint no
+        configuration fits, or ``switch_rounds`` not one per computed configuration, is refused
+        before a run folder is written."""
+        rule = None
+        if self.params.configs == "auto":
+            x = example[:2].detach().cpu().clone()
+            y = torch.zeros(len(x), dtype=torch.long)  # memory counts depend on shapes only
+            copies = optimizer_state_copies(cfg.optimizer, cfg.momentum)
+            rule = MemoryRule(x, y, cfg.batch_size, copies)
+        self.configurations(rule)
+        self.stage_ends(cfg.rounds)
+
     def setup_system(self, system: SystemModel, model: nn.Module, x: Tensor, y: Tensor) -> dict:
         """Keep the example batch (``configs: auto`` counts memory on it); no figures."""
         self._example = x[:2].detach().cpu().clone()
@@ -530,13 +549,20 @@ def rule_memory(alg: SLT, key: Config, rule: MemoryRule) -> int:
     """Bytes of one training step of configuration ``key``: the sub-model's weights, the
     activations saved (counted on the example, scaled to the batch size), the trained
     parameters' gradients and optimiser state."""
+    fixed, saved = memory_parts(alg, key, rule)
+    return fixed + saved * rule.batch_size // len(rule.y)
+
+
+def memory_parts(alg: SLT, key: Config, rule: MemoryRule) -> tuple[int, int]:
+    """:func:`rule_memory` in two parts: the bytes the batch size leaves as they are (weights,
+    the trained parameters' gradients and optimiser state), the activations saved on the
+    example batch (``rule.x``)."""
     net = alg.narrow_network(alg.inner, key)  # type: ignore[arg-type]
     frozen = alg.frozen(key)
     on = [n for n, _ in net.named_parameters() if layer_of(n) not in frozen]
     cost = training_cost(net, on, rule.x, rule.y, alg.loss)
     weights = sum(p.numel() * p.element_size() for p in net.parameters())
-    activations = cost.activations * rule.batch_size // len(rule.y)
-    return weights + activations + cost.trained * (1 + rule.state_copies)
+    return weights + cost.trained * (1 + rule.state_copies), cost.activations
 
 
 def auto_configs(alg: SLT, rule: MemoryRule) -> list[Config]:
@@ -564,8 +590,7 @@ def auto_configs(alg: SLT, rule: MemoryRule) -> list[Config]:
             raise ConfigError(
                 f"slt.constraint: {c}: no configuration fits: training {names[full - 1]} at "
                 "full width (the layers before it frozen, those after it at one channel) needs "
-                f"more memory than the width-{c} model; raise slt.constraint or give "
-                "slt.configs as [[s, f], ...]"
+                f"more memory than the width-{c} model; {what_fits(alg, rule)}"
             )
         best[full] = top = found
     out: list[Config] = []
@@ -574,6 +599,51 @@ def auto_configs(alg: SLT, rule: MemoryRule) -> list[Config]:
         if best[full] == 1000:
             break
     return out
+
+
+def what_fits(alg: SLT, rule: MemoryRule) -> str:
+    """The fixes of a constraint no configuration fits: the smallest constraint on the 0.001
+    grid that fits at the run's batch size (its width-c model holding every T's narrowest
+    step, one channel a step after T: the configurations ``auto`` tries last), and the largest
+    smaller batch size at which the constraint given fits (where the steps save more
+    activations a sample than the width-c model)."""
+    c, b, m = alg.params.constraint, rule.batch_size, len(rule.y)
+    n = len(alg.steps.names)  # type: ignore[union-attr]
+    steps = [memory_parts(alg, (0.001, full), rule) for full in range(1, n)]
+
+    def need(batch: int) -> int:
+        return max(fixed + saved * batch // m for fixed, saved in steps)
+
+    fixed, saved = memory_parts(alg, (c, 0), rule)
+    batch = next((k for k in range(b - 1, 0, -1) if need(k) <= fixed + saved * k // m), None)
+    fixes = [f"lower batch_size to {batch} or less"] if batch else []
+    fixes.append("give slt.configs as [[s, f], ...]")
+    least = _least_constraint(alg, rule, need(b))
+    if least is None:
+        return f"no slt.constraint fits this model at batch_size {b}; " + ", or ".join(fixes)
+    raised = f"raise slt.constraint to at least {least:g} (for this model at batch_size {b})"
+    return ", or ".join([raised, *fixes])
+
+
+def _least_constraint(alg: SLT, rule: MemoryRule, need: int) -> float | None:
+    """The smallest c = j / 1000 above the constraint whose width-c model's memory is at
+    least ``need`` (None if not the whole model's): the smallest j of each set of kept
+    channels searched by halving, the memory growing with c."""
+    sizes, above = _sizes(alg), int(alg.params.constraint * 1000)
+    firsts: dict[tuple[int, ...], int] = {}
+    for j in range(1000, above, -1):
+        firsts[tuple(kept_channels(j / 1000, k) for k in sizes)] = j
+    cands = sorted(firsts.values())
+    if not cands or rule_memory(alg, (cands[-1] / 1000, 0), rule) < need:
+        return None
+    lo, hi = 0, len(cands) - 1  # the answer is in lo..hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if rule_memory(alg, (cands[mid] / 1000, 0), rule) >= need:
+            hi = mid
+        else:
+            lo = mid + 1
+    return cands[lo] / 1000
 
 
 def _candidates(sizes: Sequence[int], top: int) -> list[int]:
