@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, ValidationError
-from tiny import method_needs
+from tiny import method_needs, registries_restored
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.algorithms.fedavg import FedAvg
@@ -306,11 +306,9 @@ class _Toy(FedAvg):
 
 @pytest.fixture
 def toy_algorithm():
-    before = dict(ALGORITHMS._items)
-    ALGORITHMS.register(_Toy.name)(_Toy)
-    yield
-    ALGORITHMS._items.clear()
-    ALGORITHMS._items.update(before)
+    with registries_restored(ALGORITHMS):
+        ALGORITHMS.register(_Toy.name)(_Toy)
+        yield
 
 
 def test_a_users_algorithm_block_names_its_keys_too(toy_algorithm):

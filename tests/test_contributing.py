@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from tiny import registries_restored
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.policies import POLICIES
@@ -16,12 +17,8 @@ GUIDE = Path(__file__).resolve().parents[1] / "CONTRIBUTING.md"
 
 @pytest.fixture
 def clean_registries():
-    before = (dict(ALGORITHMS._items), dict(POLICIES._items))
-    yield
-    ALGORITHMS._items.clear()
-    ALGORITHMS._items.update(before[0])
-    POLICIES._items.clear()
-    POLICIES._items.update(before[1])
+    with registries_restored(ALGORITHMS, POLICIES):
+        yield
 
 
 def test_guide_examples_run(clean_registries):

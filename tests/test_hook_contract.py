@@ -15,7 +15,7 @@ import re
 
 import pytest
 import torch
-from tiny import TwoLayer, data, task
+from tiny import TwoLayer, data, registries_restored, task
 
 import fedbug
 from fedbug.algorithms import ALGORITHMS, Algorithm, ClientSession, LocalCtx
@@ -44,11 +44,9 @@ class CountRounds(FedAvg):
 @pytest.fixture
 def count_rounds():
     SEEN.clear()
-    before = dict(ALGORITHMS._items)
-    ALGORITHMS.register(CountRounds.name)(CountRounds)
-    yield
-    ALGORITHMS._items.clear()
-    ALGORITHMS._items.update(before)
+    with registries_restored(ALGORITHMS):
+        ALGORITHMS.register(CountRounds.name)(CountRounds)
+        yield
 
 
 def test_state_returned_without_a_flag_is_kept_between_rounds(count_rounds):

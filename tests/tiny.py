@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -165,3 +166,16 @@ TIMING = frozenset({"time_train", "time_eval", "wall_time", "crc"})
 def without_timing(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Round records (or metrics.jsonl lines) less their :data:`TIMING` keys."""
     return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+@contextmanager
+def registries_restored(*registries: Any) -> Iterator[None]:
+    """What a test registers inside the block (a toy algorithm or policy) is taken out again:
+    each registry as it was before."""
+    before = [dict(r._items) for r in registries]
+    try:
+        yield
+    finally:
+        for registry, items in zip(registries, before):
+            registry._items.clear()
+            registry._items.update(items)
