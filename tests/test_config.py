@@ -623,3 +623,21 @@ def test_a_method_fills_what_the_config_leaves_and_refuses_a_disagreeing_method_
         load_config(None, ["algorithm=fedavg", "method=heterofl"])
     with pytest.raises(ConfigError, match="method: fedpart sets policy: fedpart"):
         load_config(None, ["policy=bottom_up", "method=fedpart"])
+
+
+def test_a_method_on_the_command_line_replaces_the_files_choice_of_method(tmp_path):
+    """``-s method=X`` on a config that runs another method runs X as its preset says (any
+    ``-s`` wins over the file); what the command line sets beside it composes with it."""
+    path = tmp_path / "c.yaml"
+    path.write_text("dataset: digits\nalgorithm: feddyn\npolicy: fixed_head\n"
+                    "selection: uniform\nclients_per_round: 2\nlr: 0.05\n")  # fmt: skip
+    cfg = load_config(path, ["method=fedpart"])
+    assert (cfg.policy, cfg.algorithm, cfg.upload, cfg.lr) == ("fedpart", "fedavg", "partial", 0.05)
+    cfg = load_config(path, ["method=slt"])
+    assert (cfg.policy, cfg.algorithm, cfg.weighting) == ("none", "slt", "uniform")
+    cfg = load_config(path, ["method=slt", "policy=bottom_up"])
+    assert (cfg.policy, cfg.algorithm) == ("bottom_up", "slt")
+    assert load_config(path).algorithm == "feddyn"  # no method given: the file as it is
+    path.write_text("dataset: digits\nmethod: fedpart\npolicy: bottom_up\n")
+    with pytest.raises(ConfigError, match="method: fedpart sets policy: fedpart"):
+        load_config(path)  # the file disagreeing with itself

@@ -116,8 +116,7 @@ def ran_for(took: float, rounds: float) -> str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fedbug.config import load_config, read_config_doc, set_dotted
-    from fedbug.config import parse_override as parse_set
+    from fedbug.config import load_config, read_config_doc, with_overrides
     from fedbug.data import check_present
     from fedbug.results import check_writable
     from fedbug.sweeps.sweep import (
@@ -141,9 +140,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 "CPUs (the config's threads, else 1) and the cluster runs as many as fit"
             )
         require_ray()
-    doc = read_config_doc(args.config)
-    for text in [*data_dir_override(args), *args.set]:
-        set_dotted(doc, *parse_set(text))
+    doc = with_overrides(read_config_doc(args.config), [*data_dir_override(args), *args.set])
     given = doc.get("grid") or {}
     if args.grid and isinstance(given, dict):  # -g joins the grid before the base is checked
         doc["grid"] = {**given, **dict(parse_grid_arg(text) for text in args.grid)}

@@ -34,6 +34,7 @@ from fedbug.config.loading import (
     resolve,
     set_dotted,
     validate,
+    with_overrides,
 )
 from fedbug.config.presets import PRESETS, apply_method, grid_blocks
 from fedbug.config.schema import BaseConfig, Config, all_keys, config_class
@@ -61,6 +62,7 @@ __all__ = [
     "read_config_doc",
     "resolve",
     "set_dotted",
+    "with_overrides",
     "validate",
 ]
 

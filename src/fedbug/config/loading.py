@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from fedbug.config.compat import blocks_used_elsewhere
 from fedbug.config.limits import MAX_CONFIG_BYTES, _check_size, check_yaml_size, printable
-from fedbug.config.presets import apply_method, grid_blocks
+from fedbug.config.presets import apply_method, grid_blocks, method_over_file
 from fedbug.config.schema import BaseConfig, all_keys, config_class
 from fedbug.errors import ConfigError
 
@@ -226,12 +226,24 @@ def _safe_name(stem: str) -> str:
 def load_config(
     path: str | Path | None, overrides: list[str] | None = None, doc: dict | None = None
 ) -> BaseConfig:
-    """Read a YAML config (or start from ``doc``), apply ``key=value`` overrides, validate."""
+    """Read a YAML config (or start from ``doc``), apply ``key=value`` overrides, validate. A
+    ``method=`` override replaces the file's own algorithm, policy, schedule and selection
+    (:func:`~fedbug.config.presets.method_over_file`)."""
     data = read_config_doc(path) if path is not None else dict(doc or {})
-    for text in overrides or []:
-        key, value = parse_override(text)
-        set_dotted(data, key, value)
-    return validate(data)
+    return validate(with_overrides(data, overrides or []))
+
+
+def with_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``doc`` with the ``key=value`` overrides set (``-s``); a ``method=`` among them replaces
+    the document's own algorithm, policy, schedule and selection but for those the overrides
+    set too (:func:`~fedbug.config.presets.method_over_file`)."""
+    pairs = [parse_override(text) for text in overrides]
+    given = {key for key, _ in pairs}
+    if "method" in given:  # the command line's method replaces the file's choice of one
+        doc = method_over_file(doc, given)
+    for key, value in pairs:
+        set_dotted(doc, key, value)
+    return doc
 
 
 def resolve(cfg: BaseConfig) -> BaseConfig:

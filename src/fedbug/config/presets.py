@@ -74,6 +74,16 @@ def apply_method(doc: dict[str, Any]) -> dict[str, Any]:
 DEFINING = ("algorithm", "policy", "schedule", "selection")
 
 
+def method_over_file(doc: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """``doc`` (a config file's) without the keys that say which method runs (:data:`DEFINING`)
+    when a ``method`` is given on the command line, but for those the command line sets too:
+    ``-s method=slt`` on a config that runs FedAvg with ``policy: bottom_up`` runs SLT as its
+    preset says, as any ``-s`` wins over the file; ``-s method=slt -s policy=bottom_up``
+    composes the two. The rest of the file (options blocks, ``system:``) stays."""
+    drop = {k for k in DEFINING if k not in given}
+    return {k: v for k, v in doc.items() if k not in drop}
+
+
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
