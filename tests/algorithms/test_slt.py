@@ -371,6 +371,16 @@ def test_auto_configs_through_the_engine_from_the_traced_example():
         assert rec["bytes_up"] == 3 * exp.algorithm.trained_bytes(key)
 
 
+def test_auto_configs_with_the_units_listed_run_as_with_them_traced():
+    """Listed units (``units:`` or ``fedbug_units()``) leave the model untraced, so its clients
+    have no example of their own: the configurations setup_run computed as the run was built
+    serve them, and the run is the one with the same units traced."""
+    kw = dict(slt={"constraint": 0.75}, rounds=2, system=None, count_flops=False)
+    traced = without_timing(run_experiment(_cfg(**kw)).records)
+    listed = _cfg(**kw, units=[["hidden.0"], ["hidden.1"], ["classifier"]])
+    assert without_timing(run_experiment(listed).records) == traced
+
+
 # -- refusals ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("override", "needle"),

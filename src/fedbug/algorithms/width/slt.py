@@ -476,7 +476,9 @@ class SLT(WidthAlgorithm):
     ) -> SLTClient:
         if runtime is None:
             raise ValueError("slt: a client session needs the worker's runtime")
-        configs = self.configurations(self.memory_rule(runtime))
+        if self._configs is None:  # computed by setup_run where the engine built the run
+            self.configurations(self.memory_rule(runtime))
+        configs = self.configurations()
         stage = stage_of(task.round, self.stage_ends(task.rounds))
         key = configs[stage]
         frozen = self.frozen_units(runtime.space, key)
