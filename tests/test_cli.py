@@ -310,6 +310,15 @@ def test_no_command_or_config_is_a_usage_error(capsys):
 # -- the real process: exit code and stderr ---------------------------------------------------
 
 
+def test_importing_fedbug_main_runs_no_command():
+    """``python -m fedbug`` runs the command (below); importing ``fedbug.__main__``, as
+    ``hasattr(fedbug, "__main__")`` does through the package's lazy attributes, runs none."""
+    import fedbug
+
+    sys.modules.pop("fedbug.__main__", None)
+    assert hasattr(fedbug, "__main__") and fedbug.__main__.main is main
+
+
 def test_subprocess_bad_key_exit_code_and_one_line_stderr(tmp_path):
     cfg = write_config(tmp_path)
     out = tmp_path / "out"

@@ -2,4 +2,5 @@
 
 from fedbug.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # imported (hasattr(fedbug, "__main__"), a doc tool), it runs nothing
+    raise SystemExit(main())
