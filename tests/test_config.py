@@ -638,6 +638,18 @@ def test_a_method_on_the_command_line_replaces_the_files_choice_of_method(tmp_pa
     cfg = load_config(path, ["method=slt", "policy=bottom_up"])
     assert (cfg.policy, cfg.algorithm) == ("bottom_up", "slt")
     assert load_config(path).algorithm == "feddyn"  # no method given: the file as it is
+    # the options blocks of what no longer runs go too; those the command line sets stay
+    path.write_text("dataset: digits\npolicy: bottom_up\nbottom_up: {gu_ratio: 0.3}\n"
+                    "method: freezefl\nreputation: {warm_restart: 2}\nsystem: {}\n")  # fmt: skip
+    cfg = load_config(path, ["method=slt", "clients_per_round=2"])
+    assert (cfg.policy, cfg.algorithm, cfg.resolved_selection()) == ("none", "slt", "uniform")
+    assert cfg.system is not None  # not a method's block: kept
+    cfg = load_config(path, ["method=slt", "policy=bottom_up", "clients_per_round=2"])
+    assert cfg.options("bottom_up").gu_ratio == 0.3
+    cfg = load_config(path, ["method=freezefl", "clients_per_round=2"])
+    assert cfg.options("reputation").warm_restart == 2
+    path.write_text("dataset: digits\nalgorithm: fedprox\nfedprox: {mu: 0.5}\n")
+    assert load_config(path, ["method=null"]).options("fedprox").mu == 0.5  # not a name
     path.write_text("dataset: digits\nmethod: fedpart\npolicy: bottom_up\n")
     with pytest.raises(ConfigError, match="method: fedpart sets policy: fedpart"):
         load_config(path)  # the file disagreeing with itself

@@ -51,7 +51,8 @@ def _kept(run: dict[str, Any]) -> list[dict[str, Any]]:
     """The run's records of the rounds its committed curve keeps (every ``EVERY``-th and the
     last): the figures drawn from a curve are then the same from a clone as beside the full one."""
     last = run["records"][-1]["round"] if run["records"] else 0
-    return [rec for rec in run["records"] if rec["round"] % EVERY == 0 or rec["round"] == last]
+    every = (run.get("thinned") or {}).get("every", EVERY)  # a thinned curve's own, else ours
+    return [rec for rec in run["records"] if rec["round"] % every == 0 or rec["round"] == last]
 
 
 @dataclass

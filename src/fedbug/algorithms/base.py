@@ -258,9 +258,12 @@ class Algorithm:
 
     def setup_run(self, cfg: BaseConfig, example: Tensor) -> None:
         """Called once the model is built and cut into units (``cfg``: the run's config;
-        ``example``: the prepared batch the units were traced on), wherever a run's clients
-        are built and before a run folder is written: compute what needs the model and the
-        config together, refusing (ConfigError) what cannot run. Nothing by default."""
+        ``example``: a prepared batch of the data), wherever a run's clients are built: compute
+        what needs the model and the config together, refusing (ConfigError) what cannot run.
+        In-process executors (sequential, cohort, processes) build the run before its folder
+        is written, so such a refusal writes nothing; on Flower the ServerApp builds it after
+        the folder exists, and the refusal ends the run as failed (its log names it). Nothing
+        by default."""
         return None
 
     def setup_system(

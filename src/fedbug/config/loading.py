@@ -238,7 +238,7 @@ def with_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     the document's own algorithm, policy, schedule and selection but for those the overrides
     set too (:func:`~fedbug.config.presets.method_over_file`)."""
     pairs = [parse_override(text) for text in overrides]
-    given = {key for key, _ in pairs}
+    given = dict(pairs)
     if "method" in given:  # the command line's method replaces the file's choice of one
         doc = method_over_file(doc, given)
     for key, value in pairs:

@@ -74,13 +74,24 @@ def apply_method(doc: dict[str, Any]) -> dict[str, Any]:
 DEFINING = ("algorithm", "policy", "schedule", "selection")
 
 
-def method_over_file(doc: dict[str, Any], given: set[str]) -> dict[str, Any]:
-    """``doc`` (a config file's) without the keys that say which method runs (:data:`DEFINING`)
-    when a ``method`` is given on the command line, but for those the command line sets too:
-    ``-s method=slt`` on a config that runs FedAvg with ``policy: bottom_up`` runs SLT as its
-    preset says, as any ``-s`` wins over the file; ``-s method=slt -s policy=bottom_up``
-    composes the two. The rest of the file (options blocks, ``system:``) stays."""
+def method_over_file(doc: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (a config file's) as a ``method`` given on the command line (``given``: the
+    ``-s`` overrides) replaces the file's choice of method: the keys that say which method runs
+    (:data:`DEFINING`) and the options blocks of the methods that then no longer run are
+    dropped, but for those the command line sets itself, and the blocks of the methods the file's
+    ``grid:`` names. ``-s method=slt`` on a config that runs FedBug (``policy: bottom_up`` and
+    its ``bottom_up:`` block) runs SLT as its preset says, as any ``-s`` wins over the file;
+    ``-s method=slt -s policy=bottom_up`` composes the two with the file's block. The rest of
+    the file (``system:``, ``dp:``, ...) stays. A method that is not a name drops nothing."""
+    method = given.get("method")
+    if not isinstance(method, str):
+        return doc
+    preset = PRESETS.get(method, {"algorithm": method})
+    runs = {given.get(k, preset.get(k)) for k in DEFINING} | set(preset)
+    kept = runs | grid_blocks(doc.get("grid") or {})
+    touched = {k.split(".")[0] for k in given}
     drop = {k for k in DEFINING if k not in given}
+    drop |= {b for b in owners() if b not in kept and b not in touched}
     return {k: v for k, v in doc.items() if k not in drop}
 
 

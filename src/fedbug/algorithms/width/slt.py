@@ -42,13 +42,13 @@ Options (the ``slt:`` block); the defaults are the authors' code, k1l1/SLT at ``
   0.499, 0.531, 0.593, 0.656, 0.749, 0.859, 1 for T = 1..8; the code's table 0.47 .. 1) and at
   0.25 (to T = 13, the code's to 12), while at 0.125 none fits (layer2.0.conv2 at full width
   saves more activations than the whole width-0.125 model), where the code's count admits one.
-  ``auto`` counts on the example batch the engine traces the model's units on (or the one
-  ``setup_system`` gives, with a ``system:`` block); its cost is a few dozen forward and
-  backward passes of narrow networks, once per process (ResNet20: 20-90 s on 2 busy cores),
-  as the run is built (``setup_run``): a constraint no configuration fits is refused before a
-  run folder is written, naming the smallest constraint that fits at the run's batch size
-  (digits_cnn at batch 50: 0.594, plain SGD) and, where one does, the largest batch size at
-  which the constraint given fits.
+  ``auto`` counts on the example batch the engine gives ``setup_run`` (traced or not); its cost
+  is a few dozen forward and backward passes of narrow networks, once per process (ResNet20:
+  20-90 s on 2 busy cores), as the run is built (``setup_run``): a constraint no configuration
+  fits is refused before a run folder is written (in-process executors; on Flower the run fails
+  with it), naming the smallest constraint that fits at the run's batch size (digits_cnn at
+  batch 50: 0.594, plain SGD) and, where one does, the largest batch size at which the
+  constraint given fits.
 - ``schedule``: ``code`` (``algorithms/slt.py``: ``int(s_1 N)`` rounds of pretraining, then each
   stage as many rounds, of the N - pretraining left, as its share of the bytes the stages train,
   their frozen layers left out: ``ends = int(cumsum(b) / sum(b) * (N - pre)) + pre``) or
