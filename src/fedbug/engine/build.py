@@ -56,8 +56,9 @@ class Parts:
 
 def build_parts(cfg: BaseConfig, algorithm: Algorithm, model: nn.Module, example: Tensor) -> Parts:
     """Wrap ``model`` for ``algorithm``, cut it into units on the prepared batch ``example``,
-    lay them out, set the algorithm up on the layout, and build the config's freeze policy and
-    round schedule on it. ``model`` becomes part of the template: pass a copy to keep it."""
+    lay them out, set the algorithm up on the layout and the run (``setup_run``), and build the
+    config's freeze policy and round schedule on it. ``model`` becomes part of the template:
+    pass a copy to keep it."""
     blocks = cfg.units == "blocks" or (cfg.units is None and cfg.adapters is not None)
     if blocks:  # embedding, each repeated block, head (fedbug.core.blocks)
         listed: UnitNames | None = block_units(model, example)
@@ -79,6 +80,7 @@ def build_parts(cfg: BaseConfig, algorithm: Algorithm, model: nn.Module, example
         units, head_units(cfg, algorithm, own), sublayers, algorithm.extra_modules
     )
     algorithm.setup(layout)
+    algorithm.setup_run(cfg, example)  # its refusals come before any run folder
     policy, schedule = build_freezing(cfg, layout)
     return Parts(
         classifier,

@@ -151,7 +151,6 @@ class ClientSide:
         # freeze policies see the model's own units, not those an algorithm adds (as the client)
         self.policy_units = parts.policy_units
         self.policy = parts.policy  # with FedSeq's round schedule, where there is one
-        self.algorithm.setup_run(cfg, example)  # its refusals come before any run folder
         self.settings = TrainSettings(
             local_epochs=cfg.local_epochs,
             local_steps=cfg.local_steps,

@@ -331,6 +331,13 @@ class MemoryRule:
     batch_size: int
     state_copies: int
 
+    @classmethod
+    def on(cls, example: Tensor, batch_size: int, state_copies: int) -> MemoryRule:
+        """The rule on the example's first two samples (labels zero: memory counts depend on
+        shapes only)."""
+        x = example[:2].detach().cpu().clone()
+        return cls(x, torch.zeros(len(x), dtype=torch.long), batch_size, state_copies)
+
 
 @ALGORITHMS.register("slt")
 class SLT(WidthAlgorithm):
@@ -383,10 +390,8 @@ class SLT(WidthAlgorithm):
         before a run folder is written."""
         rule = None
         if self.params.configs == "auto":
-            x = example[:2].detach().cpu().clone()
-            y = torch.zeros(len(x), dtype=torch.long)  # memory counts depend on shapes only
             copies = optimizer_state_copies(cfg.optimizer, cfg.momentum)
-            rule = MemoryRule(x, y, cfg.batch_size, copies)
+            rule = MemoryRule.on(example, cfg.batch_size, copies)
         self.configurations(rule)
         self.stage_ends(cfg.rounds)
 
@@ -433,8 +438,7 @@ class SLT(WidthAlgorithm):
                 "never ran (its units are listed, not traced); add a system: block or give "
                 "slt.configs as [[s, f], ...]"
             )
-        y = torch.zeros(len(x), dtype=torch.long)  # memory counts depend on shapes only
-        return MemoryRule(x, y, runtime.settings.batch_size, runtime.state_copies)
+        return MemoryRule.on(x, runtime.settings.batch_size, runtime.state_copies)
 
     def trained_bytes(self, key: Config) -> int:
         """Bytes of the entries configuration ``key`` trains (its sub-model less its frozen
