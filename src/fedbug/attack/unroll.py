@@ -137,13 +137,12 @@ def decides(session: Any) -> bool:
 def known_batches(cfg: Any, meta: dict[str, Any], steps: int, per_epoch: int) -> list[Tensor]:
     """Each step's rows of the dummy inputs (which stand, in order, for the client's first
     epoch's samples) as the client drew them: an epoch's permutation from the client's own
-    generator (``torch_generator(seed, "client", round, client)``, as its local round draws
-    them where nothing else draws first), sliced into batches."""
-    from fedbug.core.seeding import torch_generator
+    generator (:func:`~fedbug.engine.client.shuffle_generator`), sliced into batches."""
+    from fedbug.engine.client import shuffle_generator
 
     n, bs = int(meta["num_samples"]), cfg.batch_size
     r, client, _ = trainer(meta)
-    gen = torch_generator(cfg.seed, "client", r, client)
+    gen = shuffle_generator(cfg.seed, r, client)
     perms = [torch.randperm(n, generator=gen) for _ in range(-(-steps // per_epoch))]
     row = torch.empty_like(perms[0])
     row[perms[0]] = torch.arange(n)  # sample -> its place in the first epoch's order

@@ -256,7 +256,7 @@ class LocalRound:
         rt.flat.copy_(self.received)
         load_local_parts(rt.flat, self.state, rt.space)
         self.n = len(data)
-        self.gen = torch_generator(task.seed, "client", task.round, task.client)
+        self.gen = shuffle_generator(task.seed, task.round, task.client)
         # DP-SGD's batch draws and noise: a stream of their own, so the rest draws as without
         self.dp_gen = (
             torch_generator(task.seed, "dp-sgd", task.round, task.client)
@@ -524,6 +524,13 @@ def to_host(result: ClientResult, host: torch.device) -> ClientResult:
         extras=to_device(result.extras, host),
         entries=to_device(result.entries, host),
     )
+
+
+def shuffle_generator(seed: int, round: int, client: int) -> torch.Generator:
+    """The generator a client's local round draws its epochs' permutations from, first thing:
+    what the client trained on in what order follows from it (``record_updates``' true inputs,
+    the attack's ``--known-order``)."""
+    return torch_generator(seed, "client", round, client)
 
 
 def step_units(

@@ -3,7 +3,7 @@ client into the run folder (:mod:`fedbug.results.updates`), for the attack to re
 the client's true inputs of the round kept beside it for scoring only.
 
 The true inputs are the samples of the client's first local batches, found by drawing the
-permutation its training draws first (``torch_generator(seed, "client", round, client)``, the
+permutation its training draws first (:func:`~fedbug.engine.client.shuffle_generator`, the
 client's first draw for the algorithms that draw nothing when the client opens) and prepared
 as training prepares them (augmentation, drawn on the same generator, is not replayed: the
 inputs recorded are the samples before it). Nothing is recorded unless asked for."""
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from fedbug.core.protocol import ClientResult, ClientTask
-from fedbug.core.seeding import torch_generator
+from fedbug.engine.client import shuffle_generator
 from fedbug.results.updates import write_global, write_update
 
 
@@ -33,7 +33,7 @@ def true_inputs(exp: Any, task: ClientTask, steps: int) -> tuple[Tensor, Tensor]
     first ``steps`` steps (all its samples once they span an epoch)."""
     data = exp.client_data(task.client)
     n, bs = len(data), exp.cfg.batch_size
-    gen = torch_generator(task.seed, "client", task.round, task.client)
+    gen = shuffle_generator(task.seed, task.round, task.client)
     perm = torch.randperm(n, generator=gen)
     idx = perm[: min(n, steps * bs)].to(data.x.device)
     x = exp.dataset.prepare(data.x[idx])
