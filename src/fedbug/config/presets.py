@@ -47,6 +47,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def preset_of(method: str) -> dict[str, Any] | None:
+    """The keys ``method`` sets: its preset's, or an algorithm's name alone; None if unknown."""
+    if method in PRESETS:
+        return PRESETS[method]
+    return {"algorithm": method} if method in ALGORITHMS else None
+
+
 def apply_method(doc: dict[str, Any]) -> dict[str, Any]:
     """The document with its ``method`` preset's keys filled in where the document is silent."""
     method = doc.get("method")
@@ -54,11 +61,8 @@ def apply_method(doc: dict[str, Any]) -> dict[str, Any]:
         return doc
     if not isinstance(method, str):
         raise ConfigError(f"method must be a name; got {method!r}")
-    if method in PRESETS:
-        preset = PRESETS[method]
-    elif method in ALGORITHMS:
-        preset = {"algorithm": method}
-    else:
+    preset = preset_of(method)
+    if preset is None:
         raise ConfigError(_unknown("method", method, sorted({*PRESETS, *ALGORITHMS.names()})))
     for key in DEFINING:
         if key in preset and doc.get(key) is not None and doc[key] != preset[key]:
@@ -82,11 +86,11 @@ def method_over_file(doc: dict[str, Any], given: dict[str, Any]) -> dict[str, An
     ``grid:`` names. ``-s method=slt`` on a config that runs FedBug (``policy: bottom_up`` and
     its ``bottom_up:`` block) runs SLT as its preset says, as any ``-s`` wins over the file;
     ``-s method=slt -s policy=bottom_up`` composes the two with the file's block. The rest of
-    the file (``system:``, ``dp:``, ...) stays. A method that is not a name drops nothing."""
+    the file (``system:``, ``dp:``, ...) stays. A method that is not a known name drops nothing."""
     method = given.get("method")
-    if not isinstance(method, str):
+    preset = preset_of(method) if isinstance(method, str) else None
+    if preset is None:  # not a name, or unknown: apply_method says so
         return doc
-    preset = PRESETS.get(method, {"algorithm": method})
     runs = {given.get(k, preset.get(k)) for k in DEFINING} | set(preset)
     kept = runs | grid_blocks(doc.get("grid") or {})
     touched = {k.split(".")[0] for k in given}
