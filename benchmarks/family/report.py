@@ -36,7 +36,7 @@ from fedbug.config.loading import read_config_doc
 from fedbug.errors import ResultsError
 from fedbug.report.spread import mean_std, pm
 from fedbug.results import RunDir, atomic_write_text, read_summary, with_crc
-from fedbug.sweeps.sweep import Cell, expand, headline_value
+from fedbug.sweeps.sweep import Cell, cell_runs, headline_value
 
 BEGIN, END = "<!-- family:begin -->", "<!-- family:end -->"
 EVERY = 10  # the committed curves keep every 10th round and the last (python -m fedbug.report.thin)
@@ -165,14 +165,9 @@ def read_run(rd: RunDir) -> dict[str, Any]:
 def extract(config: Path, results: Path) -> list[Path]:
     """``family.json`` for every finished run of the workload that has its ``summary.json``."""
     doc = read_config_doc(config)
-    sweep = results / f"{doc['name']}-sweep"
-    out = []
-    for cell, _ in expand(doc, doc.get("grid") or {}):
-        for seed in range(int(doc.get("seeds", 1))):
-            rd = RunDir(sweep / f"{cell.slug}-s{seed}")
-            if rd.summary_path.exists():
-                out.append(write_extract(rd))
-    return out
+    runs = [RunDir(p) for _, _, paths in cell_runs(doc, results / f"{doc['name']}-sweep")
+            for p in paths]  # fmt: skip
+    return [write_extract(rd) for rd in runs if rd.summary_path.exists()]
 
 
 def _label(cell: Cell) -> str:
@@ -183,13 +178,10 @@ def load(config: Path, results: Path) -> Workload:
     """The workload's cells, each with its finished runs (a damaged run stops the report with
     one line naming it: the table is of every finished seed or of none)."""
     doc = read_config_doc(config)
-    seeds = int(doc.get("seeds", 1))
-    sweep = results / f"{doc['name']}-sweep"
     methods = []
-    for cell, cfg in expand(doc, doc.get("grid") or {}):
-        m = Method(_label(cell), cfg.evaluation, seeds)
-        for seed in range(seeds):
-            rd = RunDir(sweep / f"{cell.slug}-s{seed}")
+    for cell, cfg, paths in cell_runs(doc, results / f"{doc['name']}-sweep"):
+        m = Method(_label(cell), cfg.evaluation, len(paths))
+        for rd in map(RunDir, paths):
             if not rd.summary_path.exists() and not (rd.path / EXTRACT).exists():
                 m.missing.append(rd.path.name)
                 continue

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from benchmarks.common import fill_block
 from fedbug.config.loading import read_config_doc
 from fedbug.report.spread import mean_std, pm
-from fedbug.sweeps.sweep import expand
+from fedbug.sweeps.sweep import cell_runs
 
 BEGIN, END = "<!-- privacy:begin -->", "<!-- privacy:end -->"
 SERVER = "server view"
@@ -101,15 +101,13 @@ def _names(cell: Any) -> tuple[str, str, str]:
 
 def load_attacks(config: Path, results: Path) -> AttackStudy:
     doc = read_config_doc(config)
-    folder = results / f"{doc['name']}-sweep"
     study = AttackStudy(str(doc["name"]), [], {}, defaultdict(list), defaultdict(Scores))
-    for cell, cfg in expand(doc, doc.get("grid") or {}):
+    for cell, cfg, runs in cell_runs(doc, results / f"{doc['name']}-sweep"):
         method, steps, level = _names(cell)
         if level not in study.levels:
             study.levels.append(level)
         study.noise[level] = 0.0 if cfg.dp is None else float(cfg.dp.noise_multiplier)
-        for seed in range(int(doc.get("seeds", 1))):
-            run = folder / f"{cell.slug}-s{seed}"
+        for run in runs:
             eps, done = run_epsilon(run)
             if not done:
                 study.missing += 1
@@ -179,14 +177,13 @@ class Accuracy:
 
 def load_accuracy(config: Path, results: Path) -> Accuracy:
     doc = read_config_doc(config)
-    folder, seeds = results / f"{doc['name']}-sweep", int(doc.get("seeds", 1))
-    out = Accuracy(str(doc["name"]), {}, seeds)
-    for cell, cfg in expand(doc, doc.get("grid") or {}):
+    out = Accuracy(str(doc["name"]), {}, int(doc.get("seeds", 1)))
+    for cell, cfg, runs in cell_runs(doc, results / f"{doc['name']}-sweep"):
         method, _, level = _names(cell)
         finals: list[float] = []
         eps: list[float] = []
-        for seed in range(seeds):
-            path = folder / f"{cell.slug}-s{seed}" / "summary.json"
+        for run in runs:
+            path = run / "summary.json"
             if not path.is_file():
                 out.missing += 1
                 continue

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.config.loading import read_config_doc
-from fedbug.sweeps.sweep import expand
+from fedbug.sweeps.sweep import cell_runs
 
 RESULTS = Path("benchmarks/privacy/results")
 KNOWN = "ig-unrolled-known-order"
@@ -99,11 +99,8 @@ def sweep(config: Path, results: Path, jobs: int) -> None:
 def run_folders(config: Path, results: Path) -> list[tuple[Path, Any]]:
     """Every (cell, seed) run folder of the sweep, with its cell's config."""
     doc = read_config_doc(config)
-    folder = results / f"{doc['name']}-sweep"
-    out = []
-    for cell, cfg in expand(doc, doc.get("grid") or {}):
-        out += [(folder / f"{cell.slug}-s{s}", cfg) for s in range(int(doc.get("seeds", 1)))]
-    return out
+    cells = cell_runs(doc, results / f"{doc['name']}-sweep")
+    return [(path, cfg) for _, cfg, paths in cells for path in paths]
 
 
 def methods_of(run: Path, round: int, client: int) -> list[str]:

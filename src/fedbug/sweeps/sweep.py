@@ -152,6 +152,20 @@ def check_sweep_size(grid: dict[str, list[Any]], seeds: int = 1) -> None:
         )
 
 
+def run_name(cell: Cell, seed: int) -> str:
+    """The folder name of a cell's run with ``seed``, under the sweep's folder."""
+    return f"{cell.slug}-s{seed}"
+
+
+def cell_runs(doc: dict[str, Any], out: Path) -> list[tuple[Cell, BaseConfig, list[Path]]]:
+    """A sweep config's cells (its ``grid`` expanded as :func:`expand` does), each with its
+    config and its seeds' run folders under ``out`` (the sweep's folder, ``NAME-sweep``), named
+    as :func:`run_sweep` names them: for readers of a sweep's results."""
+    seeds = int(doc.get("seeds", 1))
+    cells = expand(doc, doc.get("grid") or {})
+    return [(c, cfg, [out / run_name(c, cfg.seed + s) for s in range(seeds)]) for c, cfg in cells]
+
+
 def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[Cell, BaseConfig]]:
     """Every cell's validated config (bad values are reported before anything runs)."""
     check_sweep_size(grid)
@@ -373,7 +387,7 @@ def run_sweep(
     cells = expand(base_doc, grid)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [
-        (seeded, out / f"{cell.slug}-s{seeded.seed}")
+        (seeded, out / run_name(cell, seeded.seed))
         for cell, cfg in cells
         for seeded in (cfg.model_copy(update={"seed": cfg.seed + s}) for s in range(seeds))
     ]
