@@ -116,6 +116,53 @@ def test_chunks_of_clients_give_the_same_numbers():
     assert torch.allclose(whole.weights, one_by_one.weights, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"momentum": 0.9, "weight_decay": 0.01, "algorithm": "fedprox"},
+        {"optimizer": "adam", "lr": 0.01, "policy": "bottom_up", "bottom_up": {"gu_ratio": 0.5}},
+    ],
+)
+def test_consecutive_rows_as_views_equal_gathered_rows_bit_for_bit(monkeypatch, over):
+    """A group of consecutive rows is stepped in place through views of the stacked vectors;
+    gathered and written back instead (as rows that are not consecutive are), every number is
+    the same, to the bit: the same operations in the same order."""
+    from fedbug.engine.executors import cohort
+
+    needs = method_needs(over.get("algorithm", "fedavg"), over.get("policy", "none"))
+    cfg = tiny_config(executor="cohort", threads=1, **{**needs, **over})
+    views = run_experiment(cfg)
+    made = cohort.Rows.of
+
+    def gathered(clients, device):
+        rows = made(clients, device)
+        assert rows.span is not None or len(clients) < 2 or list(clients) != sorted(clients)
+        return rows._replace(span=None)
+
+    monkeypatch.setattr(cohort.Rows, "of", gathered)
+    copies = run_experiment(cfg)
+    assert torch.equal(views.weights, copies.weights)
+    assert without_timing(views.records) == without_timing(copies.records)
+
+
+def test_rows_of_consecutive_clients_are_a_slice():
+    from fedbug.engine.executors.cohort import Rows
+
+    cpu = torch.device("cpu")
+    assert Rows.of([2, 3, 4], cpu).span == slice(2, 5)
+    assert Rows.of([0, 2], cpu).span is None
+    t, sums = torch.arange(12.0).view(4, 3), torch.zeros(4)
+    for clients in ([1, 2], [3, 1]):
+        rows = Rows.of(clients, cpu)
+        assert torch.equal(rows.take(t), t[clients])
+        rows.add(sums, torch.tensor([10.0, 20.0]))
+    assert sums.tolist() == [0.0, 30.0, 20.0, 10.0]  # row 1: 10 + 20, row 3: 10
+    region = Rows.of([0, 2], cpu).region(t, slice(1, 3))
+    region.mul_(0)
+    Rows.of([0, 2], cpu).write(t, slice(1, 3), region)
+    assert t[0].tolist() == [0.0, 0.0, 0.0] and t[2, 1:].tolist() == [0.0, 0.0]
+
+
 def test_a_resumed_cohort_run_equals_the_uninterrupted_one(tmp_path):
     cfg = tiny_config(executor="cohort", rounds=3, checkpoint_every=1, threads=1)
     full = run_experiment(cfg, tmp_path / "full")
@@ -231,7 +278,7 @@ def test_a_memory_budget_sizes_the_chunks():
     ex = build_executor(exp, None)
     tasks = [ClientTask(1, c, 0, 0.1, exp.mean_samples) for c in range(3)]
     per = ex.client_bytes(tasks[0]) + ex.sample_bytes(tasks)
-    rows = 3 + 1 + 1  # weights, received, gradient; momentum; its bool mask (a byte, counted 4)
+    rows = 3 + 1  # weights, received, gradient; momentum
     assert ex.client_bytes(tasks[0]) > 4 * exp.space.total * rows
     ex.memory_mb = 2.5 * per / 2**20
     assert ex.chunk_size(tasks) == 2

@@ -110,8 +110,8 @@ class CohortExecutor(Executor):
         """Bytes one client of a chunk takes besides its samples (:meth:`sample_bytes`): a full
         step's memory as the library counts it (activations saved for backward, gradients) on a
         full batch, and its rows of the stacked vectors: the chunk's (weights, received weights,
-        optimiser state, its state) and a group step's copies (the gathered weights, the
-        gradient, the gathered received weights and state)."""
+        optimiser state, its state) and a group step's (the gradient; the gathered weights,
+        received weights and state where its rows are not consecutive and cannot be views)."""
         rt = self.rt
         data = self.client_data(task.client)
         # a full batch even where this client holds fewer samples (the chunk's others may not)
@@ -119,7 +119,7 @@ class CohortExecutor(Executor):
         x, y = rt.prepare(data.x[idx].to(rt.device)), data.y[idx].to(rt.device)
         step = rt.step_cost(range(self.space.num_units), x, y)
         # chunk: weights, received; group step: gathered weights, gradient, gathered received
-        rows = 5 + rt.state_copies + (1 if rt.settings.optimizer == "sgd" else 0)
+        rows = 5 + rt.state_copies
         state = rt.algorithm.init_client_state(self.space)  # in the chunk and gathered per step
         state_bytes = 2 * sum(v.numel() * v.element_size() for v in state.values())
         return step.activations + step.trained + 4 * self.space.total * rows + state_bytes
@@ -161,6 +161,7 @@ class CohortExecutor(Executor):
                 self.group_step([c for c, _ in group], [s for _, s in group], chunk)
         results = []
         for c, local in enumerate(rounds):
+            local.loss_sum = local.loss_sum + chunk.loss_sums[c]
             rt.flat.copy_(chunk.opt.weights[c])
             results.append(local.result())
         return results
@@ -184,13 +185,12 @@ class CohortExecutor(Executor):
         """One step of clients that train the same units on batches of one shape."""
         units, rounds, opt = steps[0][0], chunk.rounds, chunk.opt
         rows = chunk.rows(clients)
-        idx = rows.device
         x = torch.stack([s[1] for s in steps])
         y = torch.stack([s[2] for s in steps])
         for c in clients:
             rounds[c].mark(units)
-        w = opt.weights.index_select(0, idx)
-        ctx = chunk.ctx(self.space, w, torch.zeros_like(w), idx, units, rounds[clients[0]])
+        w = rows.take(opt.weights)
+        ctx = chunk.ctx(self.space, w, self.fresh_grads(w, units), rows, units, rounds[clients[0]])
         losses = self.gradients(units, x, y, ctx, rounds[clients[0]].session.loss)
         rt = self.rt
         rt.algorithm.adjust_grads(ctx)  # the algorithm's terms, written for stacked clients
@@ -198,9 +198,18 @@ class CohortExecutor(Executor):
             clip_grad_norm(ctx.grads, ctx.regions, rt.settings.clip_grad_norm)
         rt.algorithm.adjust_grads_after_clipping(ctx)
         opt.step(rows, ctx.grads, units, self.space)
-        for c, (_, xs, ys), loss in zip(clients, steps, losses):
-            rounds[c].loss_sum += loss
+        rows.add(chunk.loss_sums, losses)
+        for c, (_, xs, ys) in zip(clients, steps):
             rounds[c].count(units, xs, ys)
+
+    def fresh_grads(self, w: Tensor, units: Sequence[int]) -> Tensor:
+        """A group's gradient, shaped as its weights: zero outside ``units`` (what
+        :meth:`gradients` does not write), and left as allocated inside, where it writes."""
+        grads = torch.empty_like(w)
+        frozen = [u for u in range(self.space.num_units) if u not in set(units)]
+        for r in unit_regions(frozen, self.space):
+            grads[:, r].zero_()
+        return grads
 
     def gradients(
         self, units: Sequence[int], x: Tensor, y: Tensor, ctx: LocalCtx, loss: Any
@@ -248,15 +257,16 @@ class Chunk:
         keys = rounds[0].state.keys() if rounds else ()
         self.state = {k: torch.stack([r.state[k] for r in rounds]) for k in keys}
         self.samples = torch.tensor([[float(r.n)] for r in rounds], device=dev)
+        #: each client's task losses summed over its steps (one addition a group step)
+        self.loss_sums = torch.zeros(len(rounds), device=dev)
         self._rows: dict[tuple[int, ...], Rows] = {}
 
     def rows(self, clients: list[int]) -> Rows:
-        """The rows of ``clients`` on the device and on the host, made once per set of clients
-        (a copy to the device each step would cost a transfer)."""
+        """The rows of ``clients``, made once per set of clients (a copy to the device each
+        step would cost a transfer)."""
         key = tuple(clients)
         if key not in self._rows:
-            host = torch.tensor(clients)
-            self._rows[key] = Rows(host.to(self.opt.weights.device), host)
+            self._rows[key] = Rows.of(clients, self.opt.weights.device)
         return self._rows[key]
 
     def ctx(
@@ -264,11 +274,11 @@ class Chunk:
         space: ParamSpace,
         w: Tensor,
         grads: Tensor,
-        idx: Tensor,
+        rows: Rows,
         units: Sequence[int],
         lead: LocalRound,
     ) -> LocalCtx:
-        """A group's :class:`LocalCtx`, its tensors stacked over the clients (rows ``idx``); the
+        """A group's :class:`LocalCtx`, its tensors stacked over the clients (``rows``); the
         round-wide settings from ``lead``, the group's first client (passed as an object: the
         row read back from the device would wait for the GPU every step)."""
         first = lead.task
@@ -276,10 +286,10 @@ class Chunk:
             space=space,
             weights=w,
             grads=grads,
-            received=self.received.index_select(0, idx),
+            received=rows.take(self.received),
             regions=unit_regions(units, space),
-            state={k: v.index_select(0, idx) for k, v in self.state.items()},
-            num_samples=self.samples.index_select(0, idx),
+            state={k: rows.take(v) for k, v in self.state.items()},
+            num_samples=rows.take(self.samples),
             mean_samples=first.mean_samples,
             payload=first.payload or {},
             lr=first.lr,
@@ -287,11 +297,44 @@ class Chunk:
 
 
 class Rows(NamedTuple):
-    """A group's rows of the stacked clients: on the device (for the weights) and on the host
-    (for what is counted there, Adam's steps)."""
+    """A group's rows of the stacked clients: on the device (for the weights), on the host (for
+    what is counted there, Adam's steps), and as a slice where they are consecutive (the usual
+    case: a chunk's clients stepping together), whose views spare a gather and a scatter of the
+    stacked vectors each step."""
 
     device: Tensor
     host: Tensor
+    span: slice | None
+
+    @classmethod
+    def of(cls, clients: Sequence[int], device: torch.device) -> Rows:
+        host = torch.tensor(list(clients), dtype=torch.long)
+        first = clients[0] if clients else 0
+        consecutive = list(clients) == list(range(first, first + len(clients)))
+        span = slice(first, first + len(clients)) if consecutive else None
+        return cls(host.to(device), host, span)
+
+    def take(self, t: Tensor) -> Tensor:
+        """These rows of ``t``: a view where they are consecutive, else a copy."""
+        return t[self.span] if self.span is not None else t.index_select(0, self.device)
+
+    def region(self, t: Tensor, r: slice) -> Tensor:
+        """These rows of ``t`` on the entries ``r``: a view where the rows are consecutive (to be
+        updated in place), else a copy (to be given back with :meth:`write`)."""
+        return t[self.span, r] if self.span is not None else t[self.device, r]
+
+    def write(self, t: Tensor, r: slice, value: Tensor) -> None:
+        """Give back what :meth:`region` took, after it was updated in place (a view is
+        already written)."""
+        if self.span is None:
+            t[self.device, r] = value
+
+    def add(self, t: Tensor, values: Tensor) -> None:
+        """Add ``values`` (one per row) into these rows of ``t``, in place."""
+        if self.span is not None:
+            t[self.span] += values
+        else:
+            t.index_add_(0, self.device, values)
 
 
 class StackedOptimizer:
@@ -312,34 +355,31 @@ class StackedOptimizer:
 
 
 class StackedSGD(StackedOptimizer):
-    """``torch.optim.SGD`` (momentum, no dampening, weight decay); a momentum buffer begins at
-    its unit's first step, as torch's does at a parameter's first gradient."""
+    """``torch.optim.SGD`` (momentum, no dampening, weight decay). A momentum buffer is zero
+    until its unit's first step (and after a restart), so that step's ``momentum * 0 + d`` is
+    ``d``, as torch's buffer begins as a copy of the first gradient."""
 
     def __init__(self, weights: Tensor, settings: Any, lr: float) -> None:
         super().__init__(weights, settings, lr)
         self.momentum = settings.momentum
         self.buf = torch.zeros_like(weights) if self.momentum else None
-        self.has_buf = torch.zeros_like(weights, dtype=torch.bool) if self.momentum else None
 
     def reset(self, row: int) -> None:
-        if self.buf is not None and self.has_buf is not None:
+        if self.buf is not None:
             self.buf[row].zero_()
-            self.has_buf[row] = False
 
     def step(self, rows: Rows, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
-        """The SGD step of ``rows`` of the stacked weights on ``units``."""
-        idx = rows.device
+        """The SGD step of ``rows`` of the stacked weights on ``units`` (the weight decay is
+        added into ``grads``, which nothing reads after the step)."""
         for r in unit_regions(units, space):
-            w = self.weights[idx, r]
-            d = grads[:, r]
+            w, d = rows.region(self.weights, r), grads[:, r]
             if self.weight_decay:
-                d = d.add(w, alpha=self.weight_decay)
-            if self.buf is not None and self.has_buf is not None:
-                held = self.has_buf[idx, r]
-                d = torch.where(held, self.buf[idx, r].mul(self.momentum).add(d), d)
-                self.buf[idx, r] = d
-                self.has_buf[idx, r] = True
-            self.weights[idx, r] = w.add(d, alpha=-self.lr)
+                d.add_(w, alpha=self.weight_decay)
+            if self.buf is not None:
+                d = rows.region(self.buf, r).mul_(self.momentum).add_(d)
+                rows.write(self.buf, r, d)
+            w.add_(d, alpha=-self.lr)
+            rows.write(self.weights, r, w)
 
 
 class StackedAdam(StackedOptimizer):
@@ -364,21 +404,22 @@ class StackedAdam(StackedOptimizer):
 
     def step(self, rows: Rows, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
         b1, b2 = self.betas
-        idx, host = rows.device, rows.host  # the step counts live on the host: no read-back
+        host = rows.host  # the step counts live on the host: no read-back
         for u in units:
             s = space.unit_slices[u]
-            w = self.weights[idx, s]
-            g = grads[:, s]
+            w, g = rows.region(self.weights, s), grads[:, s]
             if self.weight_decay:
-                g = g.add(w, alpha=self.weight_decay)
-            m = self.m[idx, s].lerp(g, 1 - b1)
-            v = self.v[idx, s].mul(b2).addcmul(g, g, value=1 - b2)
-            self.m[idx, s], self.v[idx, s] = m, v
+                g.add_(w, alpha=self.weight_decay)
+            m = rows.region(self.m, s).lerp_(g, 1 - b1)
+            v = rows.region(self.v, s).mul_(b2).addcmul_(g, g, value=1 - b2)
+            rows.write(self.m, s, m)
+            rows.write(self.v, s, v)
             self.t[host, u] += 1
             t = self.t[host, u].unsqueeze(1)
             step_size = (self.lr / (1 - b1**t)).float().to(w.device)
             root = ((1 - b2**t) ** 0.5).float().to(w.device)
-            self.weights[idx, s] = w - step_size * (m / (v.sqrt() / root).add(self.eps))
+            w.sub_(step_size * (m / (v.sqrt() / root).add(self.eps)))
+            rows.write(self.weights, s, w)
 
 
 def make_optimizer(weights: Tensor, settings: Any, lr: float, num_units: int) -> StackedOptimizer:
