@@ -240,7 +240,9 @@ def with_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     pairs = [parse_override(text) for text in overrides]
     given = dict(pairs)
     if "method" in given:  # the command line's method replaces the file's choice of one
-        doc = method_over_file(doc, given)
+        # a value that is not a name (policy=[1]) is left to validation, which names the key
+        names = {k: v for k, v in given.items() if not isinstance(v, list | dict)}
+        doc = method_over_file(doc, names)
     for key, value in pairs:
         set_dotted(doc, key, value)
     return doc

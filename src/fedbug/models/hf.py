@@ -5,7 +5,9 @@ Two ways to name one in a config:
 * ``model: hf:<name or local folder>``: ``from_pretrained`` from a local folder or the local
   Hugging Face cache, never from the network (``local_files_only``); a model found in neither
   is one :class:`~fedbug.errors.ConfigError` saying where fedbug looked and how to fetch it.
-  ``hf_config:`` beside it overrides keys of the saved config.
+  ``hf_config:`` beside it overrides keys of the saved config. A folder's own Python
+  (``auto_map``, transformers' ``trust_remote_code``) never runs: ``hf_config`` may not name
+  ``trust_remote_code``, and fedbug passes ``trust_remote_code=False``.
 * ``model: hf`` with ``hf_config: {model_type: gpt2, n_layer: 2, n_embd: 32, ...}``: the
   architecture built from those keys (``AutoConfig.for_model``) with random weights drawn under
   the run's model seed, as every fedbug model is; how the tests run, with no weights to fetch.
@@ -81,6 +83,11 @@ def check_hf_model(
                     f"from hf_config) or model: hf:<name or folder>, or remove {key}"
                 )
         return
+    if "trust_remote_code" in (hf_config or {}):  # a model folder's own Python: never run
+        raise ConfigError(
+            "hf_config.trust_remote_code: fedbug never runs a model folder's own code (a config "
+            "cannot allow it); remove the key and use a model transformers itself defines"
+        )
     _transformers()
     if task not in HEADS:
         raise ConfigError(f"task: {task} has no Hugging Face head; use task: {' or '.join(HEADS)}")
@@ -155,9 +162,15 @@ def _checkpoint_blocks(model: nn.Module) -> None:
 
 def _pretrained(transformers: Any, head: Any, where: str, keys: dict[str, Any]) -> nn.Module:
     try:
-        config = transformers.AutoConfig.from_pretrained(where, local_files_only=True, **keys)
+        config = transformers.AutoConfig.from_pretrained(
+            where, local_files_only=True, trust_remote_code=False, **keys
+        )
         return head.from_pretrained(  # type: ignore[no-any-return]
-            where, config=config, local_files_only=True, ignore_mismatched_sizes=bool(keys)
+            where,
+            config=config,
+            local_files_only=True,
+            trust_remote_code=False,
+            ignore_mismatched_sizes=bool(keys),
         )
     except OSError:
         raise ConfigError(not_found(where)) from None
