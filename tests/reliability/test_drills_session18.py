@@ -80,3 +80,75 @@ def test_method_override_beside_a_value_that_is_not_a_name_is_one_line(tmp_path,
     assert len(err.splitlines()) == 1 and err.startswith("fedbug: error: ")
     assert f"{value.split('=')[0]}: " in err and "Traceback" not in err
     assert not out.exists()
+
+
+# ---------------------------------------------------------------- fedbug attack's recorded files
+
+
+@pytest.fixture(scope="module")
+def recorded_run(tmp_path_factory):
+    """A one-round digits/mlp run that recorded round 1's two updates (about a second)."""
+    from fedbug.api import run
+    from fedbug.config import load_config
+
+    sets = ["dataset=digits", "model=mlp", "num_clients=4", "clients_per_round=2", "rounds=1",
+            "local_steps=1", "batch_size=2", "count_flops=false", "threads=1",
+            "record_updates=[1]"]  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:  # no per-run plots (most of a tiny run's time)
+        for name in ("plot_run", "plot_partition"):
+            mp.setattr(f"fedbug.engine.run_folder.{name}", lambda *a, **k: None)
+        return run(load_config(None, sets), tmp_path_factory.mktemp("att") / "run").run_dir
+
+
+def _doctored(run: Path, tmp_path: Path, change) -> tuple[Path, Path]:
+    """A copy of ``run`` whose first recorded client's JSON side ``change`` rewrote."""
+    import shutil
+
+    copy = tmp_path / "received-run"
+    shutil.copytree(run, copy)
+    meta = sorted((copy / "updates" / "round-1").glob("client-*.json"))[0]
+    doc = json.loads(meta.read_text())
+    new = change(doc)
+    meta.write_text(new if isinstance(new, str) else json.dumps(new))
+    return copy, meta
+
+
+CHANGES = {
+    "not JSON": lambda d: "{not json",
+    "a list": lambda d: "[1, 2]",
+    "no model": lambda d: {k: v for k, v in d.items() if k != "model"},
+    "lr a word": lambda d: {**d, "lr": "x"},
+    "10^12 images": lambda d: {**d, "num_images": 10**12},
+    "a name of no layer": lambda d: {**d, "received_names": {"nope": [0, 5]}},
+    "a size past the weights": lambda d: {
+        **d,
+        "received_names": {**d["received_names"], "classifier.bias": [10**9, 10]},
+    },
+    "a pair that is a number": lambda d: {**d, "received_names": {"classifier.bias": 5}},
+}
+
+
+@pytest.mark.parametrize("what", list(CHANGES))
+def test_attack_on_a_doctored_recorded_update_is_one_line(recorded_run, tmp_path, capsys, what):
+    """A received run folder's ``updates/round-1/client-K.json`` damaged or edited: each was a
+    traceback (JSONDecodeError, TypeError, KeyError, ValueError; 10^12 images asked torch for
+    256 TB), or ran on; now one line naming the file or the key, exit 2, no attack folder."""
+    run, meta = _doctored(recorded_run, tmp_path, CHANGES[what])
+    k = meta.stem.split("-")[1]
+    argv = ["attack", str(run), "--client", k, "--method", "dlg", "--iterations", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedbug: error:"), err
+    assert "record the round again" in err[0]
+    assert not (run / "attack").exists()
+
+
+def test_recorded_weights_that_are_not_a_flat_tensor_are_one_line(recorded_run, tmp_path, capsys):
+    import torch
+
+    run, meta = _doctored(recorded_run, tmp_path, lambda d: d)
+    torch.save({"other": torch.zeros(3)}, run / "updates" / "round-1" / "global.pt")
+    argv = ["attack", str(run), "--client", meta.stem.split("-")[1], "--iterations", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "global.pt is not a round's recorded weights" in err[0]

@@ -29,7 +29,7 @@ from fedbug.attack.scoring import image_scores, label_recovery, match_order, sav
 from fedbug.attack.unroll import trainer, unroll_of
 from fedbug.errors import ConfigError
 from fedbug.results.files import atomic_write_bytes, check_no_links, open_write
-from fedbug.results.updates import RecordedUpdate, load_tensors, load_update, recorded, round_dir
+from fedbug.results.updates import RecordedUpdate, load_update, load_weights, recorded, round_dir
 
 METHODS = ("auto", "dlg", "idlg", "ig", "ig-unrolled")
 DEFAULT_ITERATIONS = {"dlg": 300, "idlg": 300, "ig": 2000, "ig-unrolled": 2000}
@@ -84,11 +84,33 @@ def build_attacked_model(up: RecordedUpdate) -> nn.Module:
     )
     names = meta["received_names"]
     state = model.state_dict()
+    _check_names(up, state, dict(model.named_parameters()))
     for name, (off, n) in names.items():
         state[name] = up.received[off : off + n].view(state[name].shape).to(state[name].dtype)
     model.load_state_dict(state)
     model.eval()
     return model
+
+
+def _check_names(up: RecordedUpdate, state: dict[str, Tensor], params: dict[str, Tensor]) -> None:
+    """Refuse, in one line, a recorded update whose names do not fit the model it names: a
+    received weight not in the model or of another size, or past the received vector; a delta
+    of a parameter the model lacks or of another shape."""
+    size = up.received.numel()
+    for name, (off, n) in up.meta["received_names"].items():
+        if name not in state or state[name].numel() != n or off + n > size:
+            raise ConfigError(
+                f"recorded update of client {up.meta['client']}: received_names' {name!r} "
+                f"[{off}, {n}] does not fit model {up.meta['model']!r} and the {size} received "
+                "weights; record the round again"
+            )
+    for name, d in up.deltas.items():
+        if name not in params or params[name].shape != d.shape:
+            raise ConfigError(
+                f"recorded update of client {up.meta['client']}: delta.{name} "
+                f"{tuple(d.shape)} is no parameter of model {up.meta['model']!r}; record the "
+                "round again"
+            )
 
 
 def choose_method(method: str, obs: Observation, steps: int, clients: int = 1) -> str:
@@ -170,10 +192,15 @@ def released_update(run: Path, r: int, cfg: Any) -> tuple[RecordedUpdate, list[F
         )
     ups = [load_update(run, r, k) for k in recorded(run)[r]]
     first = ups[0]
-    delta = load_tensors(run, nxt)["weights"] - first.received
+    delta = load_weights(run, nxt) - first.received
     offsets, shapes = first.meta["received_names"], {}
     for up in ups:
         shapes.update({k: v.shape for k, v in up.deltas.items()})
+    if unnamed := sorted(set(shapes) - set(offsets)):
+        raise ConfigError(
+            f"--released: round {r}'s recorded updates send {unnamed[0]!r}, which client "
+            f"{first.meta['client']}'s received_names lacks; record the round again"
+        )
     deltas = {k: delta[offsets[k][0] : offsets[k][0] + offsets[k][1]].view(shp)
               for k, shp in shapes.items()}  # fmt: skip
     truth = [(u.inputs, u.labels) for u in ups if u.inputs is not None and u.labels is not None]

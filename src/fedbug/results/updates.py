@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import pickle
 import re
 from dataclasses import dataclass, field
@@ -111,13 +112,80 @@ def recorded(run: Path) -> dict[int, list[int]]:
     return out
 
 
+#: the JSON side's keys the attack reads, each with what it must be
+_META: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "client": (int, "a client index"),
+    "steps": (int, "a positive count"),
+    "num_images": (int, "a positive count"),
+    "num_samples": (int, "a positive count"),
+    "num_classes": (int, "a positive count"),
+    "lr": ((int, float), "a finite number"),
+    "model": (str, "a model name"),
+    "model_options": (dict, "a mapping"),
+    "received_names": (dict, "a mapping of name to [offset, size]"),
+    "input_shape": (list, "a list of positive sizes"),
+    "units_sent": (list, "a list of unit indices"),
+}
+#: the attack's dummy inputs (``num_images`` x the input's size) hold at most this many values
+MAX_DUMMY_VALUES = 100_000_000
+
+
+def _meta_problem(meta: Any) -> str | None:
+    """What is wrong with a recorded update's JSON side (None: nothing the attack reads)."""
+    if not isinstance(meta, dict):
+        return "not a JSON object"
+    for key, (kind, what) in _META.items():
+        v = meta.get(key)
+        bad = not isinstance(v, kind) or isinstance(v, bool)
+        if not bad and what == "a positive count":
+            bad = v < 1
+        if not bad and isinstance(v, float):
+            bad = not math.isfinite(v)
+        if bad:
+            return f"{key} is {v!r}, not {what}"
+    pairs = list(meta["received_names"].values())
+    if any(not isinstance(p, list) or len(p) != 2 for p in pairs):
+        return "received_names maps each name to [offset, size]"
+    ints = [*meta["input_shape"], *meta["units_sent"], *(x for p in pairs for x in p)]
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ints):
+        return "input_shape, units_sent and received_names hold non-negative whole numbers only"
+    if meta["num_images"] * math.prod(meta["input_shape"]) > MAX_DUMMY_VALUES:
+        return f"num_images x input_shape is over {MAX_DUMMY_VALUES:,} values"
+    return None
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """A recorded update's JSON side (``client-<K>.json``), checked; damage is one
+    :class:`ConfigError` naming the file and the problem."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        meta, problem = None, f"not JSON ({type(e).__name__})"
+    else:
+        problem = _meta_problem(meta)
+    if problem is not None:
+        raise ConfigError(
+            f"{path} is not a recorded update: {problem}; record the round again "
+            "(record_updates: [round, ...])"
+        )
+    return meta  # type: ignore[return-value]
+
+
+def load_weights(run: Path, path: Path) -> Tensor:
+    """A round's recorded received weights (``global.pt``): one flat tensor."""
+    w = load_tensors(run, path).get("weights")
+    if w is None or w.dim() != 1:
+        raise ConfigError(f"{path} is not a round's recorded weights: expected one flat tensor")
+    return w
+
+
 def load_update(run: Path, round: int, client: int) -> RecordedUpdate:
     """Client ``client``'s recorded update of round ``round``."""
     d = round_dir(run, round)
     meta_path = d / f"client-{int(client)}.json"
     check_no_links(Path(run), meta_path)
-    meta = json.loads(meta_path.read_text())
     tensors = load_tensors(run, d / f"client-{int(client)}.pt")
-    received = load_tensors(run, d / "global.pt")["weights"]
+    received = load_weights(run, d / "global.pt")
+    meta = read_meta(meta_path)
     deltas = {k[len("delta.") :]: v for k, v in tensors.items() if k.startswith("delta.")}
     return RecordedUpdate(deltas, received, meta, tensors.get("inputs"), tensors.get("labels"))
