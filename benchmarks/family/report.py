@@ -33,9 +33,10 @@ from typing import Any
 
 from benchmarks.common import fill_block
 from fedbug.config.loading import read_config_doc
-from fedbug.errors import ResultsError
+from fedbug.errors import LinkRefused, ResultsError
 from fedbug.report.spread import mean_std, pm
 from fedbug.results import RunDir, atomic_write_text, read_summary, with_crc
+from fedbug.results.files import check_no_links
 from fedbug.sweeps.sweep import Cell, cell_runs, headline_value
 
 BEGIN, END = "<!-- family:begin -->", "<!-- family:end -->"
@@ -163,10 +164,14 @@ def read_run(rd: RunDir) -> dict[str, Any]:
 
 
 def extract(config: Path, results: Path) -> list[Path]:
-    """``family.json`` for every finished run of the workload that has its ``summary.json``."""
+    """``family.json`` for every finished run of the workload that has its ``summary.json``;
+    a run folder reached through a link (a committed one could point anywhere) is refused
+    before any is written."""
     doc = read_config_doc(config)
     runs = [RunDir(p) for _, _, paths in cell_runs(doc, results / f"{doc['name']}-sweep")
             for p in paths]  # fmt: skip
+    for rd in runs:
+        check_no_links(results, rd.path)
     return [write_extract(rd) for rd in runs if rd.summary_path.exists()]
 
 
@@ -343,7 +348,10 @@ def main() -> None:
                     "finished run's summary.json (committed where that is not)")  # fmt: skip
     args = ap.parse_args()
     if args.extract:
-        written = [p for c in args.configs for p in extract(c, args.results)]
+        try:
+            written = [p for c in args.configs for p in extract(c, args.results)]
+        except LinkRefused as e:
+            raise SystemExit(f"family report: {e}") from None
         print(f"{EXTRACT} written for {len(written)} runs")
     works = [load(c, args.results) for c in args.configs]
     targets = args.target or []

@@ -143,7 +143,9 @@ def one_attack(job: Job) -> str:
     """One ``fedbug attack`` in this process (one torch thread); a refusal is recorded."""
     import torch
 
+    from fedbug.attack.driver import attack_folder
     from fedbug.errors import ConfigError
+    from fedbug.results.files import atomic_write_text
     from fedbug.results.updates import recorded
 
     torch.set_num_threads(1)
@@ -155,10 +157,9 @@ def one_attack(job: Job) -> str:
     except ConfigError as e:
         who = "released" if job.released else f"client-{client}"
         kind = "" if job.method == "auto" else f"{job.method}-"
-        folder = run / "attack" / f"round-{job.round}-{who}-{kind}refused"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = attack_folder(run, f"round-{job.round}-{who}-{kind}refused")  # no link
         doc = {"round": job.round, "client": who, "method": job.method, "refused": str(e)}
-        (folder / "scores.json").write_text(json.dumps(doc, indent=1) + "\n")
+        atomic_write_text(folder / "scores.json", json.dumps(doc, indent=1) + "\n")
         return f"{run.name} round {job.round} {job.who}: refused: {e}"
     return (
         f"{run.name} round {job.round} {job.who}: {s['method']} PSNR {s.get('psnr', 0):.1f} dB, "
@@ -183,9 +184,11 @@ def write_privacy(run: Path) -> None:
     """``privacy.json``: what the report reads of a finished run's summary (its epsilon and
     delta under ``dp:``), small enough for git where the summary of a run of 1,300 clients is
     not (the attack sweeps' summaries stay out of git, ``.gitignore``)."""
+    from fedbug.results.files import atomic_write_text
+
     dp = json.loads((run / "summary.json").read_text()).get("dp") or {}
     doc = {"epsilon": dp.get("epsilon"), "delta": dp.get("delta")}
-    (run / "privacy.json").write_text(json.dumps(doc) + "\n")
+    atomic_write_text(run / "privacy.json", json.dumps(doc) + "\n")  # a link replaced, not followed
 
 
 def attacks(config: Path, results: Path, jobs: int, iterations: dict[str, int]) -> int:
@@ -219,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
     sweep(config, results, a.jobs)
     if a.part == "attack":
-        attacks(config, results, a.jobs, SMOKE_ITERATIONS if a.smoke else ITERATIONS)
+        from fedbug.errors import LinkRefused
+
+        try:
+            attacks(config, results, a.jobs, SMOKE_ITERATIONS if a.smoke else ITERATIONS)
+        except LinkRefused as e:  # a link in a run folder: nothing written through it
+            raise SystemExit(f"privacy: {e}") from None
     return 0
 
 

@@ -152,3 +152,77 @@ def test_recorded_weights_that_are_not_a_flat_tensor_are_one_line(recorded_run, 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "global.pt is not a round's recorded weights" in err[0]
+
+
+# ---------------------------------------------------------------- benchmarks reading committed runs
+
+
+def _outside_file(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside" / "bashrc"
+    outside.parent.mkdir()
+    outside.write_text("the user's own file\n")
+    return outside
+
+
+def test_privacy_json_is_never_written_through_a_link(tmp_path):
+    """``python -m benchmarks.privacy.run attack`` writes ``privacy.json`` beside each finished
+    run of a results folder that git keeps: a committed ``privacy.json`` that is a link (git
+    clones links) had the outside file overwritten. Now the link is replaced, not followed."""
+    from benchmarks.privacy.run import write_privacy
+
+    outside = _outside_file(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"dp": {"epsilon": 1.5, "delta": 1e-5}}))
+    (run / "privacy.json").symlink_to(outside)
+    write_privacy(run)
+    assert outside.read_text() == "the user's own file\n"
+    assert not (run / "privacy.json").is_symlink()
+    assert json.loads((run / "privacy.json").read_text()) == {"epsilon": 1.5, "delta": 1e-5}
+
+
+def test_a_refused_attacks_record_is_never_written_through_a_link(tmp_path, monkeypatch):
+    """The privacy study records a refused attack in ``RUN/attack/<name>-refused/scores.json``;
+    a run's ``attack`` that is a link to an outside folder had the record made there."""
+    import benchmarks.privacy.run as privacy
+    from fedbug.errors import LinkRefused
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run = tmp_path / "run"
+    (run / "updates" / "round-3").mkdir(parents=True)
+    (run / "updates" / "round-3" / "client-7.json").write_text("{}")
+    (run / "attack").symlink_to(outside)
+
+    def refused(*args):
+        raise ConfigError("cannot replay this update exactly")
+
+    monkeypatch.setattr(privacy, "_attack", refused)
+    job = privacy.Job(str(run), 3, False, tuple(privacy.ITERATIONS.items()), "ig")
+    with pytest.raises(LinkRefused):
+        privacy.one_attack(job)
+    assert not any(outside.iterdir())
+
+
+def test_the_family_extract_never_writes_into_a_linked_run_folder(recorded_run, tmp_path):
+    """``python -m benchmarks.family.report --extract`` writes ``family.json`` beside every
+    finished run of a committed results folder: a run folder that is a link (to another folder
+    holding a summary.json) had family.json written there. Now refused before any is written."""
+    import shutil
+
+    from benchmarks.family.report import extract
+    from fedbug.config.loading import read_config_doc
+    from fedbug.errors import LinkRefused
+    from fedbug.sweeps.sweep import cell_runs
+
+    outside = tmp_path / "outside-run"
+    shutil.copytree(recorded_run, outside)
+    config = tmp_path / "w.yaml"
+    config.write_text(yaml.safe_dump({"name": "w", "dataset": "digits", "model": "mlp"}))
+    results = tmp_path / "results"
+    [(_, _, [cell])] = cell_runs(read_config_doc(config), results / "w-sweep")
+    cell.parent.mkdir(parents=True)
+    cell.symlink_to(outside)
+    with pytest.raises(LinkRefused):
+        extract(config, results)
+    assert not (outside / "family.json").exists()
