@@ -1,0 +1,114 @@
+"""Where a cohort group step's time goes: the vectorised gradient against the rest of the step.
+
+Workload W's model (the standard CNN on 3x32x32, W's random data) under ``executor: cohort``,
+10 clients a round stepping together, FedAvg with SGD and weight decay, ``--batch`` samples a
+client (small batches leave the step's own work visible beside the gradient), one thread. The
+executor's ``group_step`` and ``gradients`` are timed around each call in the second of two
+rounds (the first warms up); reported in milliseconds a group step: the group
+step, its gradient (``vmap(grad)`` over the clients) and the difference (the algorithm's
+terms, clipping, the optimiser's step, the stacked vectors' reads and writes), the chunk's time
+outside its group steps, and the tensor operations a group step dispatches outside the
+gradient (on a GPU, each is a kernel launch).
+
+    python -m benchmarks.speed.cohort_step --batch 2     # about 20 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.speed.speed import make_dataset
+from fedbug import engine
+from fedbug.config import load_config
+from fedbug.engine.executors import cohort
+
+
+class CountOps(TorchDispatchMode):
+    """The aten operations dispatched inside it, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def timed(cls: type, name: str, into: list[float]) -> None:
+    """Wrap ``cls.name`` to append each call's seconds to ``into``."""
+    fn = getattr(cls, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            into.append(time.perf_counter() - t)
+
+    setattr(cls, name, wrapper)
+
+
+def counted(cls: type, name: str, mode: CountOps) -> None:
+    fn = getattr(cls, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with mode:
+            return fn(*args, **kwargs)
+
+    setattr(cls, name, wrapper)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=2, help="samples a client a step (2)")
+    ap.add_argument("--steps", type=int, default=20, help="group steps timed in all (20)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    data = make_dataset("cifar", 10, 0)
+    doc = dict(name="cohort-step", dataset="cifar10", model="standard_cnn", num_clients=100,
+               partition="iid", clients_per_round=10, rounds=2, local_steps=args.steps,
+               batch_size=args.batch, lr=0.05, weight_decay=1e-3, eval_every=1000,
+               count_flops=False, threads=1, executor="cohort")  # fmt: skip
+    Ex = cohort.CohortExecutor
+    saved = {n: getattr(Ex, n) for n in ("group_step", "gradients", "train_chunk")}
+    group: list[float] = []
+    grad: list[float] = []
+    chunk: list[float] = []
+    timed(Ex, "group_step", group)
+    timed(Ex, "gradients", grad)
+    timed(Ex, "train_chunk", chunk)
+    engine.run_experiment(load_config(None, doc=doc), dataset=data)
+    for n, fn in saved.items():
+        setattr(Ex, n, fn)
+    last = group[-args.steps :]  # the second round's (the first warms up)
+    g, d = statistics.median(last), statistics.median(grad[-args.steps :])
+    whole, inner = CountOps(), CountOps()
+    counted(Ex, "group_step", whole)
+    counted(Ex, "gradients", inner)
+    engine.run_experiment(
+        load_config(None, doc={**doc, "local_steps": 2, "rounds": 1}), dataset=data
+    )
+    for n, fn in saved.items():
+        setattr(Ex, n, fn)
+    outside = {k: (v - inner.ops[k]) / 2 for k, v in whole.ops.items() if v > inner.ops[k]}
+    print(f"W's model, 10 clients x batch {args.batch}, 1 thread; ms a group step: "
+          f"{1e3 * g:.1f}, of which the gradient {1e3 * d:.1f}, the rest of the step "
+          f"{1e3 * (g - d):.1f}; outside its {len(last)} group steps a round's chunk took "
+          f"{1e3 * (chunk[-1] - sum(last)):.0f} ms (opening and closing the clients, "
+          "drawing their batches)")  # fmt: skip
+    print(
+        f"operations a group step outside the gradient: {sum(outside.values()):.0f} "
+        f"({', '.join(f'{k} {v:g}' for k, v in sorted(outside.items(), key=lambda kv: -kv[1]))})"
+    )
+
+
+if __name__ == "__main__":
+    main()
