@@ -79,6 +79,9 @@ def incompatibility(cfg: Any) -> str | None:
             f"evaluation: personalized scores each client's accuracy on class labels, which task "
             f"{cfg.task} does not give; use evaluation: global (or mean_of_local_models)"
         )
+    targets_reason = targets_incompatibility(cfg)
+    if targets_reason is not None:
+        return targets_reason
     head_reason = adapter_head_incompatibility(cfg, ALGORITHMS.get(cfg.algorithm))
     if head_reason is not None:
         return head_reason
@@ -105,6 +108,25 @@ def incompatibility(cfg: Any) -> str | None:
         return (
             "participation has no effect when clients_per_round picks a fixed number of "
             "clients; remove one of them"
+        )
+    return None
+
+
+def targets_incompatibility(cfg: Any) -> str | None:
+    """Why ``targets: every`` cannot run with ``cfg``: it trains a causal LM on the token after
+    each position, which only ``task: next_token`` scores, and its classifier then reads every
+    position's features, not the one row a sample that a features-reading algorithm takes."""
+    if cfg.targets == "last":
+        return None
+    if cfg.task != "next_token":
+        return (
+            f"targets: every trains on the token after each position, which task {cfg.task} "
+            "does not score; use task: next_token, or remove targets"
+        )
+    if ALGORITHMS.get(cfg.algorithm).needs_features:
+        return (
+            f"targets: every gives the classifier every position's features, and algorithm "
+            f"{cfg.algorithm} reads one feature row a sample; use targets: last"
         )
     return None
 

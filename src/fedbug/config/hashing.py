@@ -23,6 +23,7 @@ _LATER_KEYS = (
     "dp_sgd",
     "hf_config",
     "adapters",
+    "targets",
 )
 _NOT_HASHED = {
     "on_short_round",  # a run either stops or skips rounds it records; resumable either way

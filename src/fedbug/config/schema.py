@@ -135,6 +135,11 @@ class BaseConfig(BaseModel):
         description="classification, regression, multilabel, next_token (fedbug.core.tasks); "
         "custom: a task object given to fedbug.run",
     )
+    targets: Literal["last", "every"] = Field(
+        "last",
+        description="next_token: the token after each sequence (last, LEAF's target) or after "
+        "each position (every: a causal LM trained on every position; needs token inputs)",
+    )
     pfl_test: Literal["matched", "holdout"] | None = Field(
         None,
         description="client test sets: the official test set dealt (matched, the default of "

@@ -189,7 +189,8 @@ class NextToken(Task):
     def _flat(output: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         if output.dim() == y.dim() + 2:  # a score at every position, one target per sequence:
             output = output[:, -1]  # the last position's (a causal LM's next token)
-        return output.reshape(-1, output.shape[-1]), y.reshape(-1)
+        # (targets at every position are stored in the tokens' type: int64 for the loss)
+        return output.reshape(-1, output.shape[-1]), y.reshape(-1).long()
 
     def loss(self, output: Any, y: Tensor) -> Tensor:
         return F.cross_entropy(*self._flat(output, y))

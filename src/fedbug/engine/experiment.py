@@ -25,6 +25,7 @@ from fedbug.core.seeding import derive_seed
 from fedbug.core.tasks import Task, build_task
 from fedbug.data import FederatedDataset, load_dataset, partition
 from fedbug.data.augment import AUGMENTATIONS
+from fedbug.data.targets import every_position_targets
 from fedbug.engine.build import build_parts
 from fedbug.engine.client import (
     ClientData,
@@ -121,6 +122,8 @@ class ClientSide:
         if cfg.evaluation == "personalized" or cfg.pfl_test is not None or natural_tests:
             self.parts, self.test_parts, ds = personal_test_sets(ds, self.parts, cfg)
             self.dataset = ds
+        if cfg.targets == "every":  # after the partition, which deals samples by label
+            ds = self.dataset = every_position_targets(ds)
         check_test_set(ds, cfg)
         self.num_clients = len(self.parts)
         blocks = {name: cfg.options(name) for name in type(cfg).model_fields}
@@ -132,7 +135,15 @@ class ClientSide:
             )
         example = self.example = ds.prepare(ds.train_x[:2])
         model = self._build_model(model)
-        check_model_fits(model, example, ds.train_y[:2], ds, self.task)
+        try:
+            check_model_fits(model, example, ds.train_y[:2], ds, self.task)
+        except ConfigError as e:
+            if cfg.targets != "every":
+                raise
+            raise ConfigError(
+                f"{e} (targets: every: a model that scores every position, such as model: hf; "
+                "or targets: last)"
+            ) from None
         if auto_threads and self.device.type == "cpu":  # by the model's work a step
             flops = step_flops(model, example, ds.train_y[:2], self.task.loss, cfg.batch_size)
             threads = default_threads(flops, cfg.threads)

@@ -62,11 +62,13 @@ def is_import_path(name: str) -> bool:
 
 def model_kwargs(cfg: Any) -> dict[str, Any]:
     """A config's keyword options of its model builder: ``model_options``, and for a Hugging
-    Face model its ``hf_config``, ``task`` (which picks the head) and ``adapters``."""
+    Face model its ``hf_config``, ``task`` (which picks the head), ``adapters`` and
+    ``targets`` (whether a causal LM scores every position)."""
     if not is_hf(cfg.model):
         return dict(cfg.model_options)
     adapters = cfg.adapters.model_dump() if cfg.adapters is not None else None
-    return {**cfg.model_options, "hf_config": cfg.hf_config, "task": cfg.task, "adapters": adapters}
+    hf = {"hf_config": cfg.hf_config, "task": cfg.task, "adapters": adapters}
+    return {**cfg.model_options, **hf, "targets": cfg.targets}
 
 
 #: set to ``1`` to let an import path name a factory function (inherited by child processes)

@@ -22,7 +22,11 @@ one target per sequence (LEAF Shakespeare's character after the 80 before it), s
 gives the scores of the token after each sequence, (N, V), as ``shakespeare_lstm`` does: its
 head (``get_output_embeddings()``) takes the last position's hidden state only, (N, d), so it
 runs once per sequence and an algorithm that reads the classifier's input (FedROD's personal
-head, FedDecorr) gets one feature row per sample.
+head, FedDecorr) gets one feature row per sample. ``targets: every`` trains a causal LM as one
+is usually trained, on the token after every position (the window shifted by one, then the
+sequence's target: :func:`fedbug.data.targets.every_position_targets`): the head runs on every
+position and the model returns (N, T, V); evaluation still scores the token after each test
+sequence, the last position's, so accuracy is comparable with ``targets: last``.
 ``use_cache`` is off: a training step keeps no key/value cache.
 
 ``model_options: {gradient_checkpointing: true}`` checkpoints each block (the model's
@@ -107,11 +111,13 @@ def build_hf(
     task: str = "classification",
     adapters: dict[str, Any] | None = None,
     gradient_checkpointing: bool = False,
+    targets: str = "last",
 ) -> nn.Module:
     """The Hugging Face model ``name`` names (``hf`` or ``hf:<name or folder>``) with the head
     of ``task``, returning logits (module docstring), with ``adapters`` where given
     (:mod:`fedbug.models.adapters`) and each block checkpointed under
-    ``gradient_checkpointing``. Random weights come from torch's global generator, which
+    ``gradient_checkpointing``; a causal LM scores the last position only, or every position
+    under ``targets="every"``. Random weights come from torch's global generator, which
     :func:`fedbug.models.build_model` seeds from the run's seed."""
     check_hf_model(name, hf_config, task, adapters)
     if not isinstance(gradient_checkpointing, bool):
@@ -141,10 +147,11 @@ def build_hf(
         model = add_adapters(model, adapters)
     if gradient_checkpointing:
         _checkpoint_blocks(model)
-    head = model.get_output_embeddings() if task == "next_token" else None
+    last = task == "next_token" and targets != "every"  # else every position's scores
+    head = model.get_output_embeddings() if last else None
     if head is not None:
         head.register_forward_pre_hook(_last_position)
-    model.register_forward_hook(_last_logits if task == "next_token" else _logits)
+    model.register_forward_hook(_last_logits if last else _logits)
     return model  # type: ignore[no-any-return]
 
 

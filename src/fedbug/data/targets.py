@@ -1,0 +1,29 @@
+"""A causal LM's training targets at every position (``targets: every``)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from fedbug.data.base import FederatedDataset
+from fedbug.errors import ConfigError
+
+
+def every_position_targets(ds: FederatedDataset) -> FederatedDataset:
+    """``ds`` with each training sample's target at every position: the token after each
+    position of its window, that is the window shifted by one and then the sequence's own
+    target (``x[1:] + [y]``), shape (N, T). Stored in the tokens' own type (every token id fits
+    it: the targets are token ids too), so the targets take as much memory as the windows; the
+    task casts a batch's to int64. The test set keeps one target a sequence."""
+    if ds.inputs != "tokens" or ds.train_x.dim() != 2 or ds.labels != "classes":
+        raise ConfigError(
+            f"targets: every predicts the token after each position of a token sequence; data "
+            f"set {ds.name!r} holds {ds.inputs} inputs of shape {tuple(ds.train_x.shape[1:])}; "
+            "use a token data set (inputs='tokens', such as shakespeare) or targets: last"
+        )
+    x = ds.train_x
+    kind = x.dtype if ds.num_classes - 1 <= torch.iinfo(x.dtype).max else torch.int64
+    out = copy.copy(ds)  # the same data set, its training targets replaced
+    out.train_y = torch.cat([x[:, 1:].to(kind), ds.train_y.to(kind).unsqueeze(1)], dim=1)
+    return out

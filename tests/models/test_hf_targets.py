@@ -1,0 +1,107 @@
+"""``targets: every``: a causal LM trained on the token after every position of its window
+(fedbug.data.targets, the Hugging Face head on every position), evaluated as before on the token
+after each test sequence; hand-worked targets, one local step against the gradient of the mean
+cross-entropy over every position, and one-line refusals."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny import user_data_config
+
+from fedbug.config import load_config
+from fedbug.data import FederatedDataset
+from fedbug.data.targets import every_position_targets
+from fedbug.engine import run_experiment
+from fedbug.engine.experiment import Experiment
+from fedbug.errors import ConfigError
+from fedbug.models import build_model
+
+transformers = pytest.importorskip("transformers")
+
+V, T, N = 12, 8, 24
+GPT2 = {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2, "n_positions": T,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}  # fmt: skip
+
+
+def tokens(dtype: torch.dtype = torch.uint8) -> FederatedDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, V, (N, T), generator=g).to(dtype)
+    y = torch.randint(0, V, (N,), generator=g)
+    return FederatedDataset("tok", x, y, x[:16], y[:16], V, inputs="tokens")
+
+
+def test_every_positions_target_is_the_next_token_then_the_sequences_own():
+    x = torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.uint8)
+    ds = FederatedDataset("t", x, torch.tensor([7, 8]), x, torch.tensor([9, 10]), 11,
+                          inputs="tokens")  # fmt: skip
+    out = every_position_targets(ds)
+    assert out.train_y.tolist() == [[2, 3, 7], [5, 6, 8]]
+    assert out.train_y.dtype == torch.uint8  # the tokens' type: no more memory than the windows
+    assert out.test_y.tolist() == [9, 10] and ds.train_y.tolist() == [7, 8]  # ds unchanged
+
+
+def test_every_position_is_refused_on_data_that_is_not_tokens():
+    x = torch.zeros(4, 1, 2, 2, dtype=torch.uint8)
+    images = FederatedDataset("img", x, torch.zeros(4, dtype=torch.long), x,
+                              torch.zeros(4, dtype=torch.long), 2)  # fmt: skip
+    with pytest.raises(ConfigError, match="targets: every predicts .* token sequence"):
+        every_position_targets(images)
+
+
+def test_the_head_scores_every_position_only_under_every():
+    x = torch.zeros(3, T, dtype=torch.long)
+    last = build_model("hf", (T,), V, 0, hf_config=GPT2, task="next_token")
+    every = build_model("hf", (T,), V, 0, hf_config=GPT2, task="next_token", targets="every")
+    assert last(x).shape == (3, V) and every(x).shape == (3, T, V)
+
+
+def test_one_local_step_follows_the_mean_loss_over_every_position():
+    """One client, one step on all its samples, plain SGD: the update is -lr times the gradient
+    of the cross-entropy averaged over every position's next token; the round's test accuracy
+    is the last position's, on one target a test sequence."""
+    ds = tokens()
+    cfg = user_data_config(model="hf", hf_config=GPT2, task="next_token", targets="every",
+                           num_clients=1, clients_per_round=1, rounds=1, local_steps=1,
+                           batch_size=N, weight_decay=0.0, momentum=0.0, lr=0.5)  # fmt: skip
+    exp = Experiment(cfg, dataset=ds)
+    start = exp.initial_weights()
+    model = copy.deepcopy(exp.template)
+    flat = exp.space.bind(model)
+    assert torch.equal(flat, start)
+    x = ds.train_x.long()
+    targets = torch.cat([x[:, 1:], ds.train_y.unsqueeze(1)], 1)
+    F.cross_entropy(model(x).reshape(-1, V), targets.reshape(-1)).backward()
+    expected = start.clone()
+    for name, off, n, _shape, _u in exp.space.param_slots():
+        expected[off : off + n] -= 0.5 * model.get_parameter(name).grad.reshape(-1)
+    res = run_experiment(cfg, dataset=ds)
+    assert torch.allclose(res.weights, expected, atol=1e-6)
+    assert not torch.allclose(res.weights, start, atol=1e-3)  # the step moved the weights
+    flat.copy_(res.weights)
+    with torch.no_grad():
+        logits = model(ds.test_x.long())[:, -1]
+    acc = float((logits.argmax(1) == ds.test_y).float().mean())
+    assert res.records[-1]["test_acc"] == pytest.approx(acc)
+
+
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        ({"task": "classification"}, "targets: every trains on the token after each position"),
+        ({"algorithm": "feddecorr"}, "algorithm feddecorr reads one feature row a sample"),
+    ],
+)
+def test_config_refusals_are_one_line(over, message):
+    doc = {"model": "hf", "hf_config": GPT2, "task": "next_token", "targets": "every", **over}
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, doc=doc)
+
+
+def test_a_model_scoring_one_position_is_refused_naming_targets():
+    cfg = user_data_config(model="shakespeare_lstm", task="next_token", targets="every")
+    with pytest.raises(ConfigError, match=r"targets: every: a model that scores every position"):
+        Experiment(cfg, dataset=tokens())
