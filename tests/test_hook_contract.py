@@ -150,6 +150,28 @@ def test_no_global_model_needs_local_units():
             has_global_model = False
 
 
+class KeepsHead(FedAvg):
+    """Keeps the model's last unit on each client, yet keeps the default has_global_model."""
+
+    name = "keeps_head"
+
+    def local_units(self, num_units: int) -> tuple[int, ...]:
+        return (num_units - 1,)
+
+
+def test_a_global_model_without_the_units_kept_on_clients_is_refused_at_build():
+    """The class body cannot see which units local_units names: the run's build does, before
+    any round (a global evaluation would otherwise score a head no round trained)."""
+    with registries_restored(ALGORITHMS):
+        ALGORITHMS.register(KeepsHead.name)(KeepsHead)
+        cfg = fedbug.config(algorithm="keeps_head", model="mlp", num_clients=2,
+                            clients_per_round=2, rounds=1, local_steps=1, batch_size=8,
+                            count_flops=False, threads=1)  # fmt: skip
+        with pytest.raises(TypeError, match=r"KeepsHead keeps model unit\(s\) \[2\].*"
+                           "has_global_model = False"):  # fmt: skip
+            fedbug.run(cfg)
+
+
 def test_a_selection_that_needs_local_deltas_reads_them_in_update():
     with pytest.raises(TypeError, match="Deaf.*needs_local_deltas.*update"):
 

@@ -80,6 +80,7 @@ def build_parts(cfg: BaseConfig, algorithm: Algorithm, model: nn.Module, example
         units, head_units(cfg, algorithm, own), sublayers, algorithm.extra_modules
     )
     algorithm.setup(layout)
+    check_global_model(algorithm, layout)
     algorithm.setup_run(cfg, example)  # its refusals come before any run folder
     policy, schedule = build_freezing(cfg, layout)
     return Parts(
@@ -92,6 +93,24 @@ def build_parts(cfg: BaseConfig, algorithm: Algorithm, model: nn.Module, example
         policy,
         schedule,
     )
+
+
+def check_global_model(algorithm: Algorithm, layout: Layout) -> None:
+    """Refuse (TypeError naming the class) an algorithm that keeps units of the model itself on
+    its clients (``local_units``) yet says the server's weights are a model to evaluate
+    (``has_global_model``): they would miss those units, and global evaluation would score
+    units no round trained. The units ``wrap_model`` adds (FedROD's personal head) may stay on
+    the clients beside a global model. Checked once the units are known, as the class body
+    cannot see them."""
+    kept = [u for u in algorithm.local_units(layout.num_units) if u < layout.policy_units]
+    if algorithm.has_global_model and kept:
+        who = type(algorithm).__qualname__
+        raise TypeError(
+            f"algorithm class {who} keeps model unit(s) {kept} on its clients (local_units) "
+            "but has_global_model is True, so the server's weights, evaluated as the global "
+            "model, would miss them; set has_global_model = False (evaluation: personalized) "
+            "or keep only the units wrap_model adds (extra_modules)"
+        )
 
 
 def head_units(cfg: BaseConfig, algorithm: Algorithm, own: int) -> int:
