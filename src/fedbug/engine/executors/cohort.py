@@ -205,8 +205,8 @@ class CohortExecutor(Executor):
     def fresh_grads(self, w: Tensor, units: Sequence[int]) -> Tensor:
         """A group's gradient, shaped as its weights: zero outside ``units`` (what
         :meth:`gradients` does not write), and left as allocated inside, where it writes."""
-        grads = torch.empty_like(w)
-        frozen = [u for u in range(self.space.num_units) if u not in set(units)]
+        grads, on = torch.empty_like(w), set(units)
+        frozen = [u for u in range(self.space.num_units) if u not in on]
         for r in unit_regions(frozen, self.space):
             grads[:, r].zero_()
         return grads
