@@ -12,7 +12,7 @@
 #
 # Run from the repository root with fedbug importable and pytest installed (PYTHON=... picks
 # the interpreter). Writes OUT_DIR/cohort-test.log, cohort-speed.jsonl (one JSON line per W
-# variant), scale.txt, forms.txt and step.json. W_ROUNDS: W's rounds, the first a warm-up (default 4).
+# variant), scale.txt, cohort-step.txt, forms.txt and step.json. W_ROUNDS: W's rounds, the first a warm-up (default 4).
 set -uo pipefail
 out=${1:?usage: bash benchmarks/gpu/cohort.sh OUT_DIR [W_ROUNDS]}
 rounds=${2:-4}
@@ -55,6 +55,11 @@ for ex in ${data:+sequential cohort}; do
     && "$py" -c "import json,glob; rs=[json.loads(l) for l in open(glob.glob('/tmp/gpu-scale-$ex/*/metrics.jsonl')[0])]; print('scale-10k 1000/round $ex: train s per round', [round(r['time_train'],2) for r in rs], 'acc', rs[-1].get('test_acc'))" \
     | tee -a "$out/scale.txt"
 done
+
+# a cohort group step split into the vmapped gradient and the rest (W's model, batch 50 and 2)
+for b in 50 2; do
+  timeout 120 "$py" -m benchmarks.speed.cohort_step --device cuda --batch $b 2>&1 | tail -2
+done | tee "$out/cohort-step.txt"
 
 # the vmapped gradient alone (10 and 100 clients), eager and in a CUDA graph, beside a loop
 timeout 120 "$py" -m benchmarks.gpu.cohort_forms --device cuda --clients 10,100 --iters 10 \

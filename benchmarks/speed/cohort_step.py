@@ -2,15 +2,17 @@
 
 Workload W's model (the standard CNN on 3x32x32, W's random data) under ``executor: cohort``,
 10 clients a round stepping together, FedAvg with SGD and weight decay, ``--batch`` samples a
-client (small batches leave the step's own work visible beside the gradient), one thread. The
-executor's ``group_step`` and ``gradients`` are timed around each call in the second of two
-rounds (the first warms up); reported in milliseconds a group step: the group
-step, its gradient (``vmap(grad)`` over the clients) and the difference (the algorithm's
-terms, clipping, the optimiser's step, the stacked vectors' reads and writes), the chunk's time
-outside its group steps, and the tensor operations a group step dispatches outside the
-gradient (on a GPU, each is a kernel launch).
+client (small batches leave the step's own work visible beside the gradient), one thread, on
+the CPU or a GPU (``--device cuda``: autotuned kernels, the device synchronised around each
+timed call). The executor's ``group_step`` and ``gradients`` are timed around each call in the
+second of two rounds (the first warms up); reported in milliseconds a group step: the group
+step, its gradient (``vmap(grad)`` over the clients) and the difference (the algorithm's terms,
+clipping, the optimiser's step, the stacked vectors' reads and writes), the chunk's time outside
+its group steps, and the tensor operations a group step dispatches outside the gradient (on a
+GPU, each is a kernel launch).
 
     python -m benchmarks.speed.cohort_step --batch 2     # about 20 s
+    python -m benchmarks.speed.cohort_step --batch 50 --device cuda
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,15 +45,18 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def timed(cls: type, name: str, into: list[float]) -> None:
-    """Wrap ``cls.name`` to append each call's seconds to ``into``."""
+def timed(cls: type, name: str, into: list[float], sync: Callable[[], None]) -> None:
+    """Wrap ``cls.name`` to append each call's seconds to ``into`` (``sync`` waits for the
+    device before the clock is read: on a GPU the call's kernels, not their launches)."""
     fn = getattr(cls, name)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        sync()
         t = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
+            sync()
             into.append(time.perf_counter() - t)
 
     setattr(cls, name, wrapper)
@@ -70,21 +76,25 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=2, help="samples a client a step (2)")
     ap.add_argument("--steps", type=int, default=20, help="group steps timed in all (20)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = ap.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     torch.set_num_threads(1)
     data = make_dataset("cifar", 10, 0)
     doc = dict(name="cohort-step", dataset="cifar10", model="standard_cnn", num_clients=100,
                partition="iid", clients_per_round=10, rounds=2, local_steps=args.steps,
                batch_size=args.batch, lr=0.05, weight_decay=1e-3, eval_every=1000,
-               count_flops=False, threads=1, executor="cohort")  # fmt: skip
+               count_flops=False, threads=1, executor="cohort", device=args.device,
+               deterministic=not cuda)  # fmt: skip
     Ex = cohort.CohortExecutor
     saved = {n: getattr(Ex, n) for n in ("group_step", "gradients", "train_chunk")}
     group: list[float] = []
     grad: list[float] = []
     chunk: list[float] = []
-    timed(Ex, "group_step", group)
-    timed(Ex, "gradients", grad)
-    timed(Ex, "train_chunk", chunk)
+    timed(Ex, "group_step", group, sync)
+    timed(Ex, "gradients", grad, sync)
+    timed(Ex, "train_chunk", chunk, sync)
     engine.run_experiment(load_config(None, doc=doc), dataset=data)
     for n, fn in saved.items():
         setattr(Ex, n, fn)
@@ -99,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     for n, fn in saved.items():
         setattr(Ex, n, fn)
     outside = {k: (v - inner.ops[k]) / 2 for k, v in whole.ops.items() if v > inner.ops[k]}
-    print(f"W's model, 10 clients x batch {args.batch}, 1 thread; ms a group step: "
+    print(f"W's model, 10 clients x batch {args.batch}, {args.device}, 1 thread; ms a group step: "
           f"{1e3 * g:.1f}, of which the gradient {1e3 * d:.1f}, the rest of the step "
           f"{1e3 * (g - d):.1f}; outside its {len(last)} group steps a round's chunk took "
           f"{1e3 * (chunk[-1] - sum(last)):.0f} ms (opening and closing the clients, "
