@@ -88,6 +88,13 @@ def test_one_local_step_follows_the_mean_loss_over_every_position():
     assert res.records[-1]["test_acc"] == pytest.approx(acc)
 
 
+def test_a_run_folder_plots_the_partition_by_each_sequences_own_target(tmp_path):
+    cfg = user_data_config(model="hf", hf_config=GPT2, task="next_token", targets="every",
+                           rounds=1, local_steps=1)  # fmt: skip
+    res = run_experiment(cfg, tmp_path / "run", dataset=tokens())
+    assert (tmp_path / "run" / "summary.json").exists() and res.records[-1]["test_acc"] >= 0
+
+
 @pytest.mark.parametrize(
     "over, message",
     [

@@ -352,10 +352,12 @@ def with_user_sources(
 
 def class_labels(ds: FederatedDataset) -> tuple[Tensor, int]:
     """The labels a partition deals by class and their number: the data set's own for class
-    labels; one class (all zeros) for values (regression targets), which only iid and natural
+    labels (a sequence's own target where ``targets: every`` gave it one at every position:
+    the last); one class (all zeros) for values (regression targets), which only iid and natural
     partitions accept."""
     if ds.labels == "classes":
-        return ds.train_y, ds.num_classes
+        y = ds.train_y
+        return (y[:, -1].long() if y.dim() == 2 else y), ds.num_classes
     return torch.zeros(len(ds.train_y), dtype=torch.long), 1
 
 
