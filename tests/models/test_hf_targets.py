@@ -95,6 +95,22 @@ def test_a_run_folder_plots_the_partition_by_each_sequences_own_target(tmp_path)
     assert (tmp_path / "run" / "summary.json").exists() and res.records[-1]["test_acc"] >= 0
 
 
+def test_clients_own_test_sets_score_the_token_after_each_sequence():
+    """Natural clients with test samples of their own (LEAF's roles): acc_client_mean beside
+    the global accuracy, both on the last position's scores."""
+    ds, g = tokens(), torch.Generator().manual_seed(1)
+    clients = [(ds.train_x[i : i + 6], ds.train_y[i : i + 6]) for i in range(0, N, 6)]
+    tests = [(ds.train_x[i : i + 3], torch.randint(0, V, (3,), generator=g)) for i in range(4)]
+    natural = FederatedDataset.from_clients("roles", clients, test=tests, num_classes=V,
+                                            inputs="tokens")  # fmt: skip
+    cfg = user_data_config(model="hf", hf_config=GPT2, task="next_token", targets="every",
+                           partition="natural", rounds=1, local_steps=1)  # fmt: skip
+    last = run_experiment(cfg.model_copy(update={"targets": "last"}), dataset=natural)
+    res = run_experiment(cfg, dataset=natural)
+    assert 0 <= res.records[-1]["acc_client_mean"] <= 1
+    assert set(res.records[-1]) == set(last.records[-1])
+
+
 @pytest.mark.parametrize(
     "over, message",
     [

@@ -147,6 +147,8 @@ class PersonalizedEvaluator:
                 out = self.model(self.prepare(ds.test_x[b].to(dev)))
             if not generic:
                 out = self.algorithm.logits(out)
+            if out.dim() == ds.test_y.dim() + 2:  # a causal LM scoring every position: the last
+                out = out[:, -1]
             correct += int((out.argmax(1) == ds.test_y[b].to(dev)).sum())
         return correct
 
