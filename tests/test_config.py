@@ -204,6 +204,16 @@ def test_set_dotted():
 # -- validation ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "key, meant", [("rl", "lr"), ("roudns", "rounds"), ("bogus", None), ("foo", None)]
+)
+def test_an_unknown_key_suggests_only_a_real_likeness(key, meant):
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, doc={key: 1})
+    hint = f"did you mean {meant!r}?" if meant else "did you mean"
+    assert (hint in str(exc.value)) == (meant is not None), str(exc.value)
+
+
 @pytest.mark.parametrize("doc", [[], ["lr", 0.1], "lr: 0.1", 3, None])
 def test_validate_refuses_non_mappings(doc):
     with pytest.raises(ConfigError, match="mapping"):

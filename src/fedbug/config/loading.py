@@ -52,8 +52,10 @@ def closest_key(key: str) -> str | None:
     prefix, _, last = key.rpartition(".")
     siblings = _block_keys(prefix)
     names = siblings + ([a for a in KEY_ALIASES if a not in siblings] if not prefix else [])
-    # in a block, only a real likeness: 'bogus' is half of 'configs' by difflib's count
-    close = difflib.get_close_matches(last, names, n=1, cutoff=0.6 if prefix else 0.5)
+    # only a real likeness ('bogus' is half of 'configs', and of 'rounds', by difflib's
+    # count), or the same letters swapped ('rl' for 'lr')
+    swapped = [n for n in names if sorted(n) == sorted(last)]
+    close = swapped[:1] or difflib.get_close_matches(last, names, n=1, cutoff=0.6)
     dot = f"{prefix}." if prefix else ""
     if close:
         return dot + (close[0] if close[0] in siblings else KEY_ALIASES[close[0]])
