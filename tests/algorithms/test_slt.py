@@ -492,6 +492,7 @@ def test_the_cli_refuses_the_demos_constraint_naming_what_fits_writing_nothing(t
     [
         (["slt.constraint=0"], ["slt.constraint"]),
         (["slt.configs=[[2, 0.5]]"], ["slt.configs", "(0, 1]"]),
+        (["slt.configs=[1]"], ["slt.configs: auto or a list of [s, f] pairs", "got [1]"]),
         (["slt.constraint=0.5"], ["slt.constraint: 0.5", "no configuration fits"]),
     ],
 )

@@ -115,6 +115,23 @@ class SLTParams(Params):
         "stage", description="evaluate the round's stage's sub-model (code) or the whole model"
     )
 
+    @field_validator("configs", mode="before")
+    @classmethod
+    def _configs_shape(cls, v: Any) -> Any:
+        """One line for a value of neither form (pydantic would list both union branches)."""
+        def number(x: Any) -> bool:
+            return isinstance(x, int | float) and not isinstance(x, bool)
+
+        pairs = isinstance(v, list | tuple) and all(
+            isinstance(p, list | tuple) and len(p) == 2 and all(map(number, p)) for p in v
+        )
+        if v != "auto" and not pairs:
+            raise ValueError(
+                f"slt.configs: auto or a list of [s, f] pairs ([[0.5, 0.25], [1.0, 0.5]]); "
+                f"got {v!r}"
+            )
+        return v
+
     @field_validator("configs")
     @classmethod
     def _check_configs(cls, v: Any) -> Any:
