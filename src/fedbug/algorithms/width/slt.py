@@ -119,6 +119,7 @@ class SLTParams(Params):
     @classmethod
     def _configs_shape(cls, v: Any) -> Any:
         """One line for a value of neither form (pydantic would list both union branches)."""
+
         def number(x: Any) -> bool:
             return isinstance(x, int | float) and not isinstance(x, bool)
 
