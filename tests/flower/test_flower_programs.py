@@ -87,3 +87,16 @@ def test_check_programs_names_every_missing_one(tmp_path, monkeypatch):
     text = str(e.value)
     assert "needs the programs flower-superlink, flower-superexec, flwr-simulation," in text
     assert "\n" not in text
+
+
+def test_an_empty_path_entry_is_left_out_and_no_interpreter_is_not_named(tmp_path, monkeypatch):
+    """The current folder (an empty PATH entry) never serves a program: a received run folder
+    may hold one; without an interpreter's path the refusal names PATH alone."""
+    monkeypatch.chdir(_bin(tmp_path / "received", PROGRAMS["flower-deployment"]))
+    monkeypatch.setenv("PATH", os.pathsep + str(_bin(tmp_path / "path", ())))
+    monkeypatch.setattr(sys, "executable", "")
+    env = flower_env(tmp_path / "home")
+    assert env["PATH"] == str(tmp_path / "path")
+    with pytest.raises(ConfigError) as exc:
+        check_programs("flower-deployment", env["PATH"])
+    assert "not found on PATH;" in str(exc.value) and "()" not in str(exc.value)

@@ -124,7 +124,8 @@ def flower_path(path: str | None = None) -> str:
     """The ``PATH`` of every Flower process fedbug starts: ``path`` (by default this process's),
     then the folder of this Python's interpreter when ``path`` lacks it. A program on ``PATH``
     comes first; a virtualenv's Flower is found without the virtualenv activated, by fedbug's
-    launch and by the SuperLink's own launches alike."""
+    launch and by the SuperLink's own launches alike. An empty entry (the current folder, on
+    POSIX) is left out: a program planted in a received run folder is never started."""
     path = os.environ.get("PATH", os.defpath) if path is None else path
     parts = [p for p in path.split(os.pathsep) if p]
     here = _interpreter_folder()
@@ -141,10 +142,11 @@ def check_programs(executor: str, path: str | None = None) -> dict[str, str]:
     missing = [name for name, where in found.items() if where is None]
     if missing:
         what = f"program {missing[0]}" if len(missing) == 1 else f"programs {', '.join(missing)}"
+        here = _interpreter_folder()
+        where = f"on PATH or beside this Python ({here})" if here else "on PATH"
         raise ConfigError(
-            f"executor {executor} needs the {what}, not found on PATH or beside this Python "
-            f"({_interpreter_folder()}); install flwr into this environment ({INSTALL_HINT}) "
-            "or activate its virtualenv"
+            f"executor {executor} needs the {what}, not found {where}; install flwr into this "
+            f"environment ({INSTALL_HINT}) or activate its virtualenv"
         )
     return {name: str(where) for name, where in found.items()}
 
