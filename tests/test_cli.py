@@ -150,6 +150,10 @@ def test_rerun_needs_resume_and_resume_of_finished_run_keeps_metrics(tmp_path, c
     rc, _, err = cli(capsys, "run", str(cfg), "--out", str(out), "-q")
     assert_one_line_error(rc, err, "--resume")
     assert (rd / "metrics.jsonl").read_bytes() == metrics
+    # record_updates is not in the folder's name: the same folder, said to be a finished run
+    rc, _, err = cli(capsys, "run", str(cfg), "--out", str(out), "-q", "-s", "record_updates=[1]")
+    assert_one_line_error(rc, err, "finished run")
+    assert "record_updates" in err and "another --out" in err
 
     rc, _, err = cli(capsys, "run", str(cfg), "--out", str(out), "-q", "--resume")
     assert rc == 0, err

@@ -63,7 +63,16 @@ class ShortRoundError(FedbugError):
 class RunFolderHoldsRun(ConfigError):
     """A new run was asked for in a folder that already holds one."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, finished: bool = False) -> None:
+        if finished:  # settings outside the config hash name the same folder
+            said = (
+                f"run folder {path!r} already holds this config's finished run ({{resume}} gives "
+                "its result); to run it again with settings the folder's name leaves out "
+                "(record_updates, the executor, threads) choose another {out}, or remove it"
+            )
+            super().__init__(said.format(resume="resume=True", out="run_dir"))
+            self.cli_message = said.format(resume="--resume", out="--out")
+            return
         super().__init__(
             f"run folder {path!r} already holds a run; pass resume=True to continue it or "
             "choose another run_dir"

@@ -120,7 +120,7 @@ def open_run(
         start = int(ck["round"]) + 1
         records = rd.truncate_metrics(start - 1)
     elif rd.exists_with_results() and not resume:
-        raise RunFolderHoldsRun(str(rd.path))
+        raise RunFolderHoldsRun(str(rd.path), finished=_finished(rd))
     elif (rd.path / "summary.json").exists():
         # resume asked of a finished run kept without its checkpoint: never wipe its results
         raise CheckpointError(
@@ -206,6 +206,16 @@ def write_summary(
     rd.write_json("summary.json", summary)
     if records:
         plot_run(records, rd.path / "accuracy.png", f"{cfg.name} (seed {cfg.seed})")
+
+
+def _finished(rd: RunDir) -> bool:
+    """Whether the run in ``rd`` completed, as its summary says (never raises)."""
+    if not (rd.path / "summary.json").exists():
+        return False
+    try:
+        return rd.read_summary().get("status") in (None, "completed")
+    except (FedbugError, OSError):
+        return False
 
 
 def _ended(rd: RunDir) -> str:
