@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from tiny import TINY_DOC, without_timing
 
@@ -80,6 +81,40 @@ def test_ctrl_c_stops_every_job_and_resume_ends_as_uninterrupted(tmp_path):
     whole, cut = _runs(tmp_path / "whole"), _runs(out)
     assert {k: v[1] for k, v in whole.items()} == {k: v[1] for k, v in cut.items()}
     assert {k: v[0] for k, v in whole.items()} == {k: v[0] for k, v in cut.items()}
+
+
+def _children(pid: int) -> list[int]:
+    found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(x) for x in found]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc for the workers")
+def test_ctrl_c_is_one_line_without_the_workers_tracebacks(tmp_path):
+    """Ctrl-C reaches the workers too, and they may see it before the sweep stops them: the
+    user still sees the one line and exit 130, never a worker's KeyboardInterrupt traceback."""
+    cfg = _config(tmp_path, rounds=200)
+    out = tmp_path / "cut"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedbug.cli", "sweep", str(cfg), "--out", str(out), "-q"]
+        + ["--jobs", "2"],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not any(
+        p.stat().st_size for p in out.glob("jobs-sweep/*/metrics.jsonl")
+    ):
+        time.sleep(0.1)
+    for pid in _children(proc.pid):  # the workers first, the sweep a moment later
+        os.kill(pid, signal.SIGINT)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130
+    assert err.strip() == "fedbug: interrupted; rerun with --resume to continue", err
 
 
 def test_a_failed_run_is_one_error_line(tmp_path, capsys):

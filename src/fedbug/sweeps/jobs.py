@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import signal
 import sys
 import threading
 import traceback
@@ -69,8 +70,12 @@ class JobError(FedbugError):
 
 
 def _init(q: Any, parent: int) -> None:
-    """A pool worker's start: die with the sweep (``parent``, its pid), and keep its queue."""
+    """A pool worker's start: die with the sweep (``parent``, its pid), keep its queue, and
+    ignore SIGINT: a terminal's Ctrl-C reaches the whole process group, and the sweep owns it
+    (it stops every worker); a worker that took it would print its KeyboardInterrupt's
+    traceback under the sweep's one line."""
     global _QUEUE
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform == "linux":
         die_with_parent()
     if os.getppid() != parent:  # the sweep died before the signal was asked for: nothing to do
