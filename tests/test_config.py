@@ -663,3 +663,18 @@ def test_a_method_on_the_command_line_replaces_the_files_choice_of_method(tmp_pa
     path.write_text("dataset: digits\nmethod: fedpart\npolicy: bottom_up\n")
     with pytest.raises(ConfigError, match="method: fedpart sets policy: fedpart"):
         load_config(path)  # the file disagreeing with itself
+
+
+def test_a_null_override_gives_the_key_back_its_default():
+    """``-s participation=null`` beside ``-s clients_per_round=4`` on a file that sets
+    participation: the file's value is gone (the two would be refused together), and a block's
+    key set to null takes its default."""
+    from fedbug.config.loading import with_overrides
+
+    doc = {"participation": 0.25, "algorithm": "fedprox", "fedprox": {"mu": 0.5}}
+    out = with_overrides(doc, ["clients_per_round=4", "participation=null", "fedprox.mu=null"])
+    assert out == {"clients_per_round": 4, "algorithm": "fedprox", "fedprox": {}}
+    cfg = load_config(None, doc=out)
+    assert cfg.participation == type(cfg).model_fields["participation"].default
+    with pytest.raises(ConfigError, match=r"remove one of them \(-s participation=null\)"):
+        load_config(None, doc={**out, "participation": 0.25})

@@ -107,7 +107,7 @@ def incompatibility(cfg: Any) -> str | None:
     if fixed_count and cfg.participation != type(cfg).model_fields["participation"].default:
         return (
             "participation has no effect when clients_per_round picks a fixed number of "
-            "clients; remove one of them"
+            "clients; remove one of them (-s participation=null)"
         )
     return None
 

@@ -236,7 +236,8 @@ def load_config(
 
 
 def with_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``doc`` with the ``key=value`` overrides set (``-s``); a ``method=`` among them replaces
+    """``doc`` with the ``key=value`` overrides set (``-s``; ``key=null`` gives a key back its
+    default, removing the file's value); a ``method=`` among them replaces
     the document's own algorithm, policy, schedule and selection but for those the overrides
     set too (:func:`~fedbug.config.presets.method_over_file`)."""
     pairs = [parse_override(text) for text in overrides]
@@ -246,8 +247,21 @@ def with_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
         names = {k: v for k, v in given.items() if not isinstance(v, list | dict)}
         doc = method_over_file(doc, names)
     for key, value in pairs:
-        set_dotted(doc, key, value)
+        if value is None:  # key=null: the key back to its default (no key's default is a value
+            unset_dotted(doc, key)  # that null would not also mean), the file's value gone
+        else:
+            set_dotted(doc, key, value)
     return doc
+
+
+def unset_dotted(doc: dict[str, Any], key: str) -> None:
+    """Remove ``key`` (dotted) from ``doc`` where it is there."""
+    *blocks, last = key.split(".")
+    node: Any = doc
+    for p in blocks:
+        node = node.get(p) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(last, None)
 
 
 def resolve(cfg: BaseConfig) -> BaseConfig:
