@@ -205,7 +205,14 @@ def test_set_dotted():
 
 
 @pytest.mark.parametrize(
-    "key, meant", [("rl", "lr"), ("roudns", "rounds"), ("bogus", None), ("foo", None)]
+    "key, meant",
+    [
+        ("rl", "lr"),
+        ("roudns", "rounds"),
+        ("bogus", None),
+        ("foo", None),
+        ("gu_ratio", "bottom_up.gu_ratio"),  # that name in a block before a likeness
+    ],
 )
 def test_an_unknown_key_suggests_only_a_real_likeness(key, meant):
     with pytest.raises(ConfigError) as exc:

@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=V1,V2",
         help="run every value of KEY (one more grid axis, or replacing the config's grid: "
-        "entry for KEY), e.g. -g gu_ratio=0,0.5; repeatable",
+        "entry for KEY), e.g. -g bottom_up.gu_ratio=0,0.5; repeatable",
     )
     s.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: config)")
     s.add_argument(

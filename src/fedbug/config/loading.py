@@ -45,9 +45,10 @@ KEY_ALIASES = {
 
 
 def closest_key(key: str) -> str | None:
-    """The valid key an unknown dotted ``key`` most likely meant: a key of the same block close
-    to its last part (or a known alias of one), else a key of another block with that name;
-    a key of no known block may also be close to a valid key as a whole."""
+    """The valid key an unknown dotted ``key`` most likely meant: a known alias, or a key of the
+    same block with its letters swapped; else a key of another block with that name; else a
+    key of the same block close to its last part (or an alias close to it); a key of no known
+    block may also be close to a valid key as a whole."""
     keys = all_keys()
     prefix, _, last = key.rpartition(".")
     siblings = _block_keys(prefix)
@@ -55,13 +56,16 @@ def closest_key(key: str) -> str | None:
     # only a real likeness ('bogus' is half of 'configs', and of 'rounds', by difflib's
     # count), or the same letters swapped ('rl' for 'lr')
     swapped = [n for n in names if sorted(n) == sorted(last)]
-    close = swapped[:1] or difflib.get_close_matches(last, names, n=1, cutoff=0.6)
+    exact = [last] if last in names else []
+    # before a likeness, the key of that very name in another block ('gu_ratio' at the top
+    # level is bottom_up.gu_ratio, not 'aggregation')
+    elsewhere = [k for k in keys if k.rpartition(".")[2] == last]
+    if elsewhere and not (exact or swapped):
+        return elsewhere[0]
+    close = exact or swapped[:1] or difflib.get_close_matches(last, names, n=1, cutoff=0.6)
     dot = f"{prefix}." if prefix else ""
     if close:
         return dot + (close[0] if close[0] in siblings else KEY_ALIASES[close[0]])
-    elsewhere = [k for k in keys if k.rpartition(".")[2] == last]
-    if elsewhere:
-        return elsewhere[0]
     if siblings and prefix:
         return None  # a block's key is not its block's name, nor a key of a block named alike
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)

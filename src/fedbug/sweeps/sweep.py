@@ -16,6 +16,7 @@ from typing import Any
 
 from fedbug.config import BaseConfig, config_class, set_dotted, validate
 from fedbug.config.compat import blocks_used_elsewhere, owners, used_blocks
+from fedbug.config.hashing import hashed_view, is_hashed
 from fedbug.engine.run_folder import folder_disagreement
 from fedbug.errors import ConfigError
 from fedbug.report.spread import mean_std, row_pm
@@ -88,7 +89,7 @@ def parse_grid_arg(text: str) -> tuple[str, list[Any]]:
 
     key, sep, values = text.partition("=")
     if not sep or not key.strip() or not values.strip():
-        raise ConfigError(f"grid {text!r} is not key=v1,v2,... (e.g. -g gu_ratio=0,0.5)")
+        raise ConfigError(f"grid {text!r} is not key=v1,v2,... (e.g. -g bottom_up.gu_ratio=0,0.5)")
     return key.strip(), [parse_value(v) for v in values.split(",")]
 
 
@@ -532,21 +533,25 @@ def flatten_blocks(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def group_runs(runs: list[dict[str, Any]]) -> list[tuple[Cell, list[dict[str, Any]]]]:
-    """Runs grouped by the config keys that vary between them (seeds pooled)."""
+    """Runs grouped by what their config hash covers (:func:`fedbug.config.hashing.hashed_view`:
+    seeds pooled; a key the hash leaves out, such as ``record_updates``, parts no runs, as it
+    makes no run another's duplicate), each group named by the hashed keys that vary."""
     # options blocks compared key by key: a group reads bottom_up.gu_ratio=0.5, not the block
-    configs = [flatten_blocks(r["summary"]["config"]) for r in runs]
-    # on_short_round: a run either stopped or completed with its skipped rounds listed; older
-    # summaries have no such key
-    ignore = {"seed", "name", "grid", "seeds", "threads", "count_flops", "on_short_round"}
+    views = [hashed_view(r["summary"]["config"]) for r in runs]
+    configs = [
+        {k: v for k, v in flatten_blocks(r["summary"]["config"]).items() if is_hashed(k)}
+        | {"secagg": view.get("secagg")}  # the one option of an unhashed block that counts
+        for r, view in zip(runs, views)
+    ]
     keys = sorted(
         k
         for k in configs[0]
-        if k not in ignore and len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1
+        if k != "seed" and len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1
     )
     groups: dict[str, tuple[Cell, list[dict[str, Any]]]] = {}
-    for run, c in zip(runs, configs):
+    for run, c, view in zip(runs, configs, views):
         values = {k: c.get(k) for k in keys}
-        key = json.dumps(values, sort_keys=True)
+        key = json.dumps({k: v for k, v in view.items() if k != "seed"}, sort_keys=True)
         cell = Cell(values, method=method_name(run["summary"]["config"]))
         groups.setdefault(key, (cell, []))[1].append(run)
     return sweep_order(list(groups.values()))
@@ -575,8 +580,9 @@ def read_sweep_cells(folder: Path) -> list[tuple[Cell, set[str]]] | None:
 def sweep_order(
     groups: list[tuple[Cell, list[dict[str, Any]]]],
 ) -> list[tuple[Cell, list[dict[str, Any]]]]:
-    """Report groups named and ordered as the sweep that ran them: a group whose runs are all
-    one cell of a sweep (read back by :func:`read_sweep_cells`) takes that cell's label, and
+    """Report groups named and ordered as the sweep that ran them: a group whose runs of sweeps
+    are all one cell of a sweep (read back by :func:`read_sweep_cells`; the group's runs of no
+    sweep have that cell's config) takes that cell's label, and
     the groups come in the sweeps' grid order (sweeps in the order found), the groups of no
     sweep after them as found. Where two groups would get one label (cells of two sweeps), the
     varied keys name them all."""
@@ -592,8 +598,8 @@ def sweep_order(
         return None if index is None else (list(sweeps).index(run_dir.parent), index)
 
     places = []
-    for _, runs in groups:
-        found = {place(run) for run in runs}
+    for _, runs in groups:  # runs of no sweep beside a cell's are of its config: its group
+        found = {place(run) for run in runs} - {None}
         places.append(found.pop() if len(found) == 1 else None)
     folders = list(sweeps)
     given = [sweeps[folders[p[0]]][p[1]][0] if p is not None else None for p in places]
