@@ -53,3 +53,22 @@ def test_a_folder_given_twice_counts_once(tmp_path, capsys):
     (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
     found = collect_runs([runs, Path(run_dir)])
     assert len(found) == 1 and not found.duplicates and not found.damaged
+
+
+def test_a_run_that_differs_in_an_unhashed_key_pools_into_its_sweep_cell(tmp_path, capsys):
+    """``record_updates`` is left out of the config hash (what a run writes, not its numbers):
+    a recorded run of a sweep cell's config and seed is that cell's run, so the report neither
+    drops the cell's own run as its duplicate nor shows the recorded run as a row of its own."""
+    cfg = tmp_path / "pool.yaml"
+    grid = "grid:\n  variant:\n    - {label: A, lr: 0.05}\n    - {label: B, lr: 0.1}\n"
+    cfg.write_text(CONFIG + grid, encoding="utf-8")
+    runs = tmp_path / "runs"
+    assert main(["sweep", str(cfg), "--seeds", "2", "--out", str(runs), "-q"]) == 0
+    recorded = ["-s", "lr=0.1", "-s", "record_updates=[1]", "-s", "grid=null"]
+    assert main(["run", str(cfg), *recorded, "--out", str(runs), "-q"]) == 0  # B's seed 0
+    capsys.readouterr()
+    found = collect_runs([runs])
+    assert len(found) == 4 and len(found.duplicates) == 1
+    rows = report([runs])
+    got = [(r["label"], sorted(r["seeds"])) for r in rows]
+    assert got == [("A (lr=0.05)", [0, 1]), ("B (lr=0.1)", [0, 1])]  # B: the recorded run's s0

@@ -3,6 +3,7 @@ numbers, with the keys and options added since run folders existed hashed as the
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from typing import Any
@@ -11,6 +12,8 @@ from fedbug.algorithms import ALGORITHMS
 from fedbug.config.schema import BaseConfig
 from fedbug.policies import POLICIES
 from fedbug.selection import SELECTIONS
+
+_REGISTRIES = (ALGORITHMS, POLICIES, SELECTIONS)
 
 _LATER_KEYS = (
     "on_divergence",
@@ -45,24 +48,42 @@ _NOT_HASHED = {
 }
 
 
+#: flower.secagg's options that change the numbers: SecAgg+'s quantisation (its masks do not)
+_SECAGG_HASHED = ("clipping_range", "quantization_range", "max_weight", "residual")
+
+
 def config_hash(cfg: BaseConfig) -> str:
     """A short hash of everything that changes the numbers (not sweep bookkeeping)."""
     # threads is left out so a run resumes on a machine with another core count (its numbers
     # then agree within float32 rounding, not bitwise); it is recorded in config.yaml. Where
     # clients run (executor and its settings) does not change the numbers.
-    d = cfg.model_dump(mode="json", exclude=_NOT_HASHED)
-    secagg = cfg.flower.secagg  # SecAgg+'s quantisation changes the numbers (its masks do not)
-    if secagg is not None:
-        d["secagg"] = secagg.model_dump(
-            include={"clipping_range", "quantization_range", "max_weight", "residual"}
-        )
+    d = hashed_view(cfg.model_dump(mode="json"))
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def is_hashed(key: str) -> bool:
+    """Whether a config key (dotted for an options block's: ``bottom_up.gu_ratio``) counts in
+    the config hash where it is set (``record_updates``, ``threads``, ``executor``... do not)."""
+    return key.split(".")[0] not in _NOT_HASHED
+
+
+def hashed_view(config: dict[str, Any]) -> dict[str, Any]:
+    """A config as dumped to JSON (``cfg.model_dump(mode="json")``, a summary's ``config``) as
+    the config hash sees it: without the keys it leaves out, flower.secagg's quantisation as
+    ``secagg``, later keys and options only where set, and policy options where they were.
+    Runs whose views differ only in ``seed`` are one config (``fedbug report`` groups them)."""
+    d = copy.deepcopy({k: v for k, v in config.items() if k not in _NOT_HASHED})
+    flower = config.get("flower")
+    secagg = flower.get("secagg") if isinstance(flower, dict) else None
+    if isinstance(secagg, dict):
+        d["secagg"] = {k: secagg.get(k) for k in _SECAGG_HASHED}
     # keys added after run folders existed count only when set, so older folders still resume
     for key in _LATER_KEYS:
         if d.get(key) == BaseConfig.model_fields[key].get_default(call_default_factory=True):
             d.pop(key, None)
-    _later_options_when_set(d, cfg)
-    _policy_options_as_before(d, cfg.policy)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+    _later_options_when_set(d)
+    _policy_options_as_before(d, d.get("policy"))
+    return d
 
 
 #: Policy options that were top-level keys before policies owned their blocks, with the value
@@ -88,24 +109,25 @@ _ALWAYS_HASHED_BLOCKS = {
 _LATER_OPTIONS = {"feddyn": ("clip",), "bottom_up": ("gu_period",), "top_down": ("gu_period",)}
 
 
-def _later_options_when_set(d: dict[str, Any], cfg: BaseConfig) -> None:
+def _later_options_when_set(d: dict[str, Any]) -> None:
     for name, keys in _LATER_OPTIONS.items():
-        block, params = d.get(name), cfg.options(name)
+        block = d.get(name)
+        params = next((r.get(name).params_cls for r in _REGISTRIES if name in r), None)
         if not isinstance(block, dict) or params is None:
             continue
-        fields = type(params).model_fields
+        fields = params.model_fields
         for key in keys:
             if key in block and block[key] == fields[key].get_default(call_default_factory=True):
                 del block[key]
 
 
-def _policy_options_as_before(d: dict[str, Any], policy: str) -> None:
+def _policy_options_as_before(d: dict[str, Any], policy: str | None) -> None:
     """Options blocks in ``d`` hashed as they were before policies owned their blocks: the
     chosen policy's former top-level keys at the top level (their former defaults otherwise),
     blocks added since only when their method is chosen."""
     former = dict(_FORMER_POLICY_KEYS)
     chosen = {d.get("algorithm"), policy, d.get("selection")}
-    for registry in (ALGORITHMS, POLICIES, SELECTIONS):
+    for registry in _REGISTRIES:
         for name, cls in registry.items():
             if cls.params_cls is None or name in _ALWAYS_HASHED_BLOCKS:
                 continue

@@ -1,7 +1,7 @@
 """``fedbug report``: the comparison table of finished runs, from their run folders.
 
 Runs are found with :func:`fedbug.sweeps.sweep.collect_runs` and grouped with
-:func:`fedbug.sweeps.sweep.group_runs` (by the config keys that vary, seeds pooled). A run
+:func:`fedbug.sweeps.sweep.group_runs` (by what the config hash covers, seeds pooled). A run
 folder is counted once per config hash and seed (a standalone run and a sweep's cell of the
 same config and seed are one run), and a damaged one (see
 :meth:`fedbug.results.RunDir.read_run`) is skipped with a warning; both are said in a line
