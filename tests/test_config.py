@@ -685,3 +685,8 @@ def test_a_null_override_gives_the_key_back_its_default():
     assert cfg.participation == type(cfg).model_fields["participation"].default
     with pytest.raises(ConfigError, match=r"remove one of them \(-s participation=null\)"):
         load_config(None, doc={**out, "participation": 0.25})
+
+
+def test_method_fedbug_is_bottom_up_gradual_unfreezing_on_fedavg():
+    cfg = load_config(None, doc={"method": "fedbug"})
+    assert (cfg.algorithm, cfg.policy, cfg.bottom_up.gu_ratio) == ("fedavg", "bottom_up", 0.4)

@@ -27,6 +27,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "reputation": {"warm_restart": 0},
     },
     "local": {"algorithm": "local", "evaluation": "personalized"},
+    # FedBug itself: bottom-up gradual unfreezing (bottom_up.gu_ratio, 0.4 by default) on FedAvg
+    "fedbug": {"policy": "bottom_up"},
     # the partial-training family (issue 30); Fling trains FedPart with Adam lr 1e-3, which a
     # preset does not impose on a config that sets its own lr
     "fedpart": {"policy": "fedpart", "aggregation": "layerwise", "upload": "partial"},
