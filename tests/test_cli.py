@@ -9,6 +9,7 @@ import re
 import statistics
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,21 @@ def test_run_overrides_apply_including_dotted(tmp_path, capsys, fast_plots):
     assert saved["feddyn"]["alpha"] == 0.01  # other blocks keep their defaults
     summary = json.loads((rd / "summary.json").read_text())
     assert summary["config"]["fedprox"]["mu"] == 0.5
+
+
+def test_a_warning_under_the_command_is_one_line(tmp_path, capsys, fast_plots):
+    """A library warning under ``fedbug`` is ``fedbug: warning: MESSAGE``: no source path, no
+    source line; Python's own display is back once the command returns."""
+    cfg = write_config(tmp_path)
+    before = warnings.showwarning
+    degenerate = ("-s", "policy=bottom_up", "-s", "bottom_up.gu_ratio=0")
+    rc, _, err = cli(capsys, "run", str(cfg), *degenerate, "--out", str(tmp_path / "o"), "-q")
+    assert rc == 0, err
+    assert err.splitlines() == [
+        "fedbug: warning: bottom_up with gu_ratio 0 unfreezes every unit at the first step: it "
+        "is plain training (policy: none)"
+    ]
+    assert warnings.showwarning is before
 
 
 def test_rerun_needs_resume_and_resume_of_finished_run_keeps_metrics(tmp_path, capsys, fast_plots):

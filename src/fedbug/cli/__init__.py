@@ -15,7 +15,7 @@ import contextlib
 import os
 import sys
 import warnings
-from typing import Any
+from typing import Any, TextIO
 
 from fedbug.cli.attack import add_attack_parser, cmd_attack
 from fedbug.cli.data import cmd_data
@@ -248,6 +248,20 @@ def _allow_import_flag(parser: argparse.ArgumentParser, whose: str = "the config
     )
 
 
+def _one_line_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """A warning under the ``fedbug`` command: ``fedbug: warning: MESSAGE``, one line as the
+    command's own warnings read, without Python's source path and source line (a library user's
+    warnings keep Python's display)."""
+    print(f"fedbug: warning: {message}", file=file if file is not None else sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -257,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
 
         allowed = allow_import()
     try:
-        with warnings.catch_warnings(), allowed:
+        with warnings.catch_warnings(), allowed:  # both restored as the command returns
             warnings.simplefilter("default")
+            warnings.showwarning = _one_line_warning
             return int(args.func(args))
     except FedbugError as e:
         print(f"fedbug: error: {e.cli_message or e}", file=sys.stderr)
