@@ -153,6 +153,7 @@ def test_later_epochs_in_the_first_ones_order_are_a_guess_and_the_known_order_ex
     obs, err, found = unrolled_observation(cfg, up, model)
     assert [f.key for f in found] == ["local_epochs", "replay"]
     assert len(obs.unroll.trained) == 2 * obs.unroll.per_epoch and err is not None and err > 1e-3
+    assert "--known-order" in found[1].line and "from the config" not in found[1].line  # why
     obs, err, found = unrolled_observation(cfg, up, model, known_order=True)
     assert [f.key for f in found] == ["--known-order"] and "upper bound" in found[0].line
     assert err is not None and err < 1e-5

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from fedbug.attack.inversion import INITS, Observation, dlg, idlg_labels, inverting_gradients
 from fedbug.attack.replay import (
+    NOT_FROM_CONFIG,
     REPLAY_TOL,
     Finding,
     algorithm_findings,
@@ -164,11 +165,18 @@ def unrolled(
             f"{clients} clients' updates; use --method ig"
         )
     obs = observation(up, model, unrolled=True)
-    obs.unroll, found = unroll_of(cfg, up, obs, known_order)
+    unroll, found = unroll_of(cfg, up, obs, known_order)
+    obs.unroll = unroll
     err = None
     if up.inputs is not None and up.labels is not None:
         err = replay_error(obs, up.inputs, up.labels)
-        found += replay_finding(err, "the replay of the recorded inputs' steps")
+        why = NOT_FROM_CONFIG
+        if unroll.batches is None and len(unroll.trained) > unroll.per_epoch:
+            why = (
+                "the client reshuffled its later epochs, replayed here in the first's order "
+                "(its shuffle is unknown); --known-order replays its own (an upper bound)"
+            )
+        found += replay_finding(err, "the replay of the recorded inputs' steps", why)
     return obs, err, found
 
 

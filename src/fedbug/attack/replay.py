@@ -231,16 +231,22 @@ def replay_error(obs: Observation, inputs: Tensor, labels: Tensor) -> float:
     return float(torch.sqrt(num / den.clamp_min(1e-30)))
 
 
-def replay_finding(error: float, what: str = "the recorded inputs' gradient") -> list[Finding]:
+#: Why a replay misses where nothing more is known
+NOT_FROM_CONFIG = "the client's training does not replay from the config"
+
+
+def replay_finding(
+    error: float, what: str = "the recorded inputs' gradient", why: str = NOT_FROM_CONFIG
+) -> list[Finding]:
     """A warning where ``what`` (the one-step gradient, or the unrolled steps' update) misses
-    the observed update by more than :data:`REPLAY_TOL`."""
+    the observed update by more than :data:`REPLAY_TOL`; ``why``: its cause where known."""
     if error <= REPLAY_TOL:
         return []
     return [
         Finding(
             "warn",
             "replay",
-            f"{what} misses the update by {error:.2g} (relative): the client's training does "
-            "not replay from the config; the score is a lower bound",
+            f"{what} misses the update by {error:.2g} (relative): {why}; the score is a lower "
+            "bound",
         )
     ]
