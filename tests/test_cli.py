@@ -225,6 +225,11 @@ BAD_OVERRIDES = [
     pytest.param(["selection=uniform", "clients_per_round=null"], ["uniform"], id="selection"),
     pytest.param(["partition=zipf"], ["partition", "'zipf'"], id="partition-literal"),
     pytest.param(["units=[nosuch]"], ["'nosuch'", "classifier"], id="unknown-unit"),
+    pytest.param(
+        ["units=[conv1"],
+        ["units: blocks, or a list of unit names", "got '[conv1'"],
+        id="units-neither-form",
+    ),  # fmt: skip
     pytest.param(["num_clients=5000", "clients_per_round=2"], ["num_clients"], id="too-many"),
     pytest.param(
         ["policy=fixed_top", "fixed_top.fixed_units=9"], ["fixed_units"], id="freezes-all"
@@ -252,6 +257,7 @@ BAD_FILES = [
     pytest.param("just a string\n", ["mapping"], id="scalar-not-mapping"),
     pytest.param("lr: [0.1\nrounds: 2\n", ["not valid YAML"], id="invalid-yaml"),
     pytest.param("a: 1\n  b: 2\n", ["not valid YAML"], id="bad-indent"),
+    pytest.param("rounds: 2\nlr: 0.1: 3\n", ["not valid YAML", "(line 2, column 8)"], id="where"),
     pytest.param(b"lr: \xff\xfe\n", ["not valid YAML"], id="not-utf8"),
     pytest.param("lrr: 0.1\nmodel: mlp\n", ["'lrr'", "'lr'"], id="unknown-key-in-file"),
     pytest.param("fedprox: {mux: 1}\n", ["'fedprox.mux'", "'fedprox.mu'"], id="nested-in-file"),

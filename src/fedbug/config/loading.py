@@ -215,6 +215,10 @@ def read_config_doc(path: str | Path) -> dict[str, Any]:
         doc = yaml.safe_load(text)
     except (*YAML_ERRORS, UnicodeDecodeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, yaml.MarkedYAMLError) and e.problem:  # where: line and column
+            mark = e.problem_mark
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            first = f"{e.problem}{where}"
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {first}") from None
     if doc is None:
         doc = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.config.cohort import CohortParams
@@ -251,6 +251,23 @@ class BaseConfig(BaseModel):
     # sweeps
     grid: dict[str, list[Any]] | None = None
     seeds: int = Field(1, ge=1, le=1000)
+
+    @field_validator("units", mode="before")
+    @classmethod
+    def _units_shape(cls, v: Any) -> Any:
+        """One line for a value of no form (pydantic would list each union branch)."""
+
+        def names(x: Any) -> bool:
+            return isinstance(x, str) or (
+                isinstance(x, list) and all(isinstance(n, str) for n in x)
+            )
+
+        if v is None or v == "blocks" or (isinstance(v, list) and all(map(names, v))):
+            return v
+        raise ValueError(
+            f"units: blocks, or a list of unit names, each a layer name or a list of them "
+            f"([conv1, [conv2, fc1], fc2]); got {v!r}"
+        )
 
     @model_validator(mode="after")
     def _check(self) -> BaseConfig:
