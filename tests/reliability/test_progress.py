@@ -57,6 +57,13 @@ def test_off_a_terminal_each_round_is_a_plain_line(tmp_path, capsys):
     assert lines.index(rounds[-1][0]) < writing < final
 
 
+def test_the_final_line_of_one_round_says_round(tmp_path, capsys):
+    cfg = config(tmp_path, "tiny", rounds=1)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "out"), "-q"]) == 0
+    (final,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("final ")]
+    assert " after 1 round (" in final, final
+
+
 def test_fine_tuning_says_how_far_it_is_and_the_time_covers_it(tmp_path, capsys, monkeypatch):
     finetune = PersonalizedEvaluator.finetune
 

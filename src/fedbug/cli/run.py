@@ -92,7 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     what = "client mean accuracy (before fine-tuning)" if "pfl" in s else "test accuracy"
     if metric != "acc":
         what = f"test {metric}"
-    print(f"final {what} {acc} after {s['rounds']} rounds ({ran_for(took, s['seconds'])})")
+    rounds = f"{s['rounds']} round{'s' * (s['rounds'] != 1)}"
+    print(f"final {what} {acc} after {rounds} ({ran_for(took, s['seconds'])})")
     print(f"run folder: {run_dir}")
     skipped = s.get("skipped_rounds") or []
     if skipped:  # on_short_round: skip; each round's dropped clients say why
