@@ -40,6 +40,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(mnist, "SYSTEM_DIRS", [tmp_path / "system" / "mnist"])
     return tmp_path
 
 
@@ -58,15 +59,27 @@ def test_loads_idx_files(isolated: Path, gz: bool) -> None:
 def test_search_order_and_missing_message(isolated: Path) -> None:
     data_dir = isolated / "data"
     cache = isolated / "home" / ".cache" / "fedbug" / "mnist"
-    assert mnist.searched(data_dir) == [str(data_dir), str(data_dir / "mnist"), str(cache)]
+    system = isolated / "system" / "mnist"
+    places = [str(data_dir), str(data_dir / "mnist"), str(cache), str(system)]
+    assert mnist.searched(data_dir) == places
     with pytest.raises(DataError) as e:
         load_dataset("mnist", data_dir)
     msg = str(e.value)
     assert all(p in msg for p in mnist.searched(data_dir))
     assert "fedbug data download mnist" in msg and "\n" not in msg
+    write_mnist(system)
+    assert DATASETS.get("mnist").locate(data_dir) == str(system)
     write_mnist(cache)
     assert DATASETS.get("mnist").locate(data_dir) == str(cache)
     assert load_dataset("mnist").source == str(cache)
+
+
+@pytest.mark.skipif(Path("/usr/share/datasets/mnist").exists(), reason="a system copy is here")
+def test_the_missing_message_names_the_system_folder(tmp_path, monkeypatch) -> None:
+    """As Fashion-MNIST's does: the system-wide folder is searched and named."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(DataError, match="; /usr/share/datasets/mnist\\. "):
+        load_dataset("mnist", tmp_path / "data")
 
 
 def test_wrong_image_size(isolated: Path) -> None:

