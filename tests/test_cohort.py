@@ -176,7 +176,8 @@ def test_a_resumed_cohort_run_equals_the_uninterrupted_one(tmp_path):
     "over, message",
     [
         ({"algorithm": "fedrod", "evaluation": "personalized"}, "algorithm fedrod acts inside"),
-        ({"precision": "bf16"}, "not precision bf16"),
+        ({"precision": "bf16"}, "not precision bf16; use precision: fp32, or use executor: seq"),
+        ({"dp_sgd": {}}, "per-sample gradients; remove dp_sgd, or use executor: sequential$"),
     ],
 )
 def test_config_refusals(over, message):

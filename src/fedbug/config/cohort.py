@@ -63,7 +63,12 @@ def cohort_incompatibility(cfg: Any) -> str | None:
             f"...) {fix}"
         )
     if cfg.precision != "fp32":
-        return f"executor: cohort runs in float32, not precision {cfg.precision}; {fix}"
+        return (
+            f"executor: cohort runs in float32, not precision {cfg.precision}; use precision: "
+            f"fp32, {fix}"
+        )
     if getattr(cfg, "dp_sgd", None) is not None:
-        return f"executor: cohort does not compute DP-SGD's per-sample gradients; {fix}"
+        return (
+            f"executor: cohort does not compute DP-SGD's per-sample gradients; remove dp_sgd, {fix}"
+        )
     return None
