@@ -133,6 +133,18 @@ def test_accuracy_table_gives_mean_sd_and_epsilon(tmp_path):
     assert not any("In progress" in r for r in rows)
 
 
+def test_a_dp_sgd_runs_epsilon_is_its_worst_clients(tmp_path):
+    cfg = tmp_path / "tiny-accuracy.yaml"
+    cfg.write_text(ACCURACY)
+    sweep = tmp_path / "results" / "tiny-accuracy-sweep"
+    slug = "method-fedavg_noise_multiplier-1.0-s0"
+    (sweep / slug).mkdir(parents=True)
+    summary = {"final": 0.5, "dp_sgd": {"epsilon": 6.5, "epsilon_median": 4.0}}
+    (sweep / slug / "summary.json").write_text(json.dumps(summary))
+    acc = load_accuracy(cfg, tmp_path / "results")
+    assert acc.rows[("FedAvg", "DP z=1")][1] == [6.5]
+
+
 def test_the_block_in_results_md_is_replaced_and_dated(tmp_path):
     md = tmp_path / "RESULTS.md"
     md.write_text(

@@ -192,8 +192,9 @@ def load_accuracy(config: Path, results: Path) -> Accuracy:
                 out.diverged.setdefault((method, level), []).append(s["divergence"]["round"])
                 continue
             finals.append(float(s.get("final", s.get("final_acc"))))
-            if s.get("dp", {}).get("epsilon") is not None:
-                eps.append(float(s["dp"]["epsilon"]))
+            private = s.get("dp") or s.get("dp_sgd") or {}  # DP-SGD's: the worst client's
+            if private.get("epsilon") is not None:
+                eps.append(float(private["epsilon"]))
         out.rows[(method, level)] = (finals, eps, cfg.evaluation)
     return out
 
