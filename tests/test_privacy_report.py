@@ -143,6 +143,16 @@ def test_a_dp_sgd_runs_epsilon_is_its_worst_clients(tmp_path):
     (sweep / slug / "summary.json").write_text(json.dumps(summary))
     acc = load_accuracy(cfg, tmp_path / "results")
     assert acc.rows[("FedAvg", "DP z=1")][1] == [6.5]
+    # the privacy axis first in the grid: the rows still read (method, privacy level)
+    lines = ACCURACY.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "variant:")
+    end = next(i for i, line in enumerate(lines) if line.strip() == "privacy:")
+    stop = next(
+        (i for i in range(end + 1, len(lines)) if not lines[i].startswith("    ")), len(lines)
+    )
+    swapped = lines[:start] + lines[end:stop] + lines[start:end] + lines[stop:]
+    cfg.write_text("\n".join(swapped) + "\n")
+    assert ("FedAvg", "DP z=1") in load_accuracy(cfg, tmp_path / "results").rows
 
 
 def test_the_block_in_results_md_is_replaced_and_dated(tmp_path):

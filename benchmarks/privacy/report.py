@@ -94,7 +94,12 @@ def run_epsilon(run: Path) -> tuple[float | None, bool]:
 
 
 def _names(cell: Any) -> tuple[str, str, str]:
-    """(method, steps, privacy) from a cell's variant labels (steps '' where not a grid axis)."""
+    """(method, steps, privacy) from a cell's variant labels (steps '' where not a grid axis):
+    by the grid's axis names (``variant``, ``steps``, ``privacy``) in whatever order the grid
+    lists them, else by position (method first, privacy last)."""
+    label = {k: v.get("label") for k, v in cell.values.items() if isinstance(v, dict)}
+    if {"variant", "privacy"} <= label.keys():
+        return str(label["variant"]), str(label.get("steps") or ""), str(label["privacy"])
     names = list(cell.names)
     return names[0], (names[1] if len(names) == 3 else ""), names[-1]
 
