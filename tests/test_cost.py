@@ -241,3 +241,18 @@ def test_cli_missing_file_exit_2(tmp_path, capsys):
 
     assert main(["cost", str(tmp_path / "nope.yaml")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_a_causal_lm_on_every_position_counts_its_head_there_and_leaves_fedrod_out():
+    """targets: every: the example batch holds a target at every position, so the output layer
+    counts on every position (more FLOPs than the last position's); FedROD, which this config
+    cannot run (next_token), is left out with its reason instead of failing."""
+    pytest.importorskip("transformers")
+    gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 8, "n_head": 2, "n_positions": 80}
+    doc = dict(dataset="shakespeare", task="next_token", model="hf", hf_config=gpt2,
+               units="blocks", rounds=4, local_steps=1, batch_size=4)  # fmt: skip
+    last = cost_report(load_config(None, doc=doc))
+    every = cost_report(load_config(None, doc={**doc, "targets": "every"}))
+    assert set(every["left_out"]) == {"fedrod"} and "fedrod" not in every["methods"]
+    assert every["setting"]["flops_batch_full"] > last["setting"]["flops_batch_full"]
+    assert "not counted: FedROD" in format_cost_report(every)

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedbug.algorithms import Algorithm, build_algorithm
+from fedbug.algorithms import ALGORITHMS, Algorithm, build_algorithm
 from fedbug.algorithms.base import ClientSession
 from fedbug.config import apply_method
 from fedbug.core.flops import FlopCache, optimizer_state_copies
@@ -86,13 +86,27 @@ DEFAULT_SAMPLES_PER_CLIENT = 500
 Phases = list[tuple[int, int, tuple[int, ...]]]
 
 
-def _example_batch(shape: tuple[int, ...], classes: int, kind: str, batch: int, seed: int):
+def _example_batch(
+    shape: tuple[int, ...], classes: int, kind: str, batch: int, seed: int, targets: str = "last"
+):
+    """A batch of random inputs and labels; under ``targets: every`` a causal LM's targets at
+    every position (the window shifted by one, then the sequence's own), as a run trains."""
     gen = torch.Generator().manual_seed(seed)
     if kind == "tokens":
         x = torch.randint(0, classes, (batch, *shape), generator=gen)
     else:
         x = torch.rand((batch, *shape), generator=gen)
-    return x, torch.randint(0, classes, (batch,), generator=gen)
+    y = torch.randint(0, classes, (batch,), generator=gen)
+    if targets == "every" and kind == "tokens":
+        y = torch.cat([x[:, 1:], y.unsqueeze(1)], dim=1)
+    return x, y
+
+
+def refused(cfg: Any, method: str) -> str | None:
+    """Why a run of ``method`` on this config would be refused (its algorithm's own check, on
+    the config with that algorithm), or None: such a method is left out of the tables."""
+    algorithm = apply_method({"method": method})["algorithm"]
+    return ALGORITHMS.get(algorithm).check_config(cfg.model_copy(update={"algorithm": algorithm}))
 
 
 def round_phases(units_of_round: Callable[[int], tuple[int, ...]], rounds: int) -> Phases:
@@ -220,7 +234,14 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
     s = _setting(cfg, samples_per_client, participants)
     _, _, kind = DATASET_SHAPES[cfg.dataset]
     model = build_model(cfg.model, s.input_shape, s.num_classes, cfg.seed, **model_kwargs(cfg))
-    x, y = _example_batch(s.input_shape, s.num_classes, kind, cfg.batch_size, cfg.seed)
+    x, y = _example_batch(
+        s.input_shape,
+        s.num_classes,
+        kind,
+        cfg.batch_size,
+        cfg.seed,
+        getattr(cfg, "targets", "last"),
+    )
     per_round = s.steps * s.clients  # batches trained a round, over all clients counted
     copies = optimizer_state_copies(cfg.optimizer, cfg.momentum)
     share = s.clients / s.num_clients
@@ -228,7 +249,8 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
     builds: dict[str, Built] = {}
     methods: dict[str, Any] = {}
     schedules: list[RoundSchedule] = []
-    for method in METHODS:
+    left_out = {m: reason for m in METHODS if m != "fedavg" and (reason := refused(cfg, m))}
+    for method in (m for m in METHODS if m not in left_out):
         doc = apply_method({"method": method})
         algorithm, mode = doc["algorithm"], doc.get("schedule", "none")
         if algorithm not in builds:
@@ -306,7 +328,7 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
         "optimizer_state_copies": copies,
         "torch": torch.__version__,
     }
-    return {"rows": rows, "methods": methods, "setting": setting}
+    return {"rows": rows, "methods": methods, "setting": setting, "left_out": left_out}
 
 
 def _billions(flops: int) -> str:
@@ -350,7 +372,7 @@ def format_cost_report(report: dict[str, Any]) -> str:
         f"{'method':<15} {'params trained per phase':<28} {'paper (params x batches)':>26} "
         f"{'measured FLOPs':>24} {'upload params/client':>21}",
     ]
-    for name in METHODS:
+    for name in (n for n in METHODS if n in methods):
         m = methods[name]
         params = " / ".join(f"{ph['params']:,}" for ph in m["phases"])
         lines.append(
@@ -358,7 +380,7 @@ def format_cost_report(report: dict[str, Any]) -> str:
             f"{_billions(m['flops']):>24} {m['upload_params']:>21,}"
         )
     lines += ["", f"measured FLOPs a batch of {st['batch_size']} (forward + backward):"]
-    for name in METHODS:
+    for name in (n for n in METHODS if n in methods):
         m = methods[name]
         per = " / ".join(f"{ph['flops_batch']:,}" for ph in m["phases"])
         lines.append(
@@ -366,10 +388,12 @@ def format_cost_report(report: dict[str, Any]) -> str:
             f"{_ratio(report, name, 'paper_flops'):.3f}x by the proxy)"
         )
     lines += ["", _memory_note(st)]
-    for name in METHODS:
+    for name in (n for n in METHODS if n in methods):
         per = " / ".join(f"{ph['peak_mem']:,}" for ph in methods[name]["phases"])
         lines.append(f"  {LABELS[name]:<15} {per}")
     lines += ["", comparison_sentence(report)]
+    for name, reason in report.get("left_out", {}).items():
+        lines.append(f"not counted: {LABELS[name]}, which this config cannot run ({reason})")
     return "\n".join(lines)
 
 
@@ -383,7 +407,10 @@ def _memory_note(st: dict[str, Any]) -> str:
 
 
 def comparison_sentence(report: dict[str, Any]) -> str:
-    """One sentence on FedSeq anti against vanilla, measured and by the paper's proxy."""
+    """One sentence on FedSeq anti against vanilla, measured and by the paper's proxy (none
+    where the config cannot run them)."""
+    if not {"fedseq-vanilla", "fedseq-anti"} <= report["methods"].keys():
+        return ""
     va, aa = _ratio(report, "fedseq-vanilla", "flops"), _ratio(report, "fedseq-anti", "flops")
     vp = _ratio(report, "fedseq-vanilla", "paper_flops")
     ap = _ratio(report, "fedseq-anti", "paper_flops")
@@ -414,7 +441,7 @@ def plot_cost(report: dict[str, Any], path: Path) -> None:
         (axes[0], "paper_flops", "paper proxy (params x batches)"),
         (axes[1], "flops", "measured (torch.utils.flop_counter)"),
     ):
-        for name in METHODS:
+        for name in (n for n in METHODS if n in report["methods"]):
             xs, ys, total = [0], [0.0], 0.0
             for ph in report["methods"][name]["phases"]:
                 first, last = ph["rounds"]
