@@ -117,6 +117,18 @@ def test_ctrl_c_is_one_line_without_the_workers_tracebacks(tmp_path):
     assert err.strip() == "fedbug: interrupted; rerun with --resume to continue", err
 
 
+@pytest.mark.slow
+def test_a_workers_warning_reads_as_the_commands_one_line(tmp_path, capfd):
+    """A warning raised in a pool worker (gu_ratio 0: the policy is built there) shows as the
+    sweep's own do, ``fedbug: warning: ...``, not with Python's source path and line."""
+    grid = {"variant": [{"label": "P0", "policy": "bottom_up", "bottom_up.gu_ratio": 0}]}
+    cfg = _config(tmp_path, rounds=1, grid=grid)
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "out"), "-q", "--jobs", "2"]) == 0
+    err = capfd.readouterr().err
+    assert "fedbug: warning: bottom_up with gu_ratio 0" in err
+    assert "UserWarning" not in err and "policies/base.py" not in err
+
+
 def test_a_failed_run_is_one_error_line(tmp_path, capsys):
     """A run that diverges in a worker is a result of the sweep: one line names it, exit 4."""
     cfg = _config(tmp_path, lr=1e6, on_divergence="stop")

@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,18 +70,30 @@ class JobError(FedbugError):
         self.exit_code = exit_code
 
 
-def _init(q: Any, parent: int) -> None:
-    """A pool worker's start: die with the sweep (``parent``, its pid), keep its queue, and
+def _init(q: Any, parent: int, show: Callable[..., None] | None = None) -> None:
+    """A pool worker's start: die with the sweep (``parent``, its pid), keep its queue, show
+    warnings as the sweep does (``show``: the command line's one-line display, where set), and
     ignore SIGINT: a terminal's Ctrl-C reaches the whole process group, and the sweep owns it
     (it stops every worker); a worker that took it would print its KeyboardInterrupt's
     traceback under the sweep's one line."""
     global _QUEUE
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if show is not None:
+        warnings.showwarning = show
     if sys.platform == "linux":
         die_with_parent()
     if os.getppid() != parent:  # the sweep died before the signal was asked for: nothing to do
         os._exit(1)
     _QUEUE = q
+
+
+def _warning_display() -> Callable[..., None] | None:
+    """This process's warning display where fedbug set it (the ``fedbug`` command's one-line
+    form: a module-level function, which a spawned worker imports by name), else None (the
+    worker keeps Python's)."""
+    show = warnings.showwarning
+    module = getattr(show, "__module__", "") or ""
+    return show if module.startswith("fedbug.") and "<locals>" not in show.__qualname__ else None
 
 
 def run_job(run_one: RunOne, index: int, cfg: BaseConfig, run_dir: Path) -> tuple[str, Any, int]:
@@ -138,7 +151,7 @@ def run_jobs(
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    pool = ctx.Pool(workers, initializer=_init, initargs=(q, os.getpid()))
+    pool = ctx.Pool(workers, initializer=_init, initargs=(q, os.getpid(), _warning_display()))
     try:
         pending = [
             pool.apply_async(run_job, (run_one, i, job_config(cfg, workers), run_dir))
