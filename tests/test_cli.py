@@ -664,3 +664,30 @@ def test_help_starts_without_importing_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("ok"), out.stderr
+
+
+def test_the_readme_command_table_names_every_option_of_every_command():
+    """Each option a command's --help shows appears (in its long or short form) in README's
+    Command line section, so the table and the parser cannot drift apart."""
+    import argparse
+
+    from fedbug.cli import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Command line") :]
+    section = section[: section.index("\n## ", 5)]
+
+    def options(parser: argparse.ArgumentParser, path: tuple[str, ...]):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from options(sub, (*path, name))
+            elif action.option_strings and "--help" not in action.option_strings:
+                yield " ".join(path), action.option_strings
+
+    missing = [
+        (command, forms)
+        for command, forms in options(build_parser(), ())
+        if not any(re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", section) for f in forms)
+    ]
+    assert not missing, missing
