@@ -67,7 +67,56 @@ class ClientSide:
         task: Task | str | None = None,
     ) -> None:
         auto_threads = cfg.threads is None and cfg.executor == "sequential"
-        cfg = resolve(cfg)
+        cfg = self._task_and_device(resolve(cfg), task)
+        # what worker processes rebuild the experiment from
+        self.sources = (dataset, model, task)
+        data_dir = Path(cfg.data_dir).expanduser() if cfg.data_dir else None
+        ds = (
+            dataset
+            if dataset is not None
+            else load_dataset(cfg.dataset, data_dir, cfg.dataset_options, cfg.num_clients)
+        )
+        self.cfg = cfg = with_user_sources(cfg, dataset, model)
+        check_labels(self.task, ds, cfg)
+        ds = self.dataset = self._deal(ds, cfg)
+        check_test_set(ds, cfg)
+        self.num_clients = len(self.parts)
+        blocks = {name: cfg.options(name) for name in type(cfg).model_fields}
+        self.algorithm: Algorithm = build_algorithm(cfg.algorithm, cfg.global_lr, blocks, self.task)
+        if cfg.evaluation != "personalized" and not self.algorithm.has_global_model:
+            raise ConfigError(
+                f"{cfg.algorithm} keeps part of every model on its client, so there is no global "
+                f"model to evaluate (evaluation: {cfg.evaluation}); use evaluation: personalized"
+            )
+        example = self.example = ds.prepare(ds.train_x[:2])
+        model = self._build_model(model)
+        self._check_model(model, example, ds, cfg)
+        if auto_threads and self.device.type == "cpu":  # by the model's work a step
+            cfg = self._pick_threads(model, example, ds, cfg)
+        self.model_class = type(model)
+        if cfg.dp_sgd is not None:
+            refuse_unsupported(model)  # before anything is built on it: Opacus's validator
+        parts = build_parts(cfg, self.algorithm, model, example)
+        self.classifier, self.template = parts.classifier, parts.template
+        self.units, self.space, self.layout = parts.units, parts.space, parts.layout
+        # the units the server and clients exchange (the rest stay on each client)
+        self.shared_mask = parts.shared_mask
+        self.shared = {u for u, s in enumerate(self.shared_mask) if s}
+        # freeze policies see the model's own units, not those an algorithm adds (as the client)
+        self.policy_units = parts.policy_units
+        self.policy = parts.policy  # with FedSeq's round schedule, where there is one
+        self.settings = train_settings(cfg)
+        sizes = [len(p) for p in self.parts]
+        self.sizes = sizes
+        self.mean_samples = sum(sizes) / len(sizes)
+        # what clients and evaluation read: on a GPU the data set uploaded once where it fits
+        self.device_dataset, self.data_placement = place_on_device(
+            self.dataset, self.device, cfg.device_data_share, self.augmentation() is not None
+        )
+
+    def _task_and_device(self, cfg: BaseConfig, task: Task | str | None) -> BaseConfig:
+        """The run's task (``self.task``) and device (``self.device``, this process's kernels
+        claimed for it), refusing what cannot run; the config naming the task built."""
         if task is None and cfg.task == "custom":
             raise ConfigError(
                 "task: custom needs the task itself: fedbug.run(cfg, task=...) or "
@@ -86,22 +135,18 @@ class ClientSide:
         if self.task.name != cfg.task:
             cfg = cfg.model_copy(update={"task": self.task.name})
         self.kernels = claim_process(self.device, cfg)
-        # what worker processes rebuild the experiment from
-        self.sources = (dataset, model, task)
-        data_dir = Path(cfg.data_dir).expanduser() if cfg.data_dir else None
-        ds = (
-            dataset
-            if dataset is not None
-            else load_dataset(cfg.dataset, data_dir, cfg.dataset_options, cfg.num_clients)
-        )
-        self.cfg = cfg = with_user_sources(cfg, dataset, model)
-        check_labels(self.task, ds, cfg)
+        return cfg
+
+    def _deal(self, ds: FederatedDataset, cfg: BaseConfig) -> FederatedDataset:
+        """The data set subsampled, dealt to the clients (``self.parts``) with their own test
+        samples where evaluated per client (``self.test_parts``: indices into the returned data
+        set's test_x / test_y; for personalized evaluation, and for acc_client_mean beside a
+        global model when clients have their own test samples, LEAF's, or pfl_test is set),
+        and its training targets at every position under ``targets: every``."""
         if cfg.subsample < 1.0:
             ds = subsample(ds, cfg.subsample)
-        self.dataset = ds
         if cfg.partition == "natural":
             self.parts, ds = natural_clients(ds, cfg.num_clients, cfg.seed)
-            self.dataset = ds
         else:
             labels, num_classes = class_labels(ds)
             self.parts = partition(
@@ -114,27 +159,19 @@ class ClientSide:
                 num_classes,
                 cfg.min_client_samples,
             )
-        # Per-client test sets: test_parts[i] indexes self.dataset.test_x / test_y (see
-        # personal_test_sets); for personalized evaluation, and for acc_client_mean beside a
-        # global model when clients have their own test samples (LEAF) or pfl_test is set.
         self.test_parts: list[Tensor] | None = None
         natural_tests = cfg.partition == "natural" and ds.natural_test_clients is not None
         if cfg.evaluation == "personalized" or cfg.pfl_test is not None or natural_tests:
             self.parts, self.test_parts, ds = personal_test_sets(ds, self.parts, cfg)
-            self.dataset = ds
         if cfg.targets == "every":  # after the partition, which deals samples by label
-            ds = self.dataset = every_position_targets(ds)
-        check_test_set(ds, cfg)
-        self.num_clients = len(self.parts)
-        blocks = {name: cfg.options(name) for name in type(cfg).model_fields}
-        self.algorithm: Algorithm = build_algorithm(cfg.algorithm, cfg.global_lr, blocks, self.task)
-        if cfg.evaluation != "personalized" and not self.algorithm.has_global_model:
-            raise ConfigError(
-                f"{cfg.algorithm} keeps part of every model on its client, so there is no global "
-                f"model to evaluate (evaluation: {cfg.evaluation}); use evaluation: personalized"
-            )
-        example = self.example = ds.prepare(ds.train_x[:2])
-        model = self._build_model(model)
+            ds = every_position_targets(ds)
+        return ds
+
+    def _check_model(
+        self, model: nn.Module, example: Tensor, ds: FederatedDataset, cfg: BaseConfig
+    ) -> None:
+        """Refuse a model that does not fit the data (:func:`check_model_fits`), naming
+        ``targets: every`` where the model scores one position only."""
         try:
             check_model_fits(model, example, ds.train_y[:2], ds, self.task)
         except ConfigError as e:
@@ -144,42 +181,18 @@ class ClientSide:
                 f"{e} (targets: every: a model that scores every position, such as model: hf; "
                 "or targets: last)"
             ) from None
-        if auto_threads and self.device.type == "cpu":  # by the model's work a step
-            flops = step_flops(model, example, ds.train_y[:2], self.task.loss, cfg.batch_size)
-            threads = default_threads(flops, cfg.threads)
-            if threads != cfg.threads:
-                self.cfg = cfg = cfg.model_copy(update={"threads": threads})
-                torch.set_num_threads(threads)
-        self.model_class = type(model)
-        if cfg.dp_sgd is not None:
-            refuse_unsupported(model)  # before anything is built on it: Opacus's validator
-        parts = build_parts(cfg, self.algorithm, model, example)
-        self.classifier, self.template = parts.classifier, parts.template
-        self.units, self.space, self.layout = parts.units, parts.space, parts.layout
-        # the units the server and clients exchange (the rest stay on each client)
-        self.shared_mask = parts.shared_mask
-        self.shared = {u for u, s in enumerate(self.shared_mask) if s}
-        # freeze policies see the model's own units, not those an algorithm adds (as the client)
-        self.policy_units = parts.policy_units
-        self.policy = parts.policy  # with FedSeq's round schedule, where there is one
-        self.settings = TrainSettings(
-            local_epochs=cfg.local_epochs,
-            local_steps=cfg.local_steps,
-            batch_size=cfg.batch_size,
-            optimizer=cfg.optimizer,
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
-            clip_grad_norm=cfg.clip_grad_norm,
-            count_flops=cfg.count_flops,
-            dp_sgd=sample_dp(cfg),
-        )
-        sizes = [len(p) for p in self.parts]
-        self.sizes = sizes
-        self.mean_samples = sum(sizes) / len(sizes)
-        # what clients and evaluation read: on a GPU the data set uploaded once where it fits
-        self.device_dataset, self.data_placement = place_on_device(
-            self.dataset, self.device, cfg.device_data_share, self.augmentation() is not None
-        )
+
+    def _pick_threads(
+        self, model: nn.Module, example: Tensor, ds: FederatedDataset, cfg: BaseConfig
+    ) -> BaseConfig:
+        """The config with the torch threads a step of this model's work needs (threads left to
+        the machine on a sequential run), set for this process."""
+        flops = step_flops(model, example, ds.train_y[:2], self.task.loss, cfg.batch_size)
+        threads = default_threads(flops, cfg.threads)
+        if threads != cfg.threads:
+            self.cfg = cfg = cfg.model_copy(update={"threads": threads})
+            torch.set_num_threads(threads)
+        return cfg
 
     def provenance(self) -> dict[str, Any]:
         """What this run trained on, as its summary records it: the data set's name, shapes and
@@ -348,6 +361,21 @@ def with_user_sources(
         target = type(model) if isinstance(model, nn.Module) else model
         update["model"] = f"user:{target.__module__}.{target.__qualname__}"
     return cfg.model_copy(update=update) if update else cfg
+
+
+def train_settings(cfg: BaseConfig) -> TrainSettings:
+    """A client's local-training settings, from the config."""
+    return TrainSettings(
+        local_epochs=cfg.local_epochs,
+        local_steps=cfg.local_steps,
+        batch_size=cfg.batch_size,
+        optimizer=cfg.optimizer,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        clip_grad_norm=cfg.clip_grad_norm,
+        count_flops=cfg.count_flops,
+        dp_sgd=sample_dp(cfg),
+    )
 
 
 def class_labels(ds: FederatedDataset) -> tuple[Tensor, int]:
