@@ -230,6 +230,47 @@ def cost_report(
         torch.set_num_threads(threads)
 
 
+def _method_phases(
+    b: Built, phases: Phases, x: torch.Tensor, y: torch.Tensor, copies: int, per_round: int
+) -> list[dict[str, Any]]:
+    """Each phase of a method: the units it trains, their parameters (trained, uploaded), a
+    batch's measured FLOPs and step memory, and its rounds' FLOPs measured and by the paper's
+    proxy (parameters x batches)."""
+    names = [u.name for u in b.units]
+    params = b.space.unit_param_numel
+    shared = b.algorithm.shared_mask(len(b.units))
+    out = []
+    for first, last, trained in phases:
+        n_rounds = last - first + 1
+        p = sum(params[u] for u in trained)
+        step = b.flops.unit_cost(b.units, trained, x, y)
+        out.append(
+            {
+                "rounds": [first, last],
+                "units": [names[u] for u in trained],
+                "params": p,
+                "upload_params": sum(params[u] for u in trained if shared[u]),
+                "flops_batch": step.flops,
+                "paper_flops": _count(p * n_rounds * per_round),
+                "flops": _count(step.flops * n_rounds * per_round),
+                "peak_mem": step.memory(copies).total,
+            }
+        )
+    return out
+
+
+def _method_totals(out: list[dict[str, Any]], share: float) -> dict[str, Any]:
+    """A method's totals over its phases (uploads by the share of clients counted)."""
+    uploads = sum(ph["upload_params"] * (ph["rounds"][1] - ph["rounds"][0] + 1) for ph in out)
+    return {
+        "paper_flops": sum(ph["paper_flops"] for ph in out),
+        "flops": sum(ph["flops"] for ph in out),
+        "upload_params": _count(share * uploads),
+        "peak_mem": max(ph["peak_mem"] for ph in out),
+        "phases": out,
+    }
+
+
 def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -> dict[str, Any]:
     s = _setting(cfg, samples_per_client, participants)
     _, _, kind = DATASET_SHAPES[cfg.dataset]
@@ -262,37 +303,8 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
         )
         if schedule is not None:
             schedules.append(schedule)
-        names = [u.name for u in b.units]
-        params = b.space.unit_param_numel
-        shared = b.algorithm.shared_mask(len(b.units))
-        out = []
-        for first, last, trained in _phases(b, schedule, s):
-            n_rounds = last - first + 1
-            p = sum(params[u] for u in trained)
-            step = b.flops.unit_cost(b.units, trained, x, y)
-            fb = step.flops
-            out.append(
-                {
-                    "rounds": [first, last],
-                    "units": [names[u] for u in trained],
-                    "params": p,
-                    "upload_params": sum(params[u] for u in trained if shared[u]),
-                    "flops_batch": fb,
-                    "paper_flops": _count(p * n_rounds * per_round),
-                    "flops": _count(fb * n_rounds * per_round),
-                    "peak_mem": step.memory(copies).total,
-                }
-            )
-        methods[method] = {
-            "paper_flops": sum(ph["paper_flops"] for ph in out),
-            "flops": sum(ph["flops"] for ph in out),
-            "upload_params": _count(
-                share
-                * sum(ph["upload_params"] * (ph["rounds"][1] - ph["rounds"][0] + 1) for ph in out)
-            ),
-            "peak_mem": max(ph["peak_mem"] for ph in out),
-            "phases": out,
-        }
+        out = _method_phases(b, _phases(b, schedule, s), x, y, copies, per_round)
+        methods[method] = _method_totals(out, share)
 
     # Fig. 2 and the setting: FedAvg's model, the config's as it is
     plain = builds["fedavg"]
@@ -313,7 +325,7 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
         "units": names,
         "head": [names[u] for u in layout.head],
         "sublayers": [[names[u] for u in g] for g in layout.sublayers],
-        "unfreeze_rounds": list(schedules[0].unfreeze_rounds),
+        "unfreeze_rounds": list(schedules[0].unfreeze_rounds) if schedules else [],
         "rounds": s.rounds,
         "batch_size": s.batch_size,
         "samples_per_client": s.samples_per_client,
