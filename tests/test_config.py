@@ -212,6 +212,9 @@ def test_set_dotted():
         ("bogus", None),
         ("foo", None),
         ("gu_ratio", "bottom_up.gu_ratio"),  # that name in a block before a likeness
+        ("heterofl.rate", "heterofl.rates"),  # in a block, its own keys' likeness first
+        ("cohort.memory", "cohort.memory_mb"),
+        ("fedpart.unist_per_round", "fedpart.units_per_round"),  # one swap, not any anagram
     ],
 )
 def test_an_unknown_key_suggests_only_a_real_likeness(key, meant):

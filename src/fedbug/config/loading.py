@@ -44,28 +44,44 @@ KEY_ALIASES = {
 }
 
 
+def _one_swap(a: str, b: str) -> bool:
+    """Whether ``b`` is ``a`` with two neighbouring letters swapped ('rl' for 'lr')."""
+    if len(a) != len(b) or a == b:
+        return False
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    return (
+        len(diff) == 2
+        and diff[1] == diff[0] + 1
+        and a[diff[0]] == b[diff[1]]
+        and a[diff[1]] == b[diff[0]]
+    )
+
+
 def closest_key(key: str) -> str | None:
     """The valid key an unknown dotted ``key`` most likely meant: a known alias, or a key of the
-    same block with its letters swapped; else a key of another block with that name; else a
-    key of the same block close to its last part (or an alias close to it); a key of no known
-    block may also be close to a valid key as a whole."""
+    same block with two neighbouring letters swapped; for a top-level key, else a key of a
+    block with that name; else a key of the same block close to its last part (or an alias
+    close to it); else a key of another block with that name; a key of no known block may also
+    be close to a valid key as a whole."""
     keys = all_keys()
     prefix, _, last = key.rpartition(".")
     siblings = _block_keys(prefix)
     names = siblings + ([a for a in KEY_ALIASES if a not in siblings] if not prefix else [])
     # only a real likeness ('bogus' is half of 'configs', and of 'rounds', by difflib's
     # count), or the same letters swapped ('rl' for 'lr')
-    swapped = [n for n in names if sorted(n) == sorted(last)]
+    swapped = [n for n in names if _one_swap(n, last)]
     exact = [last] if last in names else []
-    # before a likeness, the key of that very name in another block ('gu_ratio' at the top
-    # level is bottom_up.gu_ratio, not 'aggregation')
+    # a top-level key that is a key of a block: that key before a likeness ('gu_ratio' is
+    # bottom_up.gu_ratio, not 'aggregation'); in a block, its own keys' likeness comes first
     elsewhere = [k for k in keys if k.rpartition(".")[2] == last]
-    if elsewhere and not (exact or swapped):
+    if elsewhere and not prefix and not (exact or swapped):
         return elsewhere[0]
     close = exact or swapped[:1] or difflib.get_close_matches(last, names, n=1, cutoff=0.6)
     dot = f"{prefix}." if prefix else ""
     if close:
         return dot + (close[0] if close[0] in siblings else KEY_ALIASES[close[0]])
+    if elsewhere:
+        return elsewhere[0]
     if siblings and prefix:
         return None  # a block's key is not its block's name, nor a key of a block named alike
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
