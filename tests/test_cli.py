@@ -691,3 +691,22 @@ def test_the_readme_command_table_names_every_option_of_every_command():
         if not any(re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", section) for f in forms)
     ]
     assert not missing, missing
+
+
+def test_a_folder_holding_another_configs_finished_run_is_not_called_this_configs(tmp_path):
+    """Through the Python API a run folder is given exactly: one that holds another config's
+    finished run gets the plain refusal, not "this config's finished run (resume gives its
+    result)", which resuming would then refuse."""
+    from tiny import tiny_config
+
+    import fedbug
+    from fedbug.errors import RunFolderHoldsRun
+
+    a = tiny_config(rounds=1, threads=1, count_flops=False)
+    fedbug.run(a, tmp_path / "run")
+    with pytest.raises(RunFolderHoldsRun) as same:
+        fedbug.run(a, tmp_path / "run")
+    assert "this config's finished run" in str(same.value)
+    with pytest.raises(RunFolderHoldsRun) as other:
+        fedbug.run(a.model_copy(update={"lr": 0.5}), tmp_path / "run")
+    assert "already holds a run" in str(other.value)

@@ -259,10 +259,10 @@ class BaseConfig(BaseModel):
 
         def names(x: Any) -> bool:
             return isinstance(x, str) or (
-                isinstance(x, list) and all(isinstance(n, str) for n in x)
+                isinstance(x, list | tuple) and all(isinstance(n, str) for n in x)
             )
 
-        if v is None or v == "blocks" or (isinstance(v, list) and all(map(names, v))):
+        if v is None or v == "blocks" or (isinstance(v, list | tuple) and all(map(names, v))):
             return v
         raise ValueError(
             f"units: blocks, or a list of unit names, each a layer name or a list of them "

@@ -120,7 +120,7 @@ def open_run(
         start = int(ck["round"]) + 1
         records = rd.truncate_metrics(start - 1)
     elif rd.exists_with_results() and not resume:
-        raise RunFolderHoldsRun(str(rd.path), finished=_finished(rd))
+        raise RunFolderHoldsRun(str(rd.path), finished=_finished(rd, chash))
     elif (rd.path / "summary.json").exists():
         # resume asked of a finished run kept without its checkpoint: never wipe its results
         raise CheckpointError(
@@ -208,14 +208,16 @@ def write_summary(
         plot_run(records, rd.path / "accuracy.png", f"{cfg.name} (seed {cfg.seed})")
 
 
-def _finished(rd: RunDir) -> bool:
-    """Whether the run in ``rd`` completed, as its summary says (never raises)."""
+def _finished(rd: RunDir, chash: str) -> bool:
+    """Whether the run in ``rd`` is this config's (hash ``chash``) and completed, as its
+    summary says (never raises)."""
     if not (rd.path / "summary.json").exists():
         return False
     try:
-        return rd.read_summary().get("status") in (None, "completed")
+        summary = rd.read_summary()
     except (FedbugError, OSError):
         return False
+    return summary.get("config_hash") == chash and summary.get("status") in (None, "completed")
 
 
 def _ended(rd: RunDir) -> str:
