@@ -693,3 +693,9 @@ def test_a_null_override_gives_the_key_back_its_default():
 def test_method_fedbug_is_bottom_up_gradual_unfreezing_on_fedavg():
     cfg = load_config(None, doc={"method": "fedbug"})
     assert (cfg.algorithm, cfg.policy, cfg.bottom_up.gu_ratio) == ("fedavg", "bottom_up", 0.4)
+
+
+def test_units_given_as_tuples_are_accepted_as_lists_are():
+    doc = {"model": "mlp", "dataset": "digits"}
+    cfg = load_config(None, doc={**doc, "units": ("hidden.0", ("hidden.1", "classifier"))})
+    assert cfg.units == ["hidden.0", ["hidden.1", "classifier"]]
