@@ -16,6 +16,7 @@ from torch import nn
 from fedbug.config import load_config
 from fedbug.core.flops import FlopCache, training_flops
 from fedbug.core.units import ParamSpace, find_units
+from fedbug.errors import ConfigError
 from fedbug.policies.schedule import RoundSchedule
 from fedbug.report.cost import cost_report, format_cost_report, round_phases
 from fedbug.system import freeze_rows
@@ -256,3 +257,10 @@ def test_a_causal_lm_on_every_position_counts_its_head_there_and_leaves_fedrod_o
     assert set(every["left_out"]) == {"fedrod"} and "fedrod" not in every["methods"]
     assert every["setting"]["flops_batch_full"] > last["setting"]["flops_batch_full"]
     assert "not counted: FedROD" in format_cost_report(every)
+
+
+def test_targets_every_on_a_model_scoring_one_position_is_one_line():
+    doc = dict(dataset="shakespeare", task="next_token", model="shakespeare_lstm",
+               targets="every", rounds=2, local_steps=1, batch_size=4)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"one score row a sequence.*targets: last"):
+        cost_report(load_config(None, doc=doc))

@@ -116,6 +116,7 @@ def test_clients_own_test_sets_score_the_token_after_each_sequence():
     [
         ({"task": "classification"}, "targets: every trains on the token after each position"),
         ({"algorithm": "feddecorr"}, "algorithm feddecorr reads one feature row a sample"),
+        ({"dp_sgd": {}}, "dp_sgd: .*position embedding"),  # Opacus on GPT-2: one row of ids
     ],
 )
 def test_config_refusals_are_one_line(over, message):
@@ -127,4 +128,12 @@ def test_config_refusals_are_one_line(over, message):
 def test_a_model_scoring_one_position_is_refused_naming_targets():
     cfg = user_data_config(model="shakespeare_lstm", task="next_token", targets="every")
     with pytest.raises(ConfigError, match=r"targets: every: a model that scores every position"):
+        Experiment(cfg, dataset=tokens())
+
+
+@pytest.mark.parametrize("targets", ["last", "every"])
+def test_an_image_augmentation_on_token_sequences_is_refused(targets):
+    cfg = user_data_config(model="hf", hf_config=GPT2, task="next_token", targets=targets,
+                           augment="flip")  # fmt: skip
+    with pytest.raises(ConfigError, match="augment: flip transforms images.*augment: none"):
         Experiment(cfg, dataset=tokens())

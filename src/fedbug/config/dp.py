@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedbug.algorithms import ALGORITHMS
+from fedbug.models import is_hf
 
 
 class AdaptiveClip(BaseModel):
@@ -152,6 +153,13 @@ def dp_sgd_incompatibility(cfg: Any) -> str | None:
             f"dp_sgd: clips each sample's gradient, and algorithm {cfg.algorithm} adds a loss "
             "over the whole batch (extra_loss) that has no per-sample gradient; use an "
             "algorithm whose terms act on the weights (fedavg, fedprox, feddyn, scaffold, ...)"
+        )
+    if is_hf(cfg.model):
+        return (
+            "dp_sgd: Opacus forms per-sample gradients layer by layer, and a Hugging Face "
+            "model's position embedding takes position ids shared by the whole batch (one row), "
+            "so its per-sample gradients cannot be formed; train it without dp_sgd (client-level "
+            "dp: works), or use a fedbug model"
         )
     if cfg.precision != "fp32":
         return (

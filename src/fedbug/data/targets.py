@@ -9,6 +9,11 @@ import torch
 from fedbug.data.base import FederatedDataset
 from fedbug.errors import ConfigError
 
+#: the fix named where a model scores one position only under ``targets: every``
+ONE_POSITION_FIX = (
+    "targets: every: a model that scores every position, such as model: hf; or targets: last"
+)
+
 
 def every_position_targets(ds: FederatedDataset) -> FederatedDataset:
     """``ds`` with each training sample's target at every position: the token after each

@@ -25,7 +25,7 @@ from fedbug.core.seeding import derive_seed
 from fedbug.core.tasks import Task, build_task
 from fedbug.data import FederatedDataset, load_dataset, partition
 from fedbug.data.augment import AUGMENTATIONS
-from fedbug.data.targets import every_position_targets
+from fedbug.data.targets import ONE_POSITION_FIX, every_position_targets
 from fedbug.engine.build import build_parts
 from fedbug.engine.client import (
     ClientData,
@@ -78,6 +78,7 @@ class ClientSide:
         )
         self.cfg = cfg = with_user_sources(cfg, dataset, model)
         check_labels(self.task, ds, cfg)
+        check_augment(ds, cfg)
         ds = self.dataset = self._deal(ds, cfg)
         check_test_set(ds, cfg)
         self.num_clients = len(self.parts)
@@ -177,10 +178,7 @@ class ClientSide:
         except ConfigError as e:
             if cfg.targets != "every":
                 raise
-            raise ConfigError(
-                f"{e} (targets: every: a model that scores every position, such as model: hf; "
-                "or targets: last)"
-            ) from None
+            raise ConfigError(f"{e} ({ONE_POSITION_FIX})") from None
 
     def _pick_threads(
         self, model: nn.Module, example: Tensor, ds: FederatedDataset, cfg: BaseConfig
@@ -361,6 +359,16 @@ def with_user_sources(
         target = type(model) if isinstance(model, nn.Module) else model
         update["model"] = f"user:{target.__module__}.{target.__qualname__}"
     return cfg.model_copy(update=update) if update else cfg
+
+
+def check_augment(ds: FederatedDataset, cfg: BaseConfig) -> None:
+    """Refuse an image augmentation named for a data set of token sequences (a flip would
+    reverse each sequence, and ``targets: every``'s targets would no longer follow it)."""
+    if ds.inputs == "tokens" and cfg.augment not in ("auto", "none"):
+        raise ConfigError(
+            f"augment: {cfg.augment} transforms images, and data set {ds.name!r} holds token "
+            "sequences; use augment: none (or auto)"
+        )
 
 
 def train_settings(cfg: BaseConfig) -> TrainSettings:

@@ -50,6 +50,7 @@ from fedbug.core.layout import Layout
 from fedbug.core.protocol import ClientTask
 from fedbug.core.tasks import TASKS, build_task
 from fedbug.core.units import ParamSpace, Unit
+from fedbug.data.targets import ONE_POSITION_FIX
 from fedbug.engine.build import build_freezing, build_parts
 from fedbug.engine.client import step_units
 from fedbug.errors import ConfigError
@@ -283,6 +284,15 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
         cfg.seed,
         getattr(cfg, "targets", "last"),
     )
+    if y.dim() == 2:  # targets: every: the model must score every position
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            scores = model.eval()(x[:1])
+        model.train()
+        if scores.dim() != 3:
+            raise ConfigError(
+                f"model {cfg.model} gives one score row a sequence, {tuple(scores.shape)}, "
+                f"for targets at each of its {y.shape[1]} positions ({ONE_POSITION_FIX})"
+            )
     per_round = s.steps * s.clients  # batches trained a round, over all clients counted
     copies = optimizer_state_copies(cfg.optimizer, cfg.momentum)
     share = s.clients / s.num_clients
