@@ -137,3 +137,17 @@ def test_an_image_augmentation_on_token_sequences_is_refused(targets):
                            augment="flip")  # fmt: skip
     with pytest.raises(ConfigError, match="augment: flip transforms images.*augment: none"):
         Experiment(cfg, dataset=tokens())
+
+
+def test_the_attack_on_a_recorded_hugging_face_run_is_one_line(tmp_path):
+    """fedbug attack inverts images and vectors: a Hugging Face model's recorded update (token
+    sequences) is refused in one line naming the model, not a misleading hf_config error."""
+    from fedbug.attack.driver import build_attacked_model
+    from fedbug.results.updates import load_update, recorded
+
+    cfg = user_data_config(model="hf", hf_config=GPT2, task="next_token", rounds=1,
+                           local_steps=1, record_updates=[1])  # fmt: skip
+    run_experiment(cfg, tmp_path / "run", dataset=tokens())
+    client = recorded(tmp_path / "run")[1][0]
+    with pytest.raises(ConfigError, match=r"Hugging Face model \(hf\) on token sequences"):
+        build_attacked_model(load_update(tmp_path / "run", 1, client))

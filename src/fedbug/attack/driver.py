@@ -77,9 +77,14 @@ def observation(up: RecordedUpdate, model: nn.Module, unrolled: bool = False) ->
 
 def build_attacked_model(up: RecordedUpdate) -> nn.Module:
     """The round's received model, built from the recorded model name and options."""
-    from fedbug.models import build_model
+    from fedbug.models import build_model, is_hf
 
     meta = up.meta
+    if is_hf(str(meta["model"])):  # token inputs: nothing to invert by gradient on pixels
+        raise ConfigError(
+            f"fedbug attack inverts images and vectors; the run recorded a Hugging Face model "
+            f"({meta['model']}) on token sequences, which it does not attack"
+        )
     model = build_model(
         meta["model"], tuple(meta["input_shape"]), meta["num_classes"], 0, **meta["model_options"]
     )
