@@ -258,6 +258,11 @@ BAD_FILES = [
     pytest.param("lr: [0.1\nrounds: 2\n", ["not valid YAML"], id="invalid-yaml"),
     pytest.param("a: 1\n  b: 2\n", ["not valid YAML"], id="bad-indent"),
     pytest.param("rounds: 2\nlr: 0.1: 3\n", ["not valid YAML", "(line 2, column 8)"], id="where"),
+    pytest.param(
+        "rounds: 2\nlr: [0.1, 0.2\nbatch_size: 8\n",
+        ["(line 3, column 11)", "flow sequence begun at line 2"],
+        id="where-it-began",
+    ),
     pytest.param(b"lr: \xff\xfe\n", ["not valid YAML"], id="not-utf8"),
     pytest.param("lrr: 0.1\nmodel: mlp\n", ["'lrr'", "'lr'"], id="unknown-key-in-file"),
     pytest.param("fedprox: {mux: 1}\n", ["'fedprox.mux'", "'fedprox.mu'"], id="nested-in-file"),

@@ -232,8 +232,10 @@ def read_config_doc(path: str | Path) -> dict[str, Any]:
     except (*YAML_ERRORS, UnicodeDecodeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         if isinstance(e, yaml.MarkedYAMLError) and e.problem:  # where: line and column
-            mark = e.problem_mark
+            mark, opened = e.problem_mark, e.context_mark
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            if e.context and opened is not None and (mark is None or opened.line != mark.line):
+                where += f", {e.context} begun at line {opened.line + 1}"
             first = f"{e.problem}{where}"
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {first}") from None
     if doc is None:
