@@ -119,6 +119,7 @@ CHANGES = {
     "no model": lambda d: {k: v for k, v in d.items() if k != "model"},
     "lr a word": lambda d: {**d, "lr": "x"},
     "10^12 images": lambda d: {**d, "num_images": 10**12},
+    "10^12 classes": lambda d: {**d, "num_classes": 10**12},
     "a name of no layer": lambda d: {**d, "received_names": {"nope": [0, 5]}},
     "a size past the weights": lambda d: {
         **d,

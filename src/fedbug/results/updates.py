@@ -151,6 +151,8 @@ def _meta_problem(meta: Any) -> str | None:
         return "input_shape, units_sent and received_names hold non-negative whole numbers only"
     if meta["num_images"] * math.prod(meta["input_shape"]) > MAX_DUMMY_VALUES:
         return f"num_images x input_shape is over {MAX_DUMMY_VALUES:,} values"
+    if meta["num_classes"] > sum(n for _, n in pairs):  # a model holds a weight a class at least
+        return "num_classes is more than the recorded weights hold"
     return None
 
 
