@@ -93,7 +93,7 @@ class ClientSide:
         model = self._build_model(model)
         self._check_model(model, example, ds, cfg)
         if auto_threads and self.device.type == "cpu":  # by the model's work a step
-            cfg = self._pick_threads(model, example, ds, cfg)
+            self.cfg = cfg = self._pick_threads(model, example, ds, cfg)
         self.model_class = type(model)
         if cfg.dp_sgd is not None:
             refuse_unsupported(model)  # before anything is built on it: Opacus's validator
@@ -187,10 +187,10 @@ class ClientSide:
         the machine on a sequential run), set for this process."""
         flops = step_flops(model, example, ds.train_y[:2], self.task.loss, cfg.batch_size)
         threads = default_threads(flops, cfg.threads)
-        if threads != cfg.threads:
-            self.cfg = cfg = cfg.model_copy(update={"threads": threads})
-            torch.set_num_threads(threads)
-        return cfg
+        if threads == cfg.threads:
+            return cfg
+        torch.set_num_threads(threads)
+        return cfg.model_copy(update={"threads": threads})
 
     def provenance(self) -> dict[str, Any]:
         """What this run trained on, as its summary records it: the data set's name, shapes and
