@@ -179,6 +179,12 @@ class MultiLabel(Task):
         return problem
 
 
+def scores_for(output: Tensor, y: Tensor) -> Tensor:
+    """The scores that go with targets ``y``: a causal LM's scores at every position against one
+    target a sequence are its last position's (the next token after the sequence)."""
+    return output[:, -1] if output.dim() == y.dim() + 2 else output
+
+
 @TASKS.register("next_token")
 class NextToken(Task):
     name = "next_token"
@@ -187,8 +193,7 @@ class NextToken(Task):
 
     @staticmethod
     def _flat(output: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        if output.dim() == y.dim() + 2:  # a score at every position, one target per sequence:
-            output = output[:, -1]  # the last position's (a causal LM's next token)
+        output = scores_for(output, y)
         # (targets at every position are stored in the tokens' type: int64 for the loss)
         return output.reshape(-1, output.shape[-1]), y.reshape(-1).long()
 
@@ -215,7 +220,7 @@ class NextToken(Task):
     def output_problem(self, output: Any, y: Tensor, num_classes: int) -> str | None:
         if not isinstance(output, Tensor) or output.dim() < 2:
             return _scores_problem(output, y, num_classes)
-        last = output[:, -1] if output.dim() == y.dim() + 2 else output
+        last = scores_for(output, y)
         if output.shape[-1] != num_classes or last[..., 0].numel() != y.numel():
             return (
                 f"gives outputs of shape {_shape(output.shape)} for targets of shape "

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm
 from fedbug.core.device import autocast
+from fedbug.core.tasks import scores_for
 from fedbug.core.units import ParamSpace
 from fedbug.data import FederatedDataset
 from fedbug.engine.client import (
@@ -147,9 +148,8 @@ class PersonalizedEvaluator:
                 out = self.model(self.prepare(ds.test_x[b].to(dev)))
             if not generic:
                 out = self.algorithm.logits(out)
-            if out.dim() == ds.test_y.dim() + 2:  # a causal LM scoring every position: the last
-                out = out[:, -1]
-            correct += int((out.argmax(1) == ds.test_y[b].to(dev)).sum())
+            y = ds.test_y[b].to(dev)
+            correct += int((scores_for(out, y).argmax(1) == y).sum())
         return correct
 
     def evaluate(
