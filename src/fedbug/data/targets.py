@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from torch import Tensor
 
 from fedbug.data.base import FederatedDataset
 from fedbug.errors import ConfigError
@@ -30,5 +31,11 @@ def every_position_targets(ds: FederatedDataset) -> FederatedDataset:
     x = ds.train_x
     kind = x.dtype if ds.num_classes - 1 <= torch.iinfo(x.dtype).max else torch.int64
     out = copy.copy(ds)  # the same data set, its training targets replaced
-    out.train_y = torch.cat([x[:, 1:].to(kind), ds.train_y.to(kind).unsqueeze(1)], dim=1)
+    out.train_y = next_tokens(x.to(kind), ds.train_y.to(kind))
     return out
+
+
+def next_tokens(x: Tensor, y: Tensor) -> Tensor:
+    """Each window's token after every position: the window ``x`` (N, T) shifted by one, then
+    the sequence's own target ``y`` (N,); (N, T)."""
+    return torch.cat([x[:, 1:], y.unsqueeze(1)], dim=1)

@@ -50,7 +50,7 @@ from fedbug.core.layout import Layout
 from fedbug.core.protocol import ClientTask
 from fedbug.core.tasks import TASKS, build_task
 from fedbug.core.units import ParamSpace, Unit
-from fedbug.data.targets import ONE_POSITION_FIX
+from fedbug.data.targets import ONE_POSITION_FIX, next_tokens
 from fedbug.engine.build import build_freezing, build_parts
 from fedbug.engine.client import step_units
 from fedbug.errors import ConfigError
@@ -99,7 +99,7 @@ def _example_batch(
         x = torch.rand((batch, *shape), generator=gen)
     y = torch.randint(0, classes, (batch,), generator=gen)
     if targets == "every" and kind == "tokens":
-        y = torch.cat([x[:, 1:], y.unsqueeze(1)], dim=1)
+        y = next_tokens(x, y)
     return x, y
 
 
