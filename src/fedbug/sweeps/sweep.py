@@ -36,15 +36,26 @@ class Cell:
     given: Cell | None = None
     method: str = ""
 
-    def items(self) -> list[tuple[str, Any]]:
+    def pairs(self) -> list[tuple[str, Any]]:
         """(key, value) pairs, a variant group's keys in place of the group (its ``label``, a
-        name for the reader, left out)."""
+        name for the reader, left out), as given: a key may come twice."""
         out: list[tuple[str, Any]] = []
         for k, v in self.values.items():
             if is_variant_group(k, v):
                 out += [(kk, vv) for kk, vv in v.items() if kk != LABEL]
             else:
                 out.append((k, v))
+        return out
+
+    def items(self) -> list[tuple[str, Any]]:
+        """:meth:`pairs` as they apply (:func:`merge_dotted`, in order): a key given again
+        drops its earlier value (``-g bottom_up.gu_ratio=0`` over a variant group's 0.5), unless
+        the later value is a mapping, merged into the earlier key by key."""
+        out: list[tuple[str, Any]] = []
+        for k, v in self.pairs():
+            if not (isinstance(v, dict) and v):
+                out = [(kk, vv) for kk, vv in out if kk != k]
+            out.append((k, v))
         return out
 
     @property
@@ -69,8 +80,18 @@ class Cell:
 
     @property
     def slug(self) -> str:
-        text = "_".join(f"{k.split('.')[-1]}-{v}" for k, v in self.items()) or "base"
-        return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:100]
+        return _slug(self.items())
+
+    @property
+    def old_slug(self) -> str:
+        """The slug fedbug gave before a key given twice named only the value that runs (both
+        values): an existing sweep folder's run may have this name (:func:`run_folder`)."""
+        return _slug(self.pairs())
+
+
+def _slug(items: list[tuple[str, Any]]) -> str:
+    text = "_".join(f"{k.split('.')[-1]}-{v}" for k, v in items) or "base"
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:100]
 
 
 #: A variant group entry's name for the reader (not a config key): ``{label: FedAvg, ...}``.
@@ -158,13 +179,22 @@ def run_name(cell: Cell, seed: int) -> str:
     return f"{cell.slug}-s{seed}"
 
 
+def run_folder(out: Path, cell: Cell, seed: int) -> Path:
+    """A cell's run folder with ``seed`` under the sweep's folder ``out``: ``out /``
+    :func:`run_name`, or where only the folder of :attr:`Cell.old_slug` exists (a sweep an
+    older fedbug ran), that one, so that ``--resume`` and readers find the runs it holds."""
+    path = out / run_name(cell, seed)
+    old = out / f"{cell.old_slug}-s{seed}"
+    return old if not path.exists() and old.is_dir() else path
+
+
 def cell_runs(doc: dict[str, Any], out: Path) -> list[tuple[Cell, BaseConfig, list[Path]]]:
     """A sweep config's cells (its ``grid`` expanded as :func:`expand` does), each with its
     config and its seeds' run folders under ``out`` (the sweep's folder, ``NAME-sweep``), named
     as :func:`run_sweep` names them: for readers of a sweep's results."""
     seeds = int(doc.get("seeds", 1))
     cells = expand(doc, doc.get("grid") or {})
-    return [(c, cfg, [out / run_name(c, cfg.seed + s) for s in range(seeds)]) for c, cfg in cells]
+    return [(c, cfg, [run_folder(out, c, cfg.seed + s) for s in range(seeds)]) for c, cfg in cells]
 
 
 def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[Cell, BaseConfig]]:
@@ -388,7 +418,7 @@ def run_sweep(
     cells = expand(base_doc, grid)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [
-        (seeded, out / run_name(cell, seeded.seed))
+        (seeded, run_folder(out, cell, seeded.seed))
         for cell, cfg in cells
         for seeded in (cfg.model_copy(update={"seed": cfg.seed + s}) for s in range(seeds))
     ]
