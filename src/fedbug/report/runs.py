@@ -56,12 +56,32 @@ def is_simulated(run: dict[str, Any]) -> bool:
     return any(rec.get("sim_clock") is not None for rec in run["records"])
 
 
+def unsimulated_note(given: list[str], simulated: int, total: int) -> str | None:
+    """The line under the plain table where ``given`` options (``--target``, ``--metric``)
+    read what only simulated runs have (``simulated`` of ``total``): why they did nothing, and
+    what to do; None where none was given."""
+    if not given:
+        return None
+    if simulated:
+        which = f"{total - simulated} of {total} runs have"
+        fix = f"report the {simulated} simulated run{'s' * (simulated != 1)} alone, or run the "
+        fix += "others again with one"
+    else:
+        which, fix = "these runs have", "run them again with one"
+    return (
+        f"{' and '.join(given)} ignored: the rounds and simulated time to a target need "
+        f"simulated devices, and {which} none (no system: block); {fix} "
+        "(e.g. -s system.abilities=uniform)"
+    )
+
+
 # ---------------------------------------------------------------- the command
 
 
-def _notes_to_stderr(runs: RunList) -> None:
-    """With ``--json`` the table is JSON on stdout: what was left out goes to stderr."""
-    for line in runs.notes():
+def _notes_to_stderr(runs: RunList, extra: list[str] | None = None) -> None:
+    """With ``--json`` the table is JSON on stdout: what was left out (and ``extra`` notes)
+    goes to stderr."""
+    for line in [*runs.notes(), *(extra or [])]:
         print(f"fedbug: note: {line}", file=sys.stderr)
 
 
@@ -92,16 +112,17 @@ def cmd_report(args: Any) -> int:
             "shown (report the simulated runs alone for FreezeFL's Table III)",
             file=sys.stderr,
         )
-    if target is not None or metric is not None:
-        print("fedbug: note: --target and --metric apply to simulated runs only", file=sys.stderr)
+    given = [f for f, v in (("--target", target), ("--metric", metric)) if v is not None]
+    note = unsimulated_note(given, simulated, len(runs))
+    notes = [note] if note else []
     ft = getattr(args, "ft", "paper")
-    rows = report([], out, runs=runs, ft=ft)
+    rows = report([], out, runs=runs, ft=ft, notes=notes)
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
-        _notes_to_stderr(runs)
+        _notes_to_stderr(runs, notes)
     else:
         print(format_table(rows, ft))
-        for line in runs.notes():  # runs left out (damaged, duplicates), under the table
+        for line in [*runs.notes(), *notes]:  # under the table: runs left out, options unused
             print(line)
         if out is not None:
             names = ("report.md", "report.json", "accuracy.png", *PFL_FIGURES)

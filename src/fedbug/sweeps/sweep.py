@@ -647,14 +647,16 @@ def report(
     out: Path | None = None,
     runs: list[dict[str, Any]] | None = None,
     ft: str = "paper",
+    notes: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Re-print the comparison table of finished runs (``runs``, else those under ``dirs``);
-    with ``out``, write report.md, report.json and accuracy.png there."""
+    with ``out``, write report.md, report.json and accuracy.png there, ``notes`` under the
+    table after the runs' own (:meth:`RunList.notes`)."""
     runs = runs if runs is not None else collect_runs(dirs)
     cell_runs = group_runs(runs)
     rows = summarise(cell_runs)
     if out is not None:
-        notes = runs.notes() if isinstance(runs, RunList) else []
+        notes = [*(runs.notes() if isinstance(runs, RunList) else []), *(notes or [])]
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "report.json", json.dumps({"rows": rows, "notes": notes}, indent=1))
         write_markdown(cell_runs, rows, out / "report.md", "report", ft, notes)
