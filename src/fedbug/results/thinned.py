@@ -17,6 +17,9 @@ from fedbug.results.records import _check_crc, _count, _parse_line
 THIN_NAME = "metrics.thin.jsonl"
 #: the key of a thinned curve's first line, which declares the thinning
 THIN_KEY = "thinned"
+#: the most rounds a declaration may name: a config's most rounds (``rounds``), so that a
+#: received file's declaration cannot make the reader list 10^15 rounds before reading a line
+MAX_THIN_ROUNDS = 1_000_000
 _THIN_WAY_OUT = (
     "restore it from a copy (git checkout -- FILE), or thin the run's full metrics.jsonl again "
     "with `python -m fedbug.report.thin RUN_FOLDER`"
@@ -47,12 +50,12 @@ def _thin_declaration(line: bytes) -> dict[str, Any] | str:
     if problem is not None or crc is None:
         return problem or "no checksum on its declaration"
     declared = obj[THIN_KEY]
-    sha = declared.get("sha256")
+    sha, rounds = declared.get("sha256"), declared.get("rounds")
     hexes = isinstance(sha, str) and len(sha) == 64 and set(sha) <= set("0123456789abcdef")
     checks = [
         ("of", declared.get("of") == "metrics.jsonl", '"metrics.jsonl"'),
         ("every", _count(declared.get("every")) and declared["every"] >= 1, "a whole number >= 1"),
-        ("rounds", _count(declared.get("rounds")), "a whole number >= 0"),
+        ("rounds", _count(rounds) and rounds <= MAX_THIN_ROUNDS, "a whole number 0 to 1,000,000"),
         ("sha256", hexes, "64 hex digits"),
     ]
     for key, ok, what in checks:
