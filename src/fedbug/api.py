@@ -3,9 +3,11 @@ says so (``flower-simulation``, ``flower-deployment``), with the same arguments 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from fedbug.config import BaseConfig
+from fedbug.config.cohort import unused_cohort_block
 from fedbug.core.tasks import LossFn, Task
 from fedbug.data import FederatedDataset
 from fedbug.engine import RunResult, run_experiment
@@ -32,7 +34,11 @@ def run(
     arguments. On Flower, the nodes build the data and the model from the config, so both are
     named there (a model of your own by its import path, ``model: "package.module:Name"``), and
     ``run_dir`` is needed (the ServerApp writes it). ``on_phase`` hears of the steps after the
-    rounds in this process (not from Flower's ServerApp)."""
+    rounds in this process (not from Flower's ServerApp). ``cohort:`` options under another
+    executor are one warning (:func:`~fedbug.config.cohort.unused_cohort_block`)."""
+    unused = unused_cohort_block(cfg)
+    if unused is not None:
+        warnings.warn(unused, stacklevel=2)
     if stop_after is not None and (
         isinstance(stop_after, bool) or not hasattr(stop_after, "__index__") or stop_after < 1
     ):

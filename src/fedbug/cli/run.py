@@ -8,6 +8,7 @@ import functools
 import json
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -204,6 +205,7 @@ def sweep_job(
     is read back and the sweep goes on; its cell's table says so. ``on_phase``: the steps after
     the rounds (in this process only)."""
     from fedbug.api import run
+    from fedbug.config.cohort import UNUSED_COHORT
     from fedbug.errors import DivergenceError
     from fedbug.results import RunDir
 
@@ -212,7 +214,9 @@ def sweep_job(
         return done
     again = resume and run_dir.exists()
     try:
-        return _result(run(cfg, run_dir, resume=again, on_round=on_round, on_phase=on_phase))
+        with warnings.catch_warnings():  # said once for the whole sweep (run_sweep)
+            warnings.filterwarnings("ignore", message=UNUSED_COHORT)
+            return _result(run(cfg, run_dir, resume=again, on_round=on_round, on_phase=on_phase))
     except DivergenceError:
         return RunDir(run_dir).read_run()
 

@@ -72,3 +72,19 @@ def cohort_incompatibility(cfg: Any) -> str | None:
             f"executor: cohort does not compute DP-SGD's per-sample gradients; remove dp_sgd, {fix}"
         )
     return None
+
+
+#: how :func:`unused_cohort_block`'s warning starts (a warnings filter's ``message``)
+UNUSED_COHORT = "cohort: is read only by executor: cohort"
+
+
+def unused_cohort_block(cfg: Any) -> str | None:
+    """The warning where ``cfg`` sets ``cohort:`` options (off their defaults: a resolved
+    config lists the block at its defaults) and runs another executor, which reads none of
+    them; None otherwise. A warning, not a refusal: a sweep over executors shares one block."""
+    if cfg.executor == "cohort" or cfg.cohort == CohortParams():
+        return None
+    return (
+        f"{UNUSED_COHORT}; this run's executor, {cfg.executor}, ignores it (remove the block, "
+        "or set executor: cohort)"
+    )

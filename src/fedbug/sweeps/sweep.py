@@ -9,12 +9,14 @@ import json
 import math
 import statistics
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedbug.config import BaseConfig, config_class, set_dotted, validate
+from fedbug.config.cohort import unused_cohort_block
 from fedbug.config.compat import blocks_used_elsewhere, owners, used_blocks
 from fedbug.config.hashing import hashed_view, is_hashed
 from fedbug.engine.run_folder import folder_disagreement
@@ -412,10 +414,14 @@ def run_sweep(
 ) -> list[dict[str, Any]]:
     """Run every cell x seed, one after another through ``run_one(cfg, run_dir)`` or all at
     once through ``run_all([(cfg, run_dir), ...])`` (in order: ``fedbug sweep --jobs``); write
-    sweep.json/.md and a plot."""
+    sweep.json/.md and a plot. ``cohort:`` options that no cell's executor reads are one
+    warning for the sweep (its runs do not repeat it: :func:`fedbug.cli.run.sweep_job`)."""
     check_seeds(seeds)
     check_sweep_size(grid, seeds)
     cells = expand(base_doc, grid)
+    unused = [unused_cohort_block(cfg) for _, cfg in cells]
+    if None not in unused:  # none where a cell runs executor: cohort (the block is read)
+        warnings.warn(str(unused[0]), stacklevel=2)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [
         (seeded, run_folder(out, cell, seeded.seed))
