@@ -5,9 +5,15 @@ received config may hold. Each case failed on the code before its fix."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
 
 from fedbug.cli import main
+from fedbug.errors import ConfigError
 from fedbug.results import record_crc, with_crc
 
 # ---------------------------------------------------------------- a thinned curve's declaration
@@ -36,3 +42,73 @@ def test_a_thinned_curve_declaring_more_rounds_than_a_run_may_have_is_damage(tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2, err  # the skipped run's warning, then "no finished runs"
     assert str(run / "metrics.thin.jsonl") in err[0] and "'rounds' is 1000000000000000" in err[0]
+
+
+# ---------------------------------------------------------------- a Hugging Face model folder
+
+V, T = 12, 8  # the tiny causal LM's vocabulary and sequence length
+
+
+class _RunsCode:
+    """Unpickled, it would touch ``path`` (what a planted pickle does)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.path}",))
+
+
+def _model_folder(folder: Path) -> Path:
+    """A tiny GPT-2 saved as transformers saves one: config.json and model.safetensors."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=T, vocab_size=V)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+def _pickled_weights(folder: Path, marker: Path) -> None:
+    """The weights as a pickle (``pytorch_model.bin``) that names ``os.system``."""
+    from safetensors.torch import load_file
+
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save({"planted": _RunsCode(marker), **weights}, folder / "pytorch_model.bin")
+
+
+def _cut_weights(folder: Path, marker: Path) -> None:
+    path = folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def _config_not_json(folder: Path, marker: Path) -> None:
+    (folder / "config.json").write_text("{not json")
+
+
+#: a received model folder's damage, with what the refusal names
+FOLDERS = {
+    "weights a pickle naming os.system": (_pickled_weights, "holds objects other than tensors"),
+    "weights cut short": (_cut_weights, "model.safetensors"),
+    "config.json not JSON": (_config_not_json, "config.json"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(FOLDERS))
+def test_a_received_model_folder_that_cannot_be_loaded_is_one_line(tmp_path, damage):
+    """``model: hf:FOLDER`` (a received config, and what ``fedbug attack`` builds from a
+    recorded update) on a folder whose weights are a pickle naming ``os.system`` was torch's
+    ``UnpicklingError`` traceback advising ``weights_only=False``; whose model.safetensors is
+    cut short, a ``SafetensorError`` traceback; whose config.json is not JSON, "no model folder
+    at FOLDER" (the folder is there). Now one line naming the folder and the problem; nothing
+    in the pickle ran."""
+    from fedbug.models import build_model
+
+    folder, marker = _model_folder(tmp_path / "received-model"), tmp_path / "pwned"
+    change, what = FOLDERS[damage]
+    change(folder, marker)
+    with pytest.raises(ConfigError) as e:
+        build_model(f"hf:{folder}", (T,), V, 0, task="next_token")
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and str(folder) in msg and what in msg, msg
+    assert "no model folder" not in msg and "weights_only" not in msg, msg
+    assert not marker.exists()

@@ -44,6 +44,7 @@ reentrant checkpointing is removed (it would make frozen bottom blocks run backw
 from __future__ import annotations
 
 import importlib
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,8 @@ HEADS = {
 }
 PREFIX = "hf:"
 INSTALL = "pip install 'fedbug[hf]'"
+#: the way out of a model folder that cannot be read
+REFETCH = "fetch the model again (hf download NAME --local-dir FOLDER) or give another folder"
 
 
 def is_hf(name: str) -> bool:
@@ -168,6 +171,11 @@ def _checkpoint_blocks(model: nn.Module) -> None:
 
 
 def _pretrained(transformers: Any, head: Any, where: str, keys: dict[str, Any]) -> nn.Module:
+    """The model saved in ``where`` (a folder, or a name in the Hugging Face cache); a folder
+    that cannot be read (a damaged config.json or model.safetensors, weights pickled with
+    anything but tensors, which torch refuses unread) is one :class:`ConfigError` line."""
+    from safetensors import SafetensorError  # a dependency of transformers
+
     try:
         config = transformers.AutoConfig.from_pretrained(
             where, local_files_only=True, trust_remote_code=False, **keys
@@ -179,8 +187,24 @@ def _pretrained(transformers: Any, head: Any, where: str, keys: dict[str, Any]) 
             trust_remote_code=False,
             ignore_mismatched_sizes=bool(keys),
         )
-    except OSError:
-        raise ConfigError(not_found(where)) from None
+    except OSError as e:
+        if not Path(where).is_dir():
+            raise ConfigError(not_found(where)) from None
+        raise ConfigError(f"model hf:{where}: {_first_line(e)}; {REFETCH}") from None
+    except pickle.UnpicklingError:  # torch's refusal (weights_only) of a pickle's other objects
+        raise ConfigError(
+            f"model hf:{where}: its weights file holds objects other than tensors, refused "
+            "unread (nothing in it ran); give a folder whose weights are model.safetensors"
+        ) from None
+    except SafetensorError as e:
+        raise ConfigError(
+            f"model hf:{where}: model.safetensors: {_first_line(e)}; {REFETCH}"
+        ) from None
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0].rstrip(".") if lines else type(e).__name__
 
 
 def not_found(where: str) -> str:
