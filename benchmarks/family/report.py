@@ -33,6 +33,7 @@ from typing import Any
 
 from benchmarks.common import fill_block
 from fedbug.config.loading import read_config_doc
+from fedbug.engine.run_folder import folder_disagreement
 from fedbug.errors import LinkRefused, ResultsError
 from fedbug.report.spread import mean_std, pm
 from fedbug.results import RunDir, atomic_write_text, read_summary, with_crc
@@ -150,7 +151,9 @@ def write_extract(rd: RunDir) -> Path:
 def read_run(rd: RunDir) -> dict[str, Any]:
     """A finished run as :meth:`RunDir.read_run` reads it, or, where its ``summary.json`` is not
     kept, from ``family.json`` and the thinned curve, each checked and the two against each other
-    (the curve's rounds are the summary's)."""
+    (the curve's rounds are the summary's), and the extract against its folder as a summary is
+    (``fedbug report``'s cross-check: its seed and config hash with config.yaml's, its final and
+    best figures with the curve's)."""
     if rd.summary_path.exists() or not (rd.path / EXTRACT).exists():
         return rd.read_run()
     summary = read_summary(rd.path / EXTRACT)
@@ -160,7 +163,14 @@ def read_run(rd: RunDir) -> dict[str, Any]:
             f"{str(rd.thin_path)!r} is a curve of {declared['rounds']} rounds where {EXTRACT} "
             f"says {summary['rounds']}: one of them is from another run; run the sweep again"
         )
-    return {"run_dir": rd.path, "summary": summary, "records": records, "thinned": declared}
+    run = {"run_dir": rd.path, "summary": summary, "records": records, "thinned": declared}
+    what = folder_disagreement(run, EXTRACT)
+    if what is not None:
+        raise ResultsError(
+            f"{str(rd.path / EXTRACT)!r} disagrees with its folder: {what}; write it again "
+            "from the run's own summary.json (--extract), or run the sweep's cell again"
+        )
+    return run
 
 
 def extract(config: Path, results: Path) -> list[Path]:

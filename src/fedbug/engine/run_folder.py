@@ -231,9 +231,10 @@ def _ended(rd: RunDir) -> str:
     return f"a run that ended {status!r}"
 
 
-def folder_disagreement(run: dict[str, Any]) -> str | None:
+def folder_disagreement(run: dict[str, Any], source: str = "summary.json") -> str | None:
     """What in a run's summary.json (read and type-checked by
-    :meth:`~fedbug.results.RunDir.read_run`) disagrees with the rest of its folder, or None:
+    :meth:`~fedbug.results.RunDir.read_run`; ``source``: the file it was read from, as the
+    family benchmark's ``family.json``) disagrees with the rest of its folder, or None:
     its seed with its own config's and config.yaml's, its config hash with config.yaml's (where
     this version can hash that config without importing anything: not a model named by import
     path, nor a config an older version wrote with keys since renamed), and its final figures
@@ -244,7 +245,7 @@ def folder_disagreement(run: dict[str, Any]) -> str | None:
     seed = summary["seed"]
     own = summary["config"].get("seed", seed)
     if own != seed:
-        return f"seed {seed} in summary.json where its own config says seed {own}"
+        return f"seed {seed} in {source} where its own config says seed {own}"
     if rd.config_path.is_file():
         try:
             doc = read_config_doc(rd.config_path)
@@ -253,7 +254,7 @@ def folder_disagreement(run: dict[str, Any]) -> str | None:
         folder_seed = doc.get("seed", BaseConfig.model_fields["seed"].default)
         if folder_seed != seed:
             return (
-                f"seed {seed} in summary.json where config.yaml says seed {folder_seed} (a "
+                f"seed {seed} in {source} where config.yaml says seed {folder_seed} (a "
                 "summary copied from another run?)"
             )
         chash = summary.get("config_hash")
@@ -267,13 +268,15 @@ def folder_disagreement(run: dict[str, Any]) -> str | None:
                 folder_hash = None
             if folder_hash is not None and folder_hash != chash:
                 return (
-                    f"config hash {chash} in summary.json where config.yaml's is {folder_hash} "
+                    f"config hash {chash} in {source} where config.yaml's is {folder_hash} "
                     "(a summary copied from another run?)"
                 )
-    return _figures_disagreement(summary, records)
+    return _figures_disagreement(summary, records, source)
 
 
-def _figures_disagreement(summary: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
+def _figures_disagreement(
+    summary: dict[str, Any], records: list[dict[str, Any]], source: str = "summary.json"
+) -> str | None:
     """Where the summary's final and best figures are not those of ``records`` (as the run
     computed them: the headline metric's last evaluated round, its best over those rounds)."""
     metric = summary.get("metric", "acc")
@@ -287,7 +290,7 @@ def _figures_disagreement(summary: dict[str, Any], records: list[dict[str, Any]]
     for name, field in finals:
         if name in summary and not _same(summary[name], last.get(field)):
             return (
-                f"{name} {summary[name]} in summary.json where metrics.jsonl's last evaluated "
+                f"{name} {summary[name]} in {source} where metrics.jsonl's last evaluated "
                 f"round ({where}) has {field} {last.get(field)}"
             )
     values = [r[key] for r in evaluated]
@@ -295,7 +298,7 @@ def _figures_disagreement(summary: dict[str, Any], records: list[dict[str, Any]]
     for name in ("best", "best_acc") if metric == "acc" else ("best",):
         best = summary.get(name)
         if name in summary and not any(_same(best, b) for b in bests):
-            return f"{name} {best} in summary.json, which no evaluated round of metrics.jsonl has"
+            return f"{name} {best} in {source}, which no evaluated round of metrics.jsonl has"
     return None
 
 
