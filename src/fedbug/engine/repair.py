@@ -122,153 +122,284 @@ def _config(rd: RunDir, sources: tuple[Any, Any, Any]) -> tuple[BaseConfig, str]
     return cfg, chash
 
 
+#: a metrics.jsonl line as ``RunDir.metrics_lines`` gives it: (record or None, its problem or None)
+_Line = tuple[dict[str, Any] | None, str | None]
+
+#: what the rerun was checked against, by (an undamaged round compared, the weights compared)
+_CHECKED = {
+    (True, True): "every undamaged round and checkpoint.pt's weights reproduced",
+    (True, False): "every undamaged round reproduced",
+    (False, True): "checkpoint.pt's weights reproduced",
+    (False, False): "no undamaged round or checkpoint was left to check it against",
+}
+
+
+@dataclass
+class _Found:
+    """What repair found in a run folder, before it changes anything."""
+
+    report: RepairReport
+    lines: list[_Line]  # metrics.jsonl's whole lines; padded with missing ones up to ``target``
+    torn: bool  # a torn last line follows them
+    missing: bool  # no metrics.jsonl at all
+    ck: dict[str, Any] | None = None  # the checkpoint, when whole and written by this config
+    ck_bad: bool = False
+    summary_bad: bool = False
+    target: int = 0  # the round to rebuild
+    late: int = 0  # whole lines after it
+
+    @property
+    def early(self) -> list[int]:
+        """The damaged lines up to the round to rebuild (1-based)."""
+        return [n for n, (_, bad) in enumerate(self.lines, start=1) if bad and n <= self.target]
+
+
 def _repair(
     rd: RunDir, sources: tuple[Any, Any, Any], on_round: Callable[[dict[str, Any]], None] | None
 ) -> RepairReport:
+    """Find the damage; then nothing to do, or cut the lines after the checkpoint, or run the
+    rounds again, check the rerun against the run, and put the rebuilt files in place."""
     cfg, chash = _config(rd, sources)
-    report = RepairReport(rd.path)
-    lines, torn = rd.metrics_lines()
-    missing = not rd.metrics_path.exists()
-    if not (lines or rd.checkpoint_path.exists() or rd.summary_path.exists()):
-        raise _never_wrote(rd)
-    if missing:  # rebuilt like a cut file, the rerun checked against the checkpoint if whole
-        report.damaged.append("metrics.jsonl (missing)")
-    for n, (_, problem) in enumerate(lines, start=1):
-        if problem is not None:
-            report.damaged.append(f"metrics.jsonl line {n} ({problem})")
-    ck: dict[str, Any] | None = None
-    ck_bad = False
-    if rd.checkpoint_path.exists():
-        try:
-            ck = rd.load_checkpoint()
-            if not isinstance(ck, dict) or not isinstance(ck.get("round"), int):
-                raise CheckpointError("not a checkpoint of rounds")
-            if ck.get("config_hash") != chash:
-                raise CheckpointError("written by another config")
-        except CheckpointError as e:
-            report.damaged.append(f"checkpoint.pt ({e})")
-            ck, ck_bad = None, True
-    summary_bad = False
-    if rd.summary_path.exists():
-        try:
-            summary = rd.read_summary()
-        except ResultsError as e:
-            report.damaged.append(f"{e}".split("; ")[0])
-            summary_bad = True
-        else:
-            if summary.get("status") not in (None, "completed"):
-                raise ResultsError(
-                    f"{str(rd.path)!r} holds a run that {summary.get('status')}: nothing to "
-                    "rebuild; run its config again"
-                )
-            if not report.damaged:
-                try:
-                    run = rd.read_run()  # the two files against each other (a cut metrics.jsonl)
-                except ResultsError as e:
-                    report.damaged.append(f"{e}".split("; ")[0])
-                else:  # a summary copied from another run, checksum and all
-                    what = folder_disagreement(run)
-                    if what is not None:
-                        report.damaged.append(f"summary.json (disagrees with its folder: {what})")
-                        summary_bad = True
-    report.finished = rd.summary_path.exists() or (ck is not None and ck["round"] == cfg.rounds)
-    if report.finished:
-        target = cfg.rounds
-    elif ck is not None:
-        target = int(ck["round"])
-    else:  # the newest round a checkpoint would have been written at
-        every = cfg.checkpoint_every
-        target = min(cfg.rounds, len(lines) // every * every)
-    late = len(lines) - min(target, len(lines))
-    if len(lines) < target and not (missing or rd.summary_path.exists()):
-        report.damaged.append(
-            f"metrics.jsonl holds {len(lines)} whole rounds where checkpoint.pt is at round "
-            f"{target}"
-        )
-    lines = lines + [(None, "missing")] * (target - len(lines))  # rounds a cut file lost
+    found = _survey(rd, cfg, chash)
+    report = found.report
     if not report.damaged:
         return report
-    early = [n for n, (_, bad) in enumerate(lines, start=1) if bad and n <= target]
-    if not (early or ck_bad or summary_bad):
-        # only lines after the checkpoint: --resume does those rounds again
-        shutil.copy2(rd.metrics_path, _kept(report))
-        rd.truncate_metrics(target)
-        report.rebuilt.append("metrics.jsonl")
-        report.dropped.append(f"metrics.jsonl's {late + int(torn)} line(s) after round {target}")
-        return report
-    if target == 0:
+    if not (found.early or found.ck_bad or found.summary_bad):
+        return _drop_late_lines(rd, found)
+    if found.target == 0:
         raise ResultsError(
             f"{str(rd.path)!r}: no whole round before its first checkpoint to rebuild; run it "
             "again with --resume (it starts from round 1)"
         )
-    report.rounds_rerun = target
+    report.rounds_rerun = found.target
+    records, fresh = _rerun(rd, cfg, sources, found.target, on_round)
+    _check_rerun(rd, found, records, fresh)
+    _replace_metrics(rd, found, records)
+    _replace_checkpoint(rd, found, fresh)
+    _replace_summary(rd, found, fresh)
+    return report
 
-    # run it again, beside it, and check that the rerun is this run
+
+def _survey(rd: RunDir, cfg: BaseConfig, chash: str) -> _Found:
+    """Every damaged file or line (each noted in the report) and the round to rebuild; raises
+    when there is nothing to rebuild from. Changes nothing."""
+    lines, torn = rd.metrics_lines()
+    found = _Found(RepairReport(rd.path), lines, torn, missing=not rd.metrics_path.exists())
+    if not (lines or rd.checkpoint_path.exists() or rd.summary_path.exists()):
+        raise _never_wrote(rd)
+    _note_damaged_lines(found)
+    found.ck, found.ck_bad = _checkpoint(rd, chash, found.report)
+    found.summary_bad = _summary_damaged(rd, found.report)
+    found.report.finished = _finished(rd, cfg, found.ck)
+    found.target = _target_round(cfg, found)
+    found.late = len(lines) - min(found.target, len(lines))
+    if len(lines) < found.target and not (found.missing or rd.summary_path.exists()):
+        found.report.damaged.append(
+            f"metrics.jsonl holds {len(lines)} whole rounds where checkpoint.pt is at round "
+            f"{found.target}"
+        )
+    found.lines = lines + [(None, "missing")] * (found.target - len(lines))  # what a cut file lost
+    return found
+
+
+def _note_damaged_lines(found: _Found) -> None:
+    """A missing metrics.jsonl (rebuilt like a cut file, the rerun checked against the
+    checkpoint if whole) and each damaged line, in the report."""
+    if found.missing:
+        found.report.damaged.append("metrics.jsonl (missing)")
+    for n, (_, problem) in enumerate(found.lines, start=1):
+        if problem is not None:
+            found.report.damaged.append(f"metrics.jsonl line {n} ({problem})")
+
+
+def _checkpoint(rd: RunDir, chash: str, report: RepairReport) -> tuple[dict[str, Any] | None, bool]:
+    """(the checkpoint, when whole and written by this config; whether it is damaged, as
+    noted in the report)."""
+    if not rd.checkpoint_path.exists():
+        return None, False
+    try:
+        ck = rd.load_checkpoint()
+        if not isinstance(ck, dict) or not isinstance(ck.get("round"), int):
+            raise CheckpointError("not a checkpoint of rounds")
+        if ck.get("config_hash") != chash:
+            raise CheckpointError("written by another config")
+    except CheckpointError as e:
+        report.damaged.append(f"checkpoint.pt ({e})")
+        return None, True
+    return ck, False
+
+
+def _summary_damaged(rd: RunDir, report: RepairReport) -> bool:
+    """Whether summary.json is damaged (as noted in the report); a run that did not complete
+    is refused: there is nothing to rebuild."""
+    if not rd.summary_path.exists():
+        return False
+    try:
+        summary = rd.read_summary()
+    except ResultsError as e:
+        report.damaged.append(_what(e))
+        return True
+    if summary.get("status") not in (None, "completed"):
+        raise ResultsError(
+            f"{str(rd.path)!r} holds a run that {summary.get('status')}: nothing to "
+            "rebuild; run its config again"
+        )
+    if report.damaged:
+        return False
+    return _summary_disagrees(rd, report)
+
+
+def _summary_disagrees(rd: RunDir, report: RepairReport) -> bool:
+    """With nothing else damaged, the summary checked against metrics.jsonl (a cut file: the
+    metrics are damaged) and against its folder (a summary copied from another run, checksum
+    and all: the summary is)."""
+    try:
+        run = rd.read_run()
+    except ResultsError as e:
+        report.damaged.append(_what(e))
+        return False
+    what = folder_disagreement(run)
+    if what is None:
+        return False
+    report.damaged.append(f"summary.json (disagrees with its folder: {what})")
+    return True
+
+
+def _what(error: ResultsError) -> str:
+    """An error's first clause: what is damaged, without the way out."""
+    return f"{error}".split("; ")[0]
+
+
+def _finished(rd: RunDir, cfg: BaseConfig, ck: dict[str, Any] | None) -> bool:
+    """Whether the run finished: it wrote its summary, or its checkpoint is of the last round."""
+    return rd.summary_path.exists() or (ck is not None and ck["round"] == cfg.rounds)
+
+
+def _target_round(cfg: BaseConfig, found: _Found) -> int:
+    """The round to rebuild: the last of a finished run, else the checkpoint's, else the newest
+    round a checkpoint would have been written at."""
+    if found.report.finished:
+        return cfg.rounds
+    if found.ck is not None:
+        return int(found.ck["round"])
+    every = cfg.checkpoint_every
+    return min(cfg.rounds, len(found.lines) // every * every)
+
+
+def _dropped(found: _Found) -> str:
+    """The report's line for the metrics lines cut after the round rebuilt."""
+    return f"metrics.jsonl's {found.late + int(found.torn)} line(s) after round {found.target}"
+
+
+def _drop_late_lines(rd: RunDir, found: _Found) -> RepairReport:
+    """Only lines after the checkpoint are damaged: they are cut (``--resume`` does those
+    rounds again), the file as it was kept aside."""
+    report = found.report
+    shutil.copy2(rd.metrics_path, _kept(report))
+    rd.truncate_metrics(found.target)
+    report.rebuilt.append("metrics.jsonl")
+    report.dropped.append(_dropped(found))
+    return report
+
+
+def _rerun(
+    rd: RunDir,
+    cfg: BaseConfig,
+    sources: tuple[Any, Any, Any],
+    target: int,
+    on_round: Callable[[dict[str, Any]], None] | None,
+) -> tuple[list[dict[str, Any]], RunDir]:
+    """Rounds 1 to ``target`` run again in a scratch folder beside the run: (their records,
+    the scratch folder)."""
     scratch = rd.path / SCRATCH
     shutil.rmtree(scratch, ignore_errors=True)
     dataset, model, task = sources
     again = run_experiment(
         cfg, scratch, dataset=dataset, model=model, task=task, stop_after=target, on_round=on_round
     )
-    fresh = RunDir(scratch)
-    for n, ((old, _), new) in enumerate(zip(lines[:target], again.records, strict=False), 1):
-        if old is None:
-            continue
-        a = {k: v for k, v in old.items() if k not in TIMING}
-        b = {k: v for k, v in new.items() if k not in TIMING}
-        if a != b:
-            key = next((k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)), "?")
-            raise ResultsError(
-                f"running {str(rd.config_path)!r} again does not reproduce round {n} ({key}: "
-                f"{a.get(key)!r} vs {b.get(key)!r}): the run was made with other versions or on "
-                "another machine (summary.json's environment says which); nothing changed"
-            )
-    same = ck is None or ck["round"] != target
+    return again.records, RunDir(scratch)
+
+
+def _check_rerun(rd: RunDir, found: _Found, records: list[dict[str, Any]], fresh: RunDir) -> None:
+    """Refuse a rerun that is not this run (an undamaged round, or the whole checkpoint of the
+    round rebuilt, not reproduced); the report says what it was checked against."""
+    old = found.lines[: found.target]
+    for n, ((before, _), new) in enumerate(zip(old, records, strict=False), 1):
+        if before is not None:
+            _check_round(rd, n, before, new)
+    ck = found.ck
+    same = ck is None or ck["round"] != found.target
     if not same and not torch.equal(ck["weights"], fresh.load_checkpoint()["weights"]):
         raise ResultsError(
             f"running {str(rd.config_path)!r} again does not reproduce checkpoint.pt's "
             "weights: the run was made with other versions or on another machine; nothing "
             "changed"
         )
-    compared = [n for n, (old, _) in enumerate(lines[:target], 1) if old is not None]
-    report.checked = {
-        (True, True): "every undamaged round and checkpoint.pt's weights reproduced",
-        (True, False): "every undamaged round reproduced",
-        (False, True): "checkpoint.pt's weights reproduced",
-        (False, False): "no undamaged round or checkpoint was left to check it against",
-    }[bool(compared), not same]
+    compared = [n for n, (before, _) in enumerate(old, 1) if before is not None]
+    found.report.checked = _CHECKED[bool(compared), not same]
 
-    # put the rebuilt files in place, the replaced ones kept (a missing one: nothing to keep)
-    records = [
+
+def _check_round(rd: RunDir, n: int, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Refuse a rerun whose round ``n`` differs from the run's (but for its timings)."""
+    a = {k: v for k, v in old.items() if k not in TIMING}
+    b = {k: v for k, v in new.items() if k not in TIMING}
+    if a != b:
+        key = next((k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)), "?")
+        raise ResultsError(
+            f"running {str(rd.config_path)!r} again does not reproduce round {n} ({key}: "
+            f"{a.get(key)!r} vs {b.get(key)!r}): the run was made with other versions or on "
+            "another machine (summary.json's environment says which); nothing changed"
+        )
+
+
+def _replace_metrics(rd: RunDir, found: _Found, records: list[dict[str, Any]]) -> None:
+    """metrics.jsonl rewritten from its whole lines and the rerun's records for the others
+    (the file as it was kept aside), when a line is damaged, late or torn."""
+    report = found.report
+    merged = [
         old if old is not None else new
-        for (old, _), new in zip(lines[:target], again.records, strict=False)
+        for (old, _), new in zip(found.lines[: found.target], records, strict=False)
     ]
-    if early or late or torn:  # else its lines are whole and kept as they are
-        if not missing:
+    if found.early or found.late or found.torn:  # else its lines are whole and kept as they are
+        if not found.missing:
             shutil.copy2(rd.metrics_path, _kept(report) / rd.metrics_path.name)
-        rd.write_metrics(records)
+        rd.write_metrics(merged)
         report.rebuilt.append("metrics.jsonl")
-    if late or torn:
-        report.dropped.append(f"metrics.jsonl's {late + int(torn)} line(s) after round {target}")
-    if ck_bad or ck is None:
-        if rd.checkpoint_path.exists():
-            rd.checkpoint_path.replace(_kept(report) / rd.checkpoint_path.name)
-        fresh.checkpoint_path.replace(rd.checkpoint_path)
-        if (scratch / "client_states").is_dir():  # the store the rebuilt checkpoint belongs to
-            if (rd.path / "client_states").exists():
-                (rd.path / "client_states").replace(_kept(report) / "client_states")
-            (scratch / "client_states").replace(rd.path / "client_states")
-        report.rebuilt.append("checkpoint.pt")
-    if report.finished and (summary_bad or not rd.summary_path.exists()):
-        if rd.summary_path.exists():
-            rd.summary_path.replace(_kept(report) / rd.summary_path.name)
-        summary = fresh.read_summary()
-        summary["repaired"] = {"damaged": list(report.damaged), "rounds_rerun": target}
-        rd.write_json("summary.json", summary)
-        if (scratch / "accuracy.png").exists():
-            (scratch / "accuracy.png").replace(rd.path / "accuracy.png")
-        report.rebuilt.append("summary.json")
-    return report
+    if found.late or found.torn:
+        report.dropped.append(_dropped(found))
+
+
+def _replace_checkpoint(rd: RunDir, found: _Found, fresh: RunDir) -> None:
+    """The rerun's checkpoint (and the client-state store it belongs to) in place of a damaged
+    or missing one, the replaced files kept aside."""
+    if not (found.ck_bad or found.ck is None):
+        return
+    report = found.report
+    if rd.checkpoint_path.exists():
+        rd.checkpoint_path.replace(_kept(report) / rd.checkpoint_path.name)
+    fresh.checkpoint_path.replace(rd.checkpoint_path)
+    store, rebuilt_store = rd.path / "client_states", fresh.path / "client_states"
+    if rebuilt_store.is_dir():
+        if store.exists():
+            store.replace(_kept(report) / "client_states")
+        rebuilt_store.replace(store)
+    report.rebuilt.append("checkpoint.pt")
+
+
+def _replace_summary(rd: RunDir, found: _Found, fresh: RunDir) -> None:
+    """The rerun's summary.json (saying what was repaired) and plot in place of a damaged or
+    missing summary of a finished run, the replaced one kept aside."""
+    report = found.report
+    if not (report.finished and (found.summary_bad or not rd.summary_path.exists())):
+        return
+    if rd.summary_path.exists():
+        rd.summary_path.replace(_kept(report) / rd.summary_path.name)
+    summary = fresh.read_summary()
+    summary["repaired"] = {"damaged": list(report.damaged), "rounds_rerun": found.target}
+    rd.write_json("summary.json", summary)
+    if (fresh.path / "accuracy.png").exists():
+        (fresh.path / "accuracy.png").replace(rd.path / "accuracy.png")
+    report.rebuilt.append("summary.json")
 
 
 def _never_wrote(rd: RunDir) -> ResultsError:
