@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from fedbug.cli import main
 from fedbug.errors import ConfigError
@@ -112,3 +113,48 @@ def test_a_received_model_folder_that_cannot_be_loaded_is_one_line(tmp_path, dam
     assert len(msg.splitlines()) == 1 and str(folder) in msg and what in msg, msg
     assert "no model folder" not in msg and "weights_only" not in msg, msg
     assert not marker.exists()
+
+
+KERNEL = "kernels-community/flash-attn"  # a kernel on the Hub: code fetched and run
+
+
+def test_hf_config_cannot_name_a_kernel_on_the_hub(tmp_path, capsys):
+    """``hf_config: {attn_implementation: kernels-community/flash-attn}`` made transformers
+    fetch that repository's compiled code from the Hub and load it (where the ``kernels``
+    package is installed; here an ``ImportError`` traceback, exit 1): a received config ran
+    code from outside. Now one line naming the key, exit 2, ``--out`` empty."""
+    pytest.importorskip("transformers")
+    cfg = tmp_path / "received.yaml"
+    gpt2 = {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2, "n_positions": T}
+    doc = {"dataset": "digits", "task": "next_token", "model": "hf", "rounds": 1,
+           "hf_config": {**gpt2, "attn_implementation": KERNEL}}  # fmt: skip
+    cfg.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--out", str(out), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "hf_config.attn_implementation" in err, err
+    assert not out.exists() or not any(out.iterdir())
+    from fedbug.models import build_model
+
+    for value in (KERNEL, {"": KERNEL}):  # what a recorded update's options may hold too
+        with pytest.raises(ConfigError, match="hf_config.attn_implementation"):
+            build_model("hf", (T,), V, 0, task="next_token",
+                        hf_config={**gpt2, "attn_implementation": value})  # fmt: skip
+
+
+def test_a_model_folders_config_cannot_name_a_kernel_on_the_hub(tmp_path):
+    """The same kernel named by a received model folder's config.json: one line naming the
+    folder and the kernel; ``hf_config: {attn_implementation: sdpa}`` beside it loads it."""
+    from fedbug.models import build_model
+
+    folder = _model_folder(tmp_path / "received-model")
+    saved = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**saved, "attn_implementation": KERNEL}))
+    with pytest.raises(ConfigError) as e:
+        build_model(f"hf:{folder}", (T,), V, 0, task="next_token")
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and str(folder) in msg and KERNEL in msg, msg
+    assert "config.json's attn_implementation" in msg and "sdpa" in msg, msg
+    model = build_model(f"hf:{folder}", (T,), V, 0, task="next_token",
+                        hf_config={"attn_implementation": "sdpa"})  # fmt: skip
+    assert model.config._attn_implementation == "sdpa"

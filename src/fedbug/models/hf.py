@@ -7,7 +7,8 @@ Two ways to name one in a config:
   is one :class:`~fedbug.errors.ConfigError` saying where fedbug looked and how to fetch it.
   ``hf_config:`` beside it overrides keys of the saved config. A folder's own Python
   (``auto_map``, transformers' ``trust_remote_code``) never runs: ``hf_config`` may not name
-  ``trust_remote_code``, and fedbug passes ``trust_remote_code=False``.
+  ``trust_remote_code``, and fedbug passes ``trust_remote_code=False``; nor does a kernel on the
+  Hub that ``attn_implementation`` names (in ``hf_config`` or the folder's config.json).
 * ``model: hf`` with ``hf_config: {model_type: gpt2, n_layer: 2, n_embd: 32, ...}``: the
   architecture built from those keys (``AutoConfig.for_model``) with random weights drawn under
   the run's model seed, as every fedbug model is; how the tests run, with no weights to fetch.
@@ -60,6 +61,11 @@ HEADS = {
 }
 PREFIX = "hf:"
 INSTALL = "pip install 'fedbug[hf]'"
+#: why an ``attn_implementation`` naming a kernel on the Hub is refused, and the fix
+NO_HUB_KERNELS = (
+    "names a kernel on the Hugging Face Hub, code that transformers would fetch and run, which "
+    "fedbug never loads; use sdpa or eager"
+)
 #: the way out of a model folder that cannot be read
 REFETCH = "fetch the model again (hf download NAME --local-dir FOLDER) or give another folder"
 
@@ -95,6 +101,9 @@ def check_hf_model(
             "hf_config.trust_remote_code: fedbug never runs a model folder's own code (a config "
             "cannot allow it); remove the key and use a model transformers itself defines"
         )
+    kernel = _hub_kernel((hf_config or {}).get("attn_implementation"))
+    if kernel is not None:
+        raise ConfigError(f"hf_config.attn_implementation: {kernel!r} {NO_HUB_KERNELS}")
     _transformers()
     if task not in HEADS:
         raise ConfigError(f"task: {task} has no Hugging Face head; use task: {' or '.join(HEADS)}")
@@ -103,6 +112,25 @@ def check_hf_model(
             "model: hf builds its architecture from hf_config, which needs model_type "
             "(hf_config: {model_type: gpt2, n_layer: 2, n_embd: 32, n_head: 2}); or name a "
             "pretrained model, model: hf:<name or folder>"
+        )
+
+
+def _hub_kernel(value: Any) -> str | None:
+    """The kernel on the Hugging Face Hub that an ``attn_implementation`` value names (a
+    repository, ``org/name``, alone or in a mapping of sub-configs to values), or None."""
+    values = value.values() if isinstance(value, dict) else [value]
+    return next((v for v in values if isinstance(v, str) and "/" in v), None)
+
+
+def _check_attention(config: Any, where: str) -> None:
+    """Refuse a saved config (and its sub-configs) whose attention names a kernel on the Hub."""
+    configs = [config, *(getattr(config, k, None) for k in getattr(config, "sub_configs", {}))]
+    values = [getattr(c, "_attn_implementation", None) for c in configs]
+    kernel = next(filter(None, map(_hub_kernel, values)), None)
+    if kernel is not None:
+        raise ConfigError(
+            f"model hf:{where}: its config.json's attn_implementation {kernel!r} "
+            f"{NO_HUB_KERNELS} (in config.json, or hf_config: {{attn_implementation: sdpa}})"
         )
 
 
@@ -180,6 +208,7 @@ def _pretrained(transformers: Any, head: Any, where: str, keys: dict[str, Any]) 
         config = transformers.AutoConfig.from_pretrained(
             where, local_files_only=True, trust_remote_code=False, **keys
         )
+        _check_attention(config, where)
         return head.from_pretrained(  # type: ignore[no-any-return]
             where,
             config=config,
