@@ -155,6 +155,20 @@ def test_a_warning_under_the_command_is_one_line(tmp_path, capsys, fast_plots):
     assert warnings.showwarning is before
 
 
+def test_a_sweep_shows_each_warning_once(tmp_path, capsys, fast_plots):
+    """A warning every run of a sweep gives (here three seeds of one degenerate policy) is one
+    line, not one a run: a run's FLOP counter and checkpoint loader reset Python's registry of
+    warnings already shown."""
+    cfg = write_config(tmp_path)
+    degenerate = ("-s", "policy=bottom_up", "-s", "bottom_up.gu_ratio=0", "-s", "seeds=3")
+    rc, _, err = cli(capsys, "sweep", str(cfg), *degenerate, "--out", str(tmp_path / "o"), "-q")
+    assert rc == 0, err
+    assert [line for line in err.splitlines() if "warning" in line] == [
+        "fedbug: warning: bottom_up with gu_ratio 0 unfreezes every unit at the first step: it "
+        "is plain training (policy: none)"
+    ]
+
+
 def test_rerun_needs_resume_and_resume_of_finished_run_keeps_metrics(tmp_path, capsys, fast_plots):
     cfg = write_config(tmp_path)
     out = tmp_path / "out"

@@ -258,8 +258,17 @@ def _one_line_warning(
 ) -> None:
     """A warning under the ``fedbug`` command: ``fedbug: warning: MESSAGE``, one line as the
     command's own warnings read, without Python's source path and source line (a library user's
-    warnings keep Python's display)."""
-    print(f"fedbug: warning: {message}", file=file if file is not None else sys.stderr)
+    warnings keep Python's display); each message once a command (a process: a sweep's worker
+    its own), as a sweep's runs give the same ones and a run's FLOP counter and checkpoint
+    loader reset Python's registry of the warnings already shown."""
+    text = f"fedbug: warning: {message}"
+    if text in _SHOWN:
+        return
+    _SHOWN.add(text)
+    print(text, file=file if file is not None else sys.stderr)
+
+
+_SHOWN: set[str] = set()  # the warning lines shown in this command (see _one_line_warning)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings(), allowed:  # both restored as the command returns
             warnings.simplefilter("default")
             warnings.showwarning = _one_line_warning
+            _SHOWN.clear()
             return int(args.func(args))
     except FedbugError as e:
         print(f"fedbug: error: {e.cli_message or e}", file=sys.stderr)
