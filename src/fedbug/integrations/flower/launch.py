@@ -479,70 +479,23 @@ def _sigterm_interrupts() -> Iterator[None]:
 def _run_locked(
     cfg: Any, rd: RunDir, resume: bool, on_round: Callable[[dict[str, Any]], None] | None
 ) -> dict[str, Any]:
-    run_dir = rd.path
-    home = run_dir / ".flower"
+    """Submit the run to Flower, follow it to its end and stop what was started; the run's
+    summary (or the error it ended with, as :func:`_summary` says)."""
+    home = rd.path / ".flower"
     kill_with_env("FLWR_HOME", str(home))  # what a killed `fedbug run` here left running
     home.mkdir(exist_ok=True)
-    node_states = ""
-    if cfg.executor == "flower-simulation":  # the virtual nodes' disk: this run folder
-        node_states = str(home / "node-states")
-        if not resume and not rd.exists_with_results():  # a new run: no earlier run's states
-            shutil.rmtree(node_states, ignore_errors=True)
-    app = write_app(home / "app")
-    run_config = home / "run-config.toml"
-    run_config.write_text(
-        f"config = {_toml_str(json.dumps(cfg.model_dump(mode='json')))}\n"
-        f"out = {_toml_str(str(run_dir))}\n"
-        f"resume = {'true' if resume else 'false'}\n"
-        f"data-dir = {_toml_str(cfg.data_dir or '')}\n"
-        f"lock-token = {_toml_str(rd.lock_token or '')}\n"
-        f"node-state-dir = {_toml_str(node_states)}\n"
-        # simulated nodes share this machine's data and disk: any of them trains any client
-        f"pooled-nodes = {'true' if cfg.executor == 'flower-simulation' else 'false'}\n"
-    )
+    app, run_config = _write_app_and_run_config(cfg, rd, home, resume)
     procs = Processes(home)
     log = home / "superlink.log"
-    status = ""
     run_id: int | None = None
-    # a model named by import path: the nodes import it as this process does
-    own = import_root(cfg.model) if is_import_path(cfg.model) else None
+    python_path = _own_model_path(cfg)
     with _ray_tmp() as ray_tmp:
-        env = flower_env(home, ray_tmp, [str(own)] if own is not None else None)
+        env = flower_env(home, ray_tmp, python_path)
         try:
             if cfg.executor == "flower-simulation":
-                # the simulated nodes' built client side beside the run, not in the user's home
-                env.setdefault("FEDBUG_NODE_CACHE", str(home / "node-cache"))
-                port = free_port()
-                write_connection(home, f"127.0.0.1:{port}")
-                link = procs.start(
-                    [
-                        "flower-superlink",
-                        "--simulation",
-                        "--insecure",
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--disable-runtime-dependency-installation",
-                    ],
-                    env,
-                    log,
-                )
-                _wait_for_superlink(env, link, log)
-                nodes = cfg.flower.supernodes or min(cfg.num_clients, POOL)
-                cpus = client_cpus(cfg)
-                extra = [
-                    "--federation-config",
-                    f"num-supernodes={nodes} client-resources-num-cpus={cpus:g}",
-                ]
+                extra = _start_simulation(cfg, home, env, procs, log)
             else:
-                if not cfg.flower.superlink:
-                    raise FlowerRunError(
-                        "executor flower-deployment needs flower.superlink (HOST:PORT of a "
-                        "running SuperLink); see the README's Flower section"
-                    )
-                write_connection(home, cfg.flower.superlink, cfg.flower.root_certificates)
-                extra = []
+                extra = _connect_deployment(cfg, home)
             started = time.time()
             answer = _flwr(
                 ["run", str(app), CONNECTION, "--run-config", str(run_config), *extra], env
@@ -550,12 +503,105 @@ def _run_locked(
             run_id = int(answer["run-id"])
             status = _wait_finished(env, run_id, rd.summary_path, started, on_round)
         except KeyboardInterrupt:
-            if run_id is not None and cfg.executor == "flower-deployment":
-                with contextlib.suppress(FedbugError, subprocess.TimeoutExpired):
-                    _flwr(["stop", str(run_id), CONNECTION], env, timeout=30)
+            _stop_deployment_run(cfg, env, run_id)
             raise
         finally:
             procs.stop()
+    return _summary(cfg, rd, status, log)
+
+
+def _write_app_and_run_config(cfg: Any, rd: RunDir, home: Path, resume: bool) -> tuple[Path, Path]:
+    """The app and the run config ``flwr run`` submits, written under ``home``: (the app's
+    folder, the run config's file)."""
+    node_states = _node_states(cfg, rd, home, resume)
+    app = write_app(home / "app")
+    run_config = home / "run-config.toml"
+    run_config.write_text(
+        f"config = {_toml_str(json.dumps(cfg.model_dump(mode='json')))}\n"
+        f"out = {_toml_str(str(rd.path))}\n"
+        f"resume = {'true' if resume else 'false'}\n"
+        f"data-dir = {_toml_str(cfg.data_dir or '')}\n"
+        f"lock-token = {_toml_str(rd.lock_token or '')}\n"
+        f"node-state-dir = {_toml_str(node_states)}\n"
+        # simulated nodes share this machine's data and disk: any of them trains any client
+        f"pooled-nodes = {'true' if cfg.executor == 'flower-simulation' else 'false'}\n"
+    )
+    return app, run_config
+
+
+def _node_states(cfg: Any, rd: RunDir, home: Path, resume: bool) -> str:
+    """The virtual nodes' disk on a simulation, in the run folder (emptied for a new run: no
+    earlier run's states); ``""`` on a deployment."""
+    if cfg.executor != "flower-simulation":
+        return ""
+    node_states = str(home / "node-states")
+    if not resume and not rd.exists_with_results():
+        shutil.rmtree(node_states, ignore_errors=True)
+    return node_states
+
+
+def _own_model_path(cfg: Any) -> list[str] | None:
+    """Where a model named by import path is imported from: the nodes import it as this
+    process does (``None`` for any other model)."""
+    own = import_root(cfg.model) if is_import_path(cfg.model) else None
+    return [str(own)] if own is not None else None
+
+
+def _start_simulation(
+    cfg: Any, home: Path, env: dict[str, str], procs: Processes, log: Path
+) -> list[str]:
+    """Start a simulation's SuperLink on a free loopback port and wait until it answers; the
+    ``flwr run`` arguments that size its virtual nodes."""
+    # the simulated nodes' built client side beside the run, not in the user's home
+    env.setdefault("FEDBUG_NODE_CACHE", str(home / "node-cache"))
+    port = free_port()
+    write_connection(home, f"127.0.0.1:{port}")
+    link = procs.start(
+        [
+            "flower-superlink",
+            "--simulation",
+            "--insecure",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--disable-runtime-dependency-installation",
+        ],
+        env,
+        log,
+    )
+    _wait_for_superlink(env, link, log)
+    nodes = cfg.flower.supernodes or min(cfg.num_clients, POOL)
+    cpus = client_cpus(cfg)
+    return [
+        "--federation-config",
+        f"num-supernodes={nodes} client-resources-num-cpus={cpus:g}",
+    ]
+
+
+def _connect_deployment(cfg: Any, home: Path) -> list[str]:
+    """Point ``flwr`` at the user's SuperLink (``flower.superlink``); no extra ``flwr run``
+    arguments."""
+    if not cfg.flower.superlink:
+        raise FlowerRunError(
+            "executor flower-deployment needs flower.superlink (HOST:PORT of a "
+            "running SuperLink); see the README's Flower section"
+        )
+    write_connection(home, cfg.flower.superlink, cfg.flower.root_certificates)
+    return []
+
+
+def _stop_deployment_run(cfg: Any, env: dict[str, str], run_id: int | None) -> None:
+    """On Ctrl-C, stop the run submitted to a deployment (a simulation's stops with the
+    SuperLink this process started)."""
+    if run_id is not None and cfg.executor == "flower-deployment":
+        with contextlib.suppress(FedbugError, subprocess.TimeoutExpired):
+            _flwr(["stop", str(run_id), CONNECTION], env, timeout=30)
+
+
+def _summary(cfg: Any, rd: RunDir, status: str, log: Path) -> dict[str, Any]:
+    """The finished run's summary; a run that diverged or stopped on a short round raises as it
+    would in this process, and one that did not complete says where its log is."""
     summary = rd.read_summary() if rd.summary_path.exists() else {}
     if summary.get("status") == "diverged":
         d = summary.get("divergence", {})
