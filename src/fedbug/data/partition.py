@@ -201,10 +201,16 @@ def _deal_counts(y: np.ndarray, counts: np.ndarray, rng: np.random.Generator) ->
     """Index tensors with ``counts[i, c]`` samples of class ``c`` for client ``i``, which samples
     of a class go to which client uniformly at random (a seeded shuffle, then cut in order)."""
     num_clients = counts.shape[0]
-    perm = rng.permutation(len(y))
-    by_class = perm[np.argsort(y[perm], kind="stable")]
+    by_class = _shuffled_by_key(y, rng)
     owner = np.repeat(np.tile(np.arange(num_clients), counts.shape[1]), counts.T.ravel())
     return _group(owner, by_class, num_clients)
+
+
+def _shuffled_by_key(key: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The positions of ``key`` sorted by key, those of one key in a seeded random order (a
+    permutation, then a stable sort)."""
+    perm = rng.permutation(len(key))
+    return perm[np.argsort(key[perm], kind="stable")]
 
 
 def _group_indices(owner: np.ndarray, samples: np.ndarray, num_clients: int) -> list[Tensor]:
@@ -236,6 +242,31 @@ def partition(
     so refuses ``unbalanced_sigma > 0``. Invalid arguments raise ``ConfigError``.
     """
     y = _labels_array(labels)
+    num_clients, num_classes = _checked_partition_args(
+        y, num_clients, scheme, alpha, unbalanced_sigma, num_classes
+    )
+    rng = numpy_rng(seed, "partition")
+    if scheme == "dirichlet_classwise":
+        return _partition_classwise(
+            y, num_clients, num_classes, alpha, unbalanced_sigma, min_client_samples, rng
+        )
+    sizes = client_sizes(len(y), num_clients, unbalanced_sigma, rng)
+    if scheme == "iid":
+        owner = np.repeat(np.arange(num_clients), sizes)
+        return _group(owner, rng.permutation(len(y)), num_clients)
+    return _partition_dirichlet(y, sizes, num_classes, alpha, rng)
+
+
+def _checked_partition_args(
+    y: np.ndarray,
+    num_clients: int,
+    scheme: str,
+    alpha: float,
+    unbalanced_sigma: float,
+    num_classes: int | None,
+) -> tuple[int, int]:
+    """(``num_clients`` as an int, ``num_classes``, by default the largest label + 1); an
+    unknown scheme or an argument out of range is a ConfigError."""
     n = len(y)
     if scheme not in SCHEMES:
         raise ConfigError(f"unknown partition scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
@@ -257,41 +288,54 @@ def partition(
         raise ConfigError(
             f"labels must lie in 0..{num_classes - 1}, found {int(y.min())}..{observed - 1}"
         )
+    return num_clients, num_classes
 
-    rng = numpy_rng(seed, "partition")
-    if scheme == "dirichlet_classwise":
-        if unbalanced_sigma != 0:
-            raise ConfigError(
-                "unbalanced_sigma does not apply to dirichlet_classwise (its Dirichlet draws set "
-                "the client sizes); set unbalanced_sigma: 0 or use partition: dirichlet"
-            )
-        if isinstance(min_client_samples, bool) or int(min_client_samples) != min_client_samples:
-            raise ConfigError(f"min_client_samples must be an integer, got {min_client_samples!r}")
-        if not 0 <= min_client_samples <= n // num_clients:
-            raise ConfigError(
-                f"min_client_samples={min_client_samples} cannot hold: {num_clients} clients "
-                f"share {n} samples; use a value between 0 and {n // num_clients}"
-            )
-        counts = _classwise_counts(
-            np.bincount(y, minlength=num_classes), num_clients, alpha, int(min_client_samples), rng
+
+def _partition_classwise(
+    y: np.ndarray,
+    num_clients: int,
+    num_classes: int,
+    alpha: float,
+    unbalanced_sigma: float,
+    min_client_samples: int,
+    rng: np.random.Generator,
+) -> list[Tensor]:
+    """``"dirichlet_classwise"``: its own options checked, the client x class counts drawn
+    (:func:`_classwise_counts`), then the samples dealt by them."""
+    n = len(y)
+    if unbalanced_sigma != 0:
+        raise ConfigError(
+            "unbalanced_sigma does not apply to dirichlet_classwise (its Dirichlet draws set "
+            "the client sizes); set unbalanced_sigma: 0 or use partition: dirichlet"
         )
-        return _deal_counts(y, counts, rng)
-    sizes = client_sizes(n, num_clients, unbalanced_sigma, rng)
-    if scheme == "iid":
-        owner = np.repeat(np.arange(num_clients), sizes)
-        return _group(owner, rng.permutation(n), num_clients)
+    if isinstance(min_client_samples, bool) or int(min_client_samples) != min_client_samples:
+        raise ConfigError(f"min_client_samples must be an integer, got {min_client_samples!r}")
+    if not 0 <= min_client_samples <= n // num_clients:
+        raise ConfigError(
+            f"min_client_samples={min_client_samples} cannot hold: {num_clients} clients "
+            f"share {n} samples; use a value between 0 and {n // num_clients}"
+        )
+    counts = _classwise_counts(
+        np.bincount(y, minlength=num_classes), num_clients, alpha, int(min_client_samples), rng
+    )
+    return _deal_counts(y, counts, rng)
 
-    priors = rng.dirichlet(np.full(num_classes, float(alpha)), size=num_clients)
+
+def _partition_dirichlet(
+    y: np.ndarray, sizes: np.ndarray, num_classes: int, alpha: float, rng: np.random.Generator
+) -> list[Tensor]:
+    """``"dirichlet"``: each client's class priors drawn, then samples dealt one at a time to
+    a client with room, the class from its priors (the module's text)."""
+    priors = rng.dirichlet(np.full(num_classes, float(alpha)), size=len(sizes))
     priors = np.nan_to_num(priors, nan=0.0)
     class_counts = np.bincount(y, minlength=num_classes)
     clients = _deal_clients(sizes, rng)
     classes = _deal_classes(clients, priors, class_counts, rng)
     # The j-th step dealing class c gets the j-th sample of class c in a random order.
-    perm = rng.permutation(n)
-    by_class = perm[np.argsort(y[perm], kind="stable")]
-    samples = np.empty(n, dtype=np.int64)
+    by_class = _shuffled_by_key(y, rng)
+    samples = np.empty(len(y), dtype=np.int64)
     samples[np.argsort(classes, kind="stable")] = by_class
-    return _group(clients, samples, num_clients)
+    return _group(clients, samples, len(sizes))
 
 
 def partition_summary(
@@ -308,9 +352,7 @@ def partition_summary(
         else np.zeros(0, dtype=np.int64)
     )
     owner = np.repeat(np.arange(len(parts)), sizes)
-    counts = np.bincount(owner * num_classes + y[flat], minlength=len(parts) * num_classes).reshape(
-        len(parts), num_classes
-    )
+    counts = _client_class_counts(owner, y[flat], len(parts), num_classes)
     classes_held = (counts > 0).sum(axis=1)
     return {
         "num_clients": len(parts),
@@ -391,6 +433,26 @@ def client_test_split(
 
     Randomness comes from ``numpy_rng(seed, "client-test-split", scheme)``.
     """
+    y, yt, num_classes = _test_split_labels(
+        train_labels, test_labels, scheme, test_fraction, num_classes
+    )
+    owner, samples = _client_samples(parts, len(y))
+    train_counts = _client_class_counts(owner, y[samples], len(parts), num_classes)
+    rng = numpy_rng(seed, "client-test-split", scheme)
+    if scheme == "matched":
+        return _matched_split(parts, yt, train_counts, rng)
+    return _holdout_split(y, owner, samples, train_counts, test_fraction, rng)
+
+
+def _test_split_labels(
+    train_labels: Tensor,
+    test_labels: Tensor | None,
+    scheme: str,
+    test_fraction: float,
+    num_classes: int | None,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(train labels, test labels (empty when none), ``num_classes``, by default the largest
+    label + 1); an unknown scheme, a fraction or label out of range is a ConfigError."""
     if scheme not in TEST_SCHEMES:
         raise ConfigError(f"unknown pfl_test {scheme!r}; use one of {', '.join(TEST_SCHEMES)}")
     if not (math.isfinite(test_fraction) and 0 < test_fraction < 1):
@@ -404,38 +466,65 @@ def client_test_split(
     for name, lab in (("train", y), ("test", yt)):
         if lab.size and (lab.min() < 0 or lab.max() >= num_classes):
             raise ConfigError(f"{name} labels must lie in 0..{num_classes - 1}")
-    num_clients = len(parts)
+    return y, yt, num_classes
+
+
+def _client_samples(parts: list[Tensor], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each sample's client, the samples) over the clients' parts in order; parts that index
+    past the ``n`` training samples or overlap are a ConfigError."""
     sizes = np.array([len(p) for p in parts], dtype=np.int64)
     samples = (
         np.concatenate([np.asarray(p, dtype=np.int64).reshape(-1) for p in parts])
-        if num_clients
+        if len(parts)
         else np.zeros(0, dtype=np.int64)
     )
-    if samples.size and (samples.min() < 0 or samples.max() >= len(y)):
-        raise ConfigError(f"client parts must index the {len(y)} training samples")
+    if samples.size and (samples.min() < 0 or samples.max() >= n):
+        raise ConfigError(f"client parts must index the {n} training samples")
     if samples.size and np.bincount(samples).max() > 1:
         raise ConfigError("client parts overlap; each training sample may belong to one client")
-    owner = np.repeat(np.arange(num_clients), sizes)
-    train_counts = np.bincount(
-        owner * num_classes + y[samples], minlength=num_clients * num_classes
-    ).reshape(num_clients, num_classes)
-    rng = numpy_rng(seed, "client-test-split", scheme)
+    return np.repeat(np.arange(len(parts)), sizes), samples
 
-    if scheme == "matched":
-        held = train_counts.sum(axis=0)  # per class
-        m = np.bincount(yt, minlength=num_classes)
-        num = (m[:, None] * train_counts.T).astype(np.int64)  # classes x clients
-        safe = np.maximum(held, 1)[:, None]
-        deal = _add_largest_remainders(
-            num // safe, (num % safe) / safe, np.where(held > 0, m, 0), rng
-        )
-        perm = rng.permutation(len(yt))
-        by_class = perm[np.argsort(yt[perm], kind="stable")]
-        used = by_class[held[yt[by_class]] > 0]
-        test_owner = np.repeat(np.tile(np.arange(num_clients), num_classes), deal.ravel())
-        test_parts = _group_indices(test_owner, used, num_clients)
-        return ClientTestSplit([p.clone() for p in _as_long(parts)], test_parts, "test")
 
+def _client_class_counts(
+    owner: np.ndarray, classes: np.ndarray, num_clients: int, num_classes: int
+) -> np.ndarray:
+    """Client x class sample counts from parallel (owner, class) arrays."""
+    return np.bincount(owner * num_classes + classes, minlength=num_clients * num_classes).reshape(
+        num_clients, num_classes
+    )
+
+
+def _matched_split(
+    parts: list[Tensor], yt: np.ndarray, train_counts: np.ndarray, rng: np.random.Generator
+) -> ClientTestSplit:
+    """``"matched"``: each class's test samples shared in proportion to the clients' train
+    counts of it, by largest remainder (those of a class no client holds left unused)."""
+    num_clients, num_classes = train_counts.shape
+    held = train_counts.sum(axis=0)  # per class
+    m = np.bincount(yt, minlength=num_classes)
+    num = (m[:, None] * train_counts.T).astype(np.int64)  # classes x clients
+    safe = np.maximum(held, 1)[:, None]
+    deal = _add_largest_remainders(num // safe, (num % safe) / safe, np.where(held > 0, m, 0), rng)
+    by_class = _shuffled_by_key(yt, rng)
+    used = by_class[held[yt[by_class]] > 0]
+    test_owner = np.repeat(np.tile(np.arange(num_clients), num_classes), deal.ravel())
+    test_parts = _group_indices(test_owner, used, num_clients)
+    return ClientTestSplit([p.clone() for p in _as_long(parts)], test_parts, "test")
+
+
+def _holdout_split(
+    y: np.ndarray,
+    owner: np.ndarray,
+    samples: np.ndarray,
+    train_counts: np.ndarray,
+    test_fraction: float,
+    rng: np.random.Generator,
+) -> ClientTestSplit:
+    """``"holdout"``: of each client's samples of a class, ``floor`` or ``ceil`` of
+    ``test_fraction`` of them (largest remainder within the client) moved to its test part,
+    which samples uniformly at random; a client keeps one training sample."""
+    num_clients, num_classes = train_counts.shape
+    sizes = train_counts.sum(axis=1)  # each sample is of one class
     quota = test_fraction * train_counts
     base = np.floor(quota + 1e-9).astype(np.int64)
     totals = np.minimum(
@@ -446,8 +535,7 @@ def client_test_split(
         train_counts,
     )
     key = owner * num_classes + y[samples]
-    perm = rng.permutation(len(samples))
-    order = perm[np.argsort(key[perm], kind="stable")]
+    order = _shuffled_by_key(key, rng)
     group_count = np.bincount(key, minlength=num_clients * num_classes)
     rank = np.arange(len(order)) - (np.cumsum(group_count) - group_count)[key[order]]
     is_test = rank < deal.ravel()[key[order]]
