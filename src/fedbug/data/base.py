@@ -201,52 +201,10 @@ class FederatedDataset:
         otherwise; other keyword arguments go to the constructor (``mean``, ``std``, ``labels``,
         ``inputs``...).
         """
-        if isinstance(clients, (Dataset, str, bytes)) or not isinstance(clients, Sequence):
-            raise DataError(
-                f"data set {name!r}: clients must be a list with one (x, y) pair or Dataset per "
-                f"client, not a {type(clients).__name__}"
-            )
-        if len(clients) == 0:
-            raise DataError(f"data set {name!r}: clients is empty; give at least one client")
-        pairs = [_pair(c, f"data set {name!r}: client {i}") for i, c in enumerate(clients)]
-        for i, (x, _) in enumerate(pairs):
-            if len(x) == 0:
-                raise DataError(
-                    f"data set {name!r}: client {i} has no samples; every client needs at "
-                    "least one train sample (drop it from clients)"
-                )
+        pairs = _client_pairs(name, clients)
         train_x, train_y, parts = _concat(pairs, f"data set {name!r}", "client")
-        if test is None:
-            raise DataError(
-                f"data set {name!r}: a test set is needed; pass test=(test_x, test_y) for one "
-                "global test set, or test=[...] with one (x, y) pair per client"
-            )
-        test_parts: list[Tensor] | None = None
-        if _per_client(test, len(clients)):
-            tests = [
-                _pair(t, f"data set {name!r}: test set of client {i}") for i, t in enumerate(test)
-            ]
-            test_x, test_y, test_parts = _concat(tests, f"data set {name!r}", "test set of client")
-            if test_x is None:
-                raise DataError(
-                    f"data set {name!r}: no client has a test sample; give at least one, or "
-                    "pass one global test set as test=(test_x, test_y)"
-                )
-        elif isinstance(test, list) and len(test) != 2 and _entries(test):
-            raise DataError(
-                f"data set {name!r}: test lists {len(test)} test sets but there are "
-                f"{len(clients)} clients; give one per client (empty for a client without test "
-                "samples), or one global test set as test=(test_x, test_y)"
-            )
-        else:
-            test_x, test_y = _pair(test, f"data set {name!r}: test set")
-            if len(test_x) == 0:
-                raise DataError(f"data set {name!r}: the test set is empty; give test samples")
-        if num_classes is None:
-            num_classes = _default_num_classes(
-                name, [train_y, test_y], kwargs.get("labels", "classes")
-            )
-        kwargs.setdefault("scale", 255.0 if train_x.dtype == torch.uint8 else 1.0)
+        test_x, test_y, test_parts = _test_sets(name, test, len(clients))
+        num_classes = _fill_defaults(name, train_x, [train_y, test_y], num_classes, kwargs)
         return cls(
             name,
             train_x,
@@ -278,61 +236,145 @@ class FederatedDataset:
         label + 1. ``scale`` defaults to 255 for uint8 inputs and 1 otherwise; other keyword
         arguments go to the constructor. Needs ``pip install 'fedbug[hf]'``.
         """
-        try:
-            import datasets
-        except ImportError:
-            raise DataError(
-                "reading Hugging Face data sets needs the datasets package: "
-                "pip install 'fedbug[hf]'"
-            ) from None
+        datasets = _import_datasets()
         columns = [x] if isinstance(x, str) else list(x)
         if not columns:
             raise DataError(f"data set {name!r}: x names no column; give one or more columns")
-        splits = []
-        for split, ds in (("train", train), ("test", test)):
-            if isinstance(ds, datasets.DatasetDict):
-                raise DataError(
-                    f"data set {name!r}: {split} is a DatasetDict with splits {sorted(ds)}; "
-                    f"pass one split, e.g. {split}=dd[{next(iter(ds), 'train')!r}]"
-                )
-            if not isinstance(ds, datasets.Dataset):
-                raise DataError(
-                    f"data set {name!r}: {split} must be a datasets.Dataset, not a "
-                    f"{type(ds).__name__}"
-                )
-            missing = [c for c in [*columns, y] if c not in ds.column_names]
-            if missing:
-                raise DataError(
-                    f"data set {name!r}: the {split} split has no column(s) {missing}; its "
-                    f"columns are {ds.column_names}"
-                )
-            table = ds.with_format("numpy", columns=[*columns, y])[:]
-            what = f"data set {name!r}: {split} column"
-            parts = [_inputs_tensor(table[c], f"{what} {c!r}") for c in columns]
-            if len(parts) == 1:
-                xs = parts[0]
-            else:
-                parts = [p.unsqueeze(-1) if p.dim() == 1 else p for p in parts]
-                lead = {tuple(p.shape[:-1]) for p in parts}
-                if len(lead) > 1:
-                    raise DataError(
-                        f"data set {name!r}: the {split} columns {columns} cannot be stacked as "
-                        f"features (shapes {[_shape(p.shape) for p in parts]}); they must agree "
-                        "in every dimension but the last"
-                    )
-                xs = torch.cat(parts, dim=-1)
-            splits.append((xs, _labels_tensor(table[y], f"{what} {y!r}")))
-        (train_x, train_y), (test_x, test_y) = splits
+        train_x, train_y = _hf_split(datasets, name, "train", train, columns, y)
+        test_x, test_y = _hf_split(datasets, name, "test", test, columns, y)
         if num_classes is None:
-            feature = train.features.get(y)
-            if isinstance(feature, datasets.ClassLabel) and kwargs.get("labels") != "values":
-                num_classes = feature.num_classes
-            else:
-                num_classes = _default_num_classes(
-                    name, [train_y, test_y], kwargs.get("labels", "classes")
-                )
-        kwargs.setdefault("scale", 255.0 if train_x.dtype == torch.uint8 else 1.0)
+            num_classes = _class_label_count(datasets, train, y, kwargs)
+        num_classes = _fill_defaults(name, train_x, [train_y, test_y], num_classes, kwargs)
         return cls(name, train_x, train_y, test_x, test_y, num_classes, **kwargs)
+
+
+def _client_pairs(name: str, clients: Any) -> list[tuple[Tensor, Tensor]]:
+    """Each client's (x, y) tensors; clients that are not a list of entries, none, or one
+    without samples are a DataError."""
+    if isinstance(clients, (Dataset, str, bytes)) or not isinstance(clients, Sequence):
+        raise DataError(
+            f"data set {name!r}: clients must be a list with one (x, y) pair or Dataset per "
+            f"client, not a {type(clients).__name__}"
+        )
+    if len(clients) == 0:
+        raise DataError(f"data set {name!r}: clients is empty; give at least one client")
+    pairs = [_pair(c, f"data set {name!r}: client {i}") for i, c in enumerate(clients)]
+    for i, (x, _) in enumerate(pairs):
+        if len(x) == 0:
+            raise DataError(
+                f"data set {name!r}: client {i} has no samples; every client needs at "
+                "least one train sample (drop it from clients)"
+            )
+    return pairs
+
+
+def _test_sets(
+    name: str, test: Any, num_clients: int
+) -> tuple[Tensor, Tensor, list[Tensor] | None]:
+    """(test inputs, test labels, each client's index range or None) from one global test set
+    or one per client (see :meth:`FederatedDataset.from_clients`)."""
+    if test is None:
+        raise DataError(
+            f"data set {name!r}: a test set is needed; pass test=(test_x, test_y) for one "
+            "global test set, or test=[...] with one (x, y) pair per client"
+        )
+    if _per_client(test, num_clients):
+        tests = [_pair(t, f"data set {name!r}: test set of client {i}") for i, t in enumerate(test)]
+        test_x, test_y, test_parts = _concat(tests, f"data set {name!r}", "test set of client")
+        if test_x is None:
+            raise DataError(
+                f"data set {name!r}: no client has a test sample; give at least one, or "
+                "pass one global test set as test=(test_x, test_y)"
+            )
+        return test_x, test_y, test_parts
+    if isinstance(test, list) and len(test) != 2 and _entries(test):
+        raise DataError(
+            f"data set {name!r}: test lists {len(test)} test sets but there are "
+            f"{num_clients} clients; give one per client (empty for a client without test "
+            "samples), or one global test set as test=(test_x, test_y)"
+        )
+    test_x, test_y = _pair(test, f"data set {name!r}: test set")
+    if len(test_x) == 0:
+        raise DataError(f"data set {name!r}: the test set is empty; give test samples")
+    return test_x, test_y, None
+
+
+def _fill_defaults(
+    name: str, train_x: Tensor, ys: list[Tensor], num_classes: int | None, kwargs: dict[str, Any]
+) -> int:
+    """``num_classes``, by default the largest label + 1; and ``kwargs``' ``scale``, by default
+    255 for uint8 inputs and 1 otherwise."""
+    if num_classes is None:
+        num_classes = _default_num_classes(name, ys, kwargs.get("labels", "classes"))
+    kwargs.setdefault("scale", 255.0 if train_x.dtype == torch.uint8 else 1.0)
+    return num_classes
+
+
+def _import_datasets() -> Any:
+    """Hugging Face's ``datasets`` module; without it, a DataError saying how to install it."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            "reading Hugging Face data sets needs the datasets package: pip install 'fedbug[hf]'"
+        ) from None
+    return datasets
+
+
+def _hf_split(
+    datasets: Any, name: str, split: str, ds: Any, columns: list[str], y: str
+) -> tuple[Tensor, Tensor]:
+    """One split's (inputs, labels) read from its columns; a split that is not one
+    ``datasets.Dataset``, or lacks a column, is a DataError."""
+    if isinstance(ds, datasets.DatasetDict):
+        raise DataError(
+            f"data set {name!r}: {split} is a DatasetDict with splits {sorted(ds)}; "
+            f"pass one split, e.g. {split}=dd[{next(iter(ds), 'train')!r}]"
+        )
+    if not isinstance(ds, datasets.Dataset):
+        raise DataError(
+            f"data set {name!r}: {split} must be a datasets.Dataset, not a {type(ds).__name__}"
+        )
+    missing = [c for c in [*columns, y] if c not in ds.column_names]
+    if missing:
+        raise DataError(
+            f"data set {name!r}: the {split} split has no column(s) {missing}; its "
+            f"columns are {ds.column_names}"
+        )
+    table = ds.with_format("numpy", columns=[*columns, y])[:]
+    xs = _stacked_columns(name, split, columns, table)
+    return xs, _labels_tensor(table[y], _column(name, split, y))
+
+
+def _stacked_columns(name: str, split: str, columns: list[str], table: Any) -> Tensor:
+    """The input columns as one tensor: a single column as it is, several stacked as features
+    along the last dimension (a scalar column one feature)."""
+    parts = [_inputs_tensor(table[c], _column(name, split, c)) for c in columns]
+    if len(parts) == 1:
+        return parts[0]
+    parts = [p.unsqueeze(-1) if p.dim() == 1 else p for p in parts]
+    lead = {tuple(p.shape[:-1]) for p in parts}
+    if len(lead) > 1:
+        raise DataError(
+            f"data set {name!r}: the {split} columns {columns} cannot be stacked as "
+            f"features (shapes {[_shape(p.shape) for p in parts]}); they must agree "
+            "in every dimension but the last"
+        )
+    return torch.cat(parts, dim=-1)
+
+
+def _column(name: str, split: str, column: str) -> str:
+    """How a message names a column of a split."""
+    return f"data set {name!r}: {split} column {column!r}"
+
+
+def _class_label_count(datasets: Any, train: Any, y: str, kwargs: dict[str, Any]) -> int | None:
+    """The class count of a ``ClassLabel`` label column (``None`` for another column, or with
+    ``labels='values'``)."""
+    feature = train.features.get(y)
+    if isinstance(feature, datasets.ClassLabel) and kwargs.get("labels") != "values":
+        return feature.num_classes
+    return None
 
 
 def _shape(shape: Sequence[int]) -> str:
