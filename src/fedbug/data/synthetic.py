@@ -22,6 +22,7 @@ itself (60 float32 per sample) plus one block's temporaries.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,35 @@ def client_sizes(
     return sizes
 
 
+#: each feature's standard deviation: sqrt(Sigma_jj) = sqrt(j^-1.2), j = 1..DIM
+_SD = np.power(np.arange(1, DIM + 1, dtype=np.float64), -1.2) ** 0.5
+
+
+@dataclass
+class _Split:
+    """One split's inputs and labels, filled a block of clients at a time; client ``i``'s
+    samples start at ``start[i]``."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    start: np.ndarray
+
+    @classmethod
+    def empty(cls, counts: np.ndarray) -> _Split:
+        """Room for ``counts[i]`` samples of each client ``i``."""
+        n = int(counts.sum())
+        return cls(
+            torch.empty(n, DIM),
+            torch.empty(n, dtype=torch.long),
+            np.concatenate([[0], np.cumsum(counts)]),
+        )
+
+    def put(self, first: int, last: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """The samples of clients ``first`` to ``last - 1``, in client order."""
+        a, z = int(self.start[first]), int(self.start[last])
+        self.x[a:z], self.y[a:z] = x, y
+
+
 def generate(
     num_clients: int = 30,
     alpha: float = 1.0,
@@ -67,66 +97,27 @@ def generate(
     max_size: int | None = None,
 ) -> FederatedDataset:
     """Synthetic(alpha, beta) over ``num_clients`` natural clients (see the module's text)."""
-    if num_clients < 1:
-        raise ConfigError(f"synthetic needs num_clients >= 1, got {num_clients}")
-    if alpha < 0 or beta < 0:
-        raise ConfigError(f"synthetic needs alpha, beta >= 0, got {alpha}, {beta}")
-    if min_size < 2 or (max_size is not None and max_size < min_size):
-        raise ConfigError("synthetic needs 2 <= min_size <= max_size (a train and a test sample)")
+    _check_options(num_clients, alpha, beta, min_size, max_size)
     sizes = client_sizes(num_clients, seed, size_mu, size_sigma, min_size, max_size)
     n_train = (TRAIN_SHARE * sizes).astype(np.int64)
-    n_test = sizes - n_train
-    train_x = torch.empty(int(n_train.sum()), DIM)
-    test_x = torch.empty(int(n_test.sum()), DIM)
-    train_y = torch.empty(len(train_x), dtype=torch.long)
-    test_y = torch.empty(len(test_x), dtype=torch.long)
-    train_start = np.concatenate([[0], np.cumsum(n_train)])
-    test_start = np.concatenate([[0], np.cumsum(n_test)])
-    sd = np.power(np.arange(1, DIM + 1, dtype=np.float64), -1.2) ** 0.5
-    shared = numpy_rng(seed, "synthetic-iid")
-    w_iid = shared.normal(0.0, 1.0, (DIM, CLASSES))
-    b_iid = shared.normal(0.0, 1.0, CLASSES)
+    train, test = _Split.empty(n_train), _Split.empty(sizes - n_train)
+    shared = _shared_model(seed)
     for first in range(0, num_clients, BLOCK):
         last = min(num_clients, first + BLOCK)
-        k = last - first
         rng = numpy_rng(seed, "synthetic", float(alpha), float(beta), int(iid), first // BLOCK)
-        u = rng.normal(0.0, alpha, k)
-        big_b = rng.normal(0.0, beta, k)
-        if iid:
-            v = np.zeros((k, DIM))
-            w = np.broadcast_to(w_iid, (k, DIM, CLASSES))
-            b = np.broadcast_to(b_iid, (k, CLASSES))
-        else:
-            v = rng.normal(big_b[:, None], 1.0, (k, DIM))
-            w = rng.normal(u[:, None, None], 1.0, (k, DIM, CLASSES))
-            b = rng.normal(u[:, None], 1.0, (k, CLASSES))
-        m = sizes[first:last]
-        owner = np.repeat(np.arange(k), m)
-        x = v[owner] + sd * rng.standard_normal((len(owner), DIM))
-        y = np.empty(len(owner), dtype=np.int64)
-        for s in range(0, len(owner), _LABEL_CHUNK):
-            o = owner[s : s + _LABEL_CHUNK]
-            logits = np.einsum("sj,sjc->sc", x[s : s + _LABEL_CHUNK], w[o]) + b[o]
-            y[s : s + _LABEL_CHUNK] = logits.argmax(1)
-        # each client's first int(0.9 n_k) samples train, the rest test (LEAF's split)
-        offset = np.concatenate([[0], np.cumsum(m)])[:-1]
-        pos = np.arange(len(owner)) - offset[owner]
-        is_train = pos < n_train[first:last][owner]
-        xt = torch.from_numpy(x.astype(np.float32))
-        yt = torch.from_numpy(y)
+        v, w, b = _client_models(rng, last - first, alpha, beta, shared if iid else None)
+        x, y, is_train = _block_samples(rng, v, w, b, sizes[first:last], n_train[first:last])
         mask = torch.from_numpy(is_train)
-        a, z = int(train_start[first]), int(train_start[last])
-        train_x[a:z], train_y[a:z] = xt[mask], yt[mask]
-        a, z = int(test_start[first]), int(test_start[last])
-        test_x[a:z], test_y[a:z] = xt[~mask], yt[~mask]
-    starts = torch.from_numpy(train_start)
+        train.put(first, last, x[mask], y[mask])
+        test.put(first, last, x[~mask], y[~mask])
+    starts = torch.from_numpy(train.start)
     clients = [torch.arange(int(starts[i]), int(starts[i + 1])) for i in range(num_clients)]
     return FederatedDataset(
         name="synthetic",
-        train_x=train_x,
-        train_y=train_y,
-        test_x=test_x,
-        test_y=test_y,
+        train_x=train.x,
+        train_y=train.y,
+        test_x=test.x,
+        test_y=test.y,
         num_classes=CLASSES,
         scale=1.0,
         source=f"generated: Synthetic({alpha}, {beta}){' IID' if iid else ''}, seed {seed}",
@@ -134,6 +125,79 @@ def generate(
         inputs="vector",
         meta={"sizes": sizes, "alpha": alpha, "beta": beta, "iid": iid, "seed": seed},
     )
+
+
+def _check_options(
+    num_clients: int, alpha: float, beta: float, min_size: int, max_size: int | None
+) -> None:
+    """An option out of range is a ConfigError."""
+    if num_clients < 1:
+        raise ConfigError(f"synthetic needs num_clients >= 1, got {num_clients}")
+    if alpha < 0 or beta < 0:
+        raise ConfigError(f"synthetic needs alpha, beta >= 0, got {alpha}, {beta}")
+    if min_size < 2 or (max_size is not None and max_size < min_size):
+        raise ConfigError("synthetic needs 2 <= min_size <= max_size (a train and a test sample)")
+
+
+def _shared_model(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic-IID's one W (DIM x CLASSES) and b (CLASSES) for every client."""
+    shared = numpy_rng(seed, "synthetic-iid")
+    w_iid = shared.normal(0.0, 1.0, (DIM, CLASSES))
+    b_iid = shared.normal(0.0, 1.0, CLASSES)
+    return w_iid, b_iid
+
+
+def _client_models(
+    rng: np.random.Generator,
+    k: int,
+    alpha: float,
+    beta: float,
+    shared: tuple[np.ndarray, np.ndarray] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(v, W, b) of ``k`` clients: v_k ~ N(B_k, 1), W_k, b_k ~ N(u_k, 1), or with ``shared``
+    (IID) v_k = 0 and the shared W, b. u_k and B_k are drawn either way."""
+    u = rng.normal(0.0, alpha, k)
+    big_b = rng.normal(0.0, beta, k)
+    if shared is not None:
+        w_iid, b_iid = shared
+        v = np.zeros((k, DIM))
+        w = np.broadcast_to(w_iid, (k, DIM, CLASSES))
+        b = np.broadcast_to(b_iid, (k, CLASSES))
+    else:
+        v = rng.normal(big_b[:, None], 1.0, (k, DIM))
+        w = rng.normal(u[:, None, None], 1.0, (k, DIM, CLASSES))
+        b = rng.normal(u[:, None], 1.0, (k, CLASSES))
+    return v, w, b
+
+
+def _block_samples(
+    rng: np.random.Generator,
+    v: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray,
+    m: np.ndarray,
+    n_train: np.ndarray,
+) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """(x, y, whether each trains) of a block of clients' samples, ``m[k]`` of client ``k``
+    in client order: x ~ N(v_k, Sigma), y = argmax(W_k^T x + b_k)."""
+    owner = np.repeat(np.arange(len(m)), m)
+    x = v[owner] + _SD * rng.standard_normal((len(owner), DIM))
+    y = _labels(x, owner, w, b)
+    # each client's first int(0.9 n_k) samples train, the rest test (LEAF's split)
+    offset = np.concatenate([[0], np.cumsum(m)])[:-1]
+    pos = np.arange(len(owner)) - offset[owner]
+    is_train = pos < n_train[owner]
+    return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y), is_train
+
+
+def _labels(x: np.ndarray, owner: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmax of each sample's client's logits W_k^T x + b_k, a chunk of samples at a time."""
+    y = np.empty(len(owner), dtype=np.int64)
+    for s in range(0, len(owner), _LABEL_CHUNK):
+        o = owner[s : s + _LABEL_CHUNK]
+        logits = np.einsum("sj,sjc->sc", x[s : s + _LABEL_CHUNK], w[o]) + b[o]
+        y[s : s + _LABEL_CHUNK] = logits.argmax(1)
+    return y
 
 
 def load(data_dir: Path | None = None) -> FederatedDataset:
