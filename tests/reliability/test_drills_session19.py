@@ -4,8 +4,11 @@ received config may hold. Each case failed on the code before its fix."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,7 @@ import torch
 import yaml
 
 from fedbug.cli import main
-from fedbug.errors import ConfigError
+from fedbug.errors import ConfigError, FedbugError
 from fedbug.results import record_crc, with_crc
 
 # ---------------------------------------------------------------- a thinned curve's declaration
@@ -158,3 +161,81 @@ def test_a_model_folders_config_cannot_name_a_kernel_on_the_hub(tmp_path):
     model = build_model(f"hf:{folder}", (T,), V, 0, task="next_token",
                         hf_config={"attn_implementation": "sdpa"})  # fmt: skip
     assert model.config._attn_implementation == "sdpa"
+
+
+# ---------------------------------------------------------------- a FIFO in a file's place
+
+
+class Blocked(BaseException):
+    """A read that blocked (no ``except OSError`` or ``except Exception`` takes it)."""
+
+
+@contextlib.contextmanager
+def _at_most(seconds: int) -> Iterator[None]:
+    """Fail (not hang) where a read blocks: SIGALRM interrupts it."""
+
+    def late(signum: int, frame: Any) -> None:
+        raise Blocked(f"blocked for {seconds} s")
+
+    before = signal.signal(signal.SIGALRM, late)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+
+
+@pytest.mark.parametrize("name", ["summary.json", "metrics.jsonl", "metrics.thin.jsonl"])
+def test_report_on_a_received_folder_with_a_fifo_in_a_files_place(tmp_path, capsys, name):
+    """A received run folder (a tar archive holds FIFOs and links) whose summary.json,
+    metrics.jsonl or metrics.thin.jsonl is a FIFO: ``fedbug report`` blocked on it forever
+    (and a link to /dev/zero read until the memory ran out: a ``MemoryError`` traceback).
+    Now the run is skipped with one warning naming the file, exit 2, within the second."""
+    run = _lying_thinned_run(tmp_path / "received", 3)
+    if name != "metrics.thin.jsonl":  # a full curve is read where there is one
+        (run / "metrics.thin.jsonl").unlink()
+        (run / "metrics.jsonl").write_text("")
+    (run / name).unlink()
+    os.mkfifo(run / name)
+    with _at_most(5):
+        assert main(["report", str(tmp_path / "received")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and str(run / name) in err[0] and "not a regular file" in err[0], err
+
+
+def test_recorded_updates_and_checkpoints_that_are_fifos_are_one_line(tmp_path):
+    """What ``fedbug attack`` and ``fedbug run --resume`` read from a received folder: a FIFO
+    in place of a recorded update's JSON or tensors, or of the checkpoint, blocked forever."""
+    from fedbug.results.checkpoint import load_checkpoint_file
+    from fedbug.results.updates import load_tensors, read_meta
+
+    for name in ("client-0.json", "client-0.pt", "checkpoint.pt"):
+        os.mkfifo(tmp_path / name)
+    with _at_most(5):
+        for read in (
+            lambda: read_meta(tmp_path / "client-0.json"),
+            lambda: load_tensors(tmp_path, tmp_path / "client-0.pt"),
+            lambda: load_checkpoint_file(tmp_path / "checkpoint.pt"),
+        ):
+            with pytest.raises(FedbugError, match="not a regular file") as e:
+                read()
+            assert len(str(e.value).splitlines()) == 1
+
+
+def test_a_fifo_beside_a_received_run_is_not_waited_on(tmp_path, capsys):
+    """A FIFO for the sweep.json beside a received run (read to name the report's cells) or
+    for the full curve beside its thinned one (``python -m fedbug.report.thin --check``
+    compares the two): both blocked forever. Now the report reads the run without the sweep's
+    names, and the check refuses the FIFO in one line."""
+    from fedbug.report.thin import main as thin_main
+
+    run = _lying_thinned_run(tmp_path / "received", 0)
+    os.mkfifo(tmp_path / "received" / "sweep.json")
+    with _at_most(5):
+        assert main(["report", str(tmp_path / "received")]) == 0
+        assert capsys.readouterr().err == ""
+        os.mkfifo(run / "metrics.jsonl")
+        assert thin_main([str(run), "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "metrics.jsonl' is not a regular file" in err[0], err

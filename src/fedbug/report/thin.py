@@ -48,6 +48,7 @@ from fedbug.results import (
     metrics_line,
     thinned_rounds,
 )
+from fedbug.results.files import read_regular
 
 #: keep every 10th round (and the last) unless told otherwise
 DEFAULT_EVERY = 10
@@ -80,7 +81,7 @@ def _evaluated(record: dict[str, Any]) -> bool:
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(read_regular(path)).hexdigest()
 
 
 def thinned_curve(run_dir: Path, every: int = DEFAULT_EVERY) -> bytes:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from fedbug.errors import CheckpointError
-from fedbug.results.files import atomic_write_bytes
+from fedbug.results.files import atomic_write_bytes, read_regular
 
 CHECKPOINT_MAGIC = b"FEDBUG-CHECKPOINT-1 "
 
@@ -29,7 +29,7 @@ def save_checkpoint_file(path: Path, state: dict[str, Any]) -> None:
 
 def load_checkpoint_file(path: Path) -> dict[str, Any]:
     try:
-        raw = Path(path).read_bytes()
+        raw = read_regular(Path(path))
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {e.strerror}") from None
     head, sep, payload = raw.partition(b"\n")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from fedbug.errors import FedbugError, LinkRefused
+from fedbug.errors import FedbugError, LinkRefused, ResultsError
 
 
 def check_writable(folder: Path | str, what: str = "--out") -> None:
@@ -73,6 +73,22 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
         raise LinkRefused(f"{str(path)!r} is not a regular file; fedbug writes only files")
     os.set_blocking(fd, True)
     return fd
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of ``path``, a regular file (a link to one is followed: a read lands nowhere);
+    :class:`ResultsError` naming it where a received folder holds a FIFO, a device or a folder
+    in a file's place (a FIFO blocked the read forever, a link to /dev/zero read until the
+    memory ran out). Opened without blocking, so a FIFO is refused, not waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ResultsError(
+                f"{str(path)!r} is not a regular file (a FIFO, a device, a folder or a link to "
+                "one); fedbug reads only files: remove it, or restore the file from a copy"
+            )
+        os.set_blocking(fd, True)
+        return f.read()
 
 
 def open_write(path: Path, append: bool = False) -> IO[Any]:

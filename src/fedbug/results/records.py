@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ResultsError
-from fedbug.results.files import _naming
+from fedbug.results.files import _naming, read_regular
 
 #: the checksum field of a metrics line and of summary.json
 CRC_KEY = "crc"
@@ -96,7 +96,7 @@ def read_summary(path: Path | str) -> dict[str, Any]:
 def _read_summary(path: Path) -> tuple[dict[str, Any], bool]:
     crc = None
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
     except FileNotFoundError:
         raise ResultsError(f"{str(path)!r} not found: the run has not finished") from None
     except OSError as e:

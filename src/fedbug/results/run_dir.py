@@ -15,6 +15,7 @@ from fedbug.results.files import (
     _naming,
     append_line,
     atomic_write_text,
+    read_regular,
 )
 from fedbug.results.lock import RunFolderLock
 from fedbug.results.records import (
@@ -102,7 +103,7 @@ class RunDir(RunFolderLock):
     def _metrics_bytes(self) -> bytes:
         """``metrics.jsonl`` as it is on disk (nothing when there is none)."""
         try:
-            return self.metrics_path.read_bytes()
+            return read_regular(self.metrics_path)
         except FileNotFoundError:
             return b""
         except OSError as e:
@@ -136,7 +137,7 @@ class RunDir(RunFolderLock):
         line, or a damaged one): a glance at a run another process writes, for its progress."""
         try:
             raw = self._metrics_bytes()
-        except OSError:
+        except (OSError, ResultsError):
             return None
         end = raw.rfind(b"\n")  # a torn last line follows it
         if end < 0:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ResultsError
-from fedbug.results.files import _naming
+from fedbug.results.files import _naming, read_regular
 from fedbug.results.records import _check_crc, _count, _parse_line
 
 #: a finished run's thinned curve (:func:`read_thinned`), committed in place of its full
@@ -83,7 +83,7 @@ def read_thinned(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     so any damage, a torn last line included, is a :class:`ResultsError` naming the file
     and the line."""
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
     except OSError as e:
         raise _naming(e, path) from e
 

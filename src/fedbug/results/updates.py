@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from fedbug.errors import ConfigError
-from fedbug.results.files import atomic_write_bytes, check_no_links
+from fedbug.results.files import atomic_write_bytes, check_no_links, read_regular
 
 FOLDER = "updates"
 _NAME = re.compile(r"^client-(\d+)\.json$")
@@ -88,7 +88,7 @@ def load_tensors(run: Path, path: Path) -> dict[str, Tensor]:
     holding anything else, or reached through a link, is a one-line :class:`ConfigError`."""
     check_no_links(Path(run), Path(path))
     try:
-        out = torch.load(path, map_location="cpu", weights_only=True)
+        out = torch.load(io.BytesIO(read_regular(path)), map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{path} is not a recorded update (tensors only): {first}") from e
@@ -160,7 +160,7 @@ def read_meta(path: Path) -> dict[str, Any]:
     """A recorded update's JSON side (``client-<K>.json``), checked; damage is one
     :class:`ConfigError` naming the file and the problem."""
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(read_regular(path).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         meta, problem = None, f"not JSON ({type(e).__name__})"
     else:

@@ -20,10 +20,11 @@ from fedbug.config.cohort import unused_cohort_block
 from fedbug.config.compat import blocks_used_elsewhere, owners, used_blocks
 from fedbug.config.hashing import hashed_view, is_hashed
 from fedbug.engine.run_folder import folder_disagreement
-from fedbug.errors import ConfigError
+from fedbug.errors import ConfigError, ResultsError
 from fedbug.report.spread import mean_std, row_pm
 from fedbug.report.table4 import cell_text, format_pfl_table, write_figures
 from fedbug.results import atomic_write_bytes, atomic_write_text, check_no_links
+from fedbug.results.files import read_regular
 from fedbug.results.plot import metric_axis
 
 
@@ -607,9 +608,9 @@ def read_sweep_cells(folder: Path) -> list[tuple[Cell, set[str]]] | None:
     from its sweep.json (each cell's values and runs); None where there is no readable
     sweep.json (a run of no sweep, an unfinished or older sweep)."""
     try:
-        rows = json.loads((folder / "sweep.json").read_text(encoding="utf-8"))["rows"]
+        rows = json.loads(read_regular(folder / "sweep.json").decode("utf-8"))["rows"]
         return [(Cell(dict(r["cell"])), {Path(p).name for p in r["runs"]}) for r in rows]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ResultsError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
