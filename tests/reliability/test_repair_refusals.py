@@ -144,3 +144,48 @@ def test_a_summary_copied_from_another_seed_is_repaired(tmp_path, capsys):
     mine = json.loads((tmp_path / "s0" / "summary.json").read_text())
     assert mine["seed"] == 0
     assert mine["weights_sha256"] == json.loads(original)["weights_sha256"]
+
+
+@pytest.fixture(scope="module")
+def stopped_after_3(tmp_path_factory) -> Path:
+    """The same run stopped after round 3 (its checkpoint at round 2, one line after it)."""
+    root = tmp_path_factory.mktemp("stopped3")
+    cfg = tiny_config(rounds=ROUNDS, checkpoint_every=2, count_flops=False)
+    fedbug.run(cfg, root / "run", stop_after=3)
+    return root / "run"
+
+
+def _lines(run: Path) -> list[bytes]:
+    return (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+
+
+def _damage_line(run: Path, n: int) -> None:
+    lines = _lines(run)
+    lines[n - 1] = lines[n - 1].replace(b'"round"', b'"rounx"', 1)
+    (run / "metrics.jsonl").write_bytes(b"".join(lines))
+
+
+def test_lines_cut_after_the_checkpoint_are_reported_as_cut(
+    stopped_after_3, finished, tmp_path, capsys
+):
+    # before: "rebuilt metrics.jsonl by running rounds 1-0 again (every undamaged round
+    # reproduced)" where nothing had run; the report now says what was done
+    run = _copy(stopped_after_3, tmp_path)
+    _damage_line(run, 3)
+    whole = _lines(run)[:2]
+    report = fedbug.repair(run)
+    out = "\n".join(report.lines())
+    assert "running rounds" not in out and "1-0" not in out, out
+    assert f"{run}: damaged: metrics.jsonl line 3" in out
+    assert f"{run}: cut metrics.jsonl after round 2 (checkpoint.pt's); no round was run" in out
+    assert f"{run}: dropped: metrics.jsonl's 1 line(s) after round 2" in out
+    assert f"{run}: unfinished: continue it with --resume (it runs rounds 3-4)" in out
+    assert report.rebuilt == [] and report.rounds_rerun == 0
+    assert report.cut and report.last_round == 2
+    assert _lines(run) == whole  # the two lines before it kept byte for byte
+    (kept,) = run.glob("damaged-*")
+    assert b"rounx" in (kept / "metrics.jsonl").read_bytes()
+    done = fedbug.run(
+        tiny_config(rounds=ROUNDS, checkpoint_every=2, count_flops=False), run, resume=True
+    )
+    assert without_timing(done.records) == without_timing(RunDir(finished).read_metrics())

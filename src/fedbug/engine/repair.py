@@ -45,9 +45,12 @@ class RepairReport:
     rebuilt: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     kept_in: Path | None = None
-    rounds_rerun: int = 0
+    rounds_rerun: int = 0  # 0: no round was run again
     finished: bool = False
     checked: str = "every undamaged round reproduced"  # what the rerun was checked against
+    cut: bool = False  # metrics.jsonl cut after ``last_round``, no round run again
+    last_round: int = 0  # the last round the folder holds once repaired
+    rounds: int = 0  # the run's rounds, as its config says
 
     def lines(self) -> list[str]:
         """What to tell the user, one finding a line."""
@@ -55,15 +58,25 @@ class RepairReport:
         if not self.damaged:
             return [f"{where}: nothing to repair (every file whole)"]
         out = [f"{where}: damaged: {d}" for d in self.damaged]
-        out.append(
-            f"{where}: rebuilt {', '.join(self.rebuilt)} by running rounds 1-{self.rounds_rerun} "
-            f"again ({self.checked})"
-        )
+        if self.rounds_rerun:
+            out.append(
+                f"{where}: rebuilt {', '.join(self.rebuilt)} by running rounds "
+                f"1-{self.rounds_rerun} again ({self.checked})"
+            )
+        if self.cut:
+            whose = "the run's last" if self.finished else "checkpoint.pt's"
+            out.append(
+                f"{where}: cut metrics.jsonl after round {self.last_round} ({whose}); no round "
+                "was run again"
+            )
         out += [f"{where}: dropped: {d}" for d in self.dropped]
         if self.kept_in is not None:
             out.append(f"{where}: the replaced files are in {self.kept_in}")
         if not self.finished:
-            out.append(f"{where}: unfinished: continue it with --resume")
+            out.append(
+                f"{where}: unfinished: continue it with --resume (it runs rounds "
+                f"{self.last_round + 1}-{self.rounds})"
+            )
         return out
 
 
@@ -164,6 +177,7 @@ def _repair(
     report = found.report
     if not report.damaged:
         return report
+    report.last_round = found.target
     if not (found.early or found.ck_bad or found.summary_bad):
         return _drop_late_lines(rd, found)
     if found.target == 0:
@@ -184,7 +198,8 @@ def _survey(rd: RunDir, cfg: BaseConfig, chash: str) -> _Found:
     """Every damaged file or line (each noted in the report) and the round to rebuild; raises
     when there is nothing to rebuild from. Changes nothing."""
     lines, torn = rd.metrics_lines()
-    found = _Found(RepairReport(rd.path), lines, torn, missing=not rd.metrics_path.exists())
+    report = RepairReport(rd.path, rounds=cfg.rounds)
+    found = _Found(report, lines, torn, missing=not rd.metrics_path.exists())
     if not (lines or rd.checkpoint_path.exists() or rd.summary_path.exists()):
         raise _never_wrote(rd)
     _note_damaged_lines(found)
@@ -293,11 +308,11 @@ def _dropped(found: _Found) -> str:
 
 def _drop_late_lines(rd: RunDir, found: _Found) -> RepairReport:
     """Only lines after the checkpoint are damaged: they are cut (``--resume`` does those
-    rounds again), the file as it was kept aside."""
+    rounds again), the file as it was kept aside; no round is run again."""
     report = found.report
     shutil.copy2(rd.metrics_path, _kept(report))
     rd.truncate_metrics(found.target)
-    report.rebuilt.append("metrics.jsonl")
+    report.cut = True
     report.dropped.append(_dropped(found))
     return report
 
