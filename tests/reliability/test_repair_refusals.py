@@ -189,3 +189,56 @@ def test_lines_cut_after_the_checkpoint_are_reported_as_cut(
         tiny_config(rounds=ROUNDS, checkpoint_every=2, count_flops=False), run, resume=True
     )
     assert without_timing(done.records) == without_timing(RunDir(finished).read_metrics())
+
+
+@pytest.fixture(scope="module")
+def stopped_after_1(tmp_path_factory) -> Path:
+    """The same run stopped after round 1, before its first checkpoint (round 2)."""
+    root = tmp_path_factory.mktemp("stopped1")
+    cfg = tiny_config(rounds=ROUNDS, checkpoint_every=2, count_flops=False)
+    fedbug.run(cfg, root / "run", stop_after=1)
+    return root / "run"
+
+
+def test_a_damaged_line_before_the_first_checkpoint_is_refused(
+    stopped_after_1, finished, tmp_path, capsys
+):
+    # before: metrics.jsonl cut to 0 lines, "rebuilt metrics.jsonl by running rounds 1-0
+    # again", exit 0; the refusal came only with a damaged checkpoint or summary too. Nothing
+    # whole is left to rebuild to: refused in one line, the folder as it was
+    run = _copy(stopped_after_1, tmp_path)
+    _damage_line(run, 1)
+    before = _files(run)
+    assert main(["repair", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedbug: error: ") and err.count("\n") == 1, err
+    assert "no whole round before its first checkpoint to rebuild" in err
+    assert "metrics.jsonl line 1" in err and "--resume (it starts from round 1)" in err
+    assert _files(run) == before and sorted(p.name for p in run.iterdir()) == sorted(before)
+    # and the way out it gives holds
+    cfg = tiny_config(rounds=ROUNDS, checkpoint_every=2, count_flops=False)
+    done = fedbug.run(cfg, run, resume=True)
+    assert without_timing(done.records) == without_timing(RunDir(finished).read_metrics())
+
+
+def test_a_damaged_checkpoint_before_any_whole_round_names_the_way_out(
+    stopped_after_3, finished, tmp_path, capsys
+):
+    # metrics.jsonl cut to 1 line and checkpoint.pt (round 2) damaged: refused as before, but
+    # the refusal said "run it again with --resume" where --resume refuses the damaged
+    # checkpoint ("is corrupt"); it now says to move it away first
+    run = _copy(stopped_after_3, tmp_path)
+    (run / "metrics.jsonl").write_bytes(_lines(run)[0])
+    ck = bytearray((run / "checkpoint.pt").read_bytes())
+    ck[-10] ^= 0xFF
+    (run / "checkpoint.pt").write_bytes(bytes(ck))
+    before = _files(run)
+    assert main(["repair", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no whole round before its first checkpoint" in err, err
+    assert "move its damaged checkpoint.pt away, then run it again with --resume" in err
+    assert _files(run) == before
+    (run / "checkpoint.pt").rename(tmp_path / "checkpoint.pt")
+    cfg = tiny_config(rounds=ROUNDS, checkpoint_every=2, count_flops=False)
+    done = fedbug.run(cfg, run, resume=True)
+    assert without_timing(done.records) == without_timing(RunDir(finished).read_metrics())

@@ -8,7 +8,9 @@ reproduces every undamaged line (all but its timings) and, where the checkpoint 
 weights bit for bit, and only then puts the rebuilt files in place; the files it replaces are
 kept in ``damaged-<UTC time>/``. When the rerun does not reproduce the run (other versions,
 another machine), nothing is changed and the error says so. Lines after an unfinished run's
-checkpoint are dropped (``--resume`` does those rounds again).
+checkpoint are cut, no round run again (``--resume`` does those rounds); damage in a run stopped
+before its first checkpoint is refused (there is no round to rebuild to: ``--resume`` runs it
+again from round 1).
 """
 
 from __future__ import annotations
@@ -178,13 +180,10 @@ def _repair(
     if not report.damaged:
         return report
     report.last_round = found.target
+    if found.target == 0:
+        raise _nothing_to_rebuild_to(rd, found)
     if not (found.early or found.ck_bad or found.summary_bad):
         return _drop_late_lines(rd, found)
-    if found.target == 0:
-        raise ResultsError(
-            f"{str(rd.path)!r}: no whole round before its first checkpoint to rebuild; run it "
-            "again with --resume (it starts from round 1)"
-        )
     report.rounds_rerun = found.target
     records, fresh = _rerun(rd, cfg, sources, found.target, on_round)
     _check_rerun(rd, found, records, fresh)
@@ -431,6 +430,18 @@ def _never_wrote(rd: RunDir) -> ResultsError:
         "new run"
     )
     return error
+
+
+def _nothing_to_rebuild_to(rd: RunDir, found: _Found) -> ResultsError:
+    """The error for damage in an unfinished run before its first whole checkpoint: no round
+    to rebuild to, and ``--resume`` runs it again from round 1 (once a damaged checkpoint is
+    out of its way: ``--resume`` refuses one)."""
+    away = "move its damaged checkpoint.pt away, then " if rd.checkpoint_path.exists() else ""
+    return ResultsError(
+        f"{str(rd.path)!r}: no whole round before its first checkpoint to rebuild (damaged: "
+        f"{', '.join(found.report.damaged)}); {away}run it again with --resume (it starts "
+        "from round 1)"
+    )
 
 
 def _kept(report: RepairReport) -> Path:
