@@ -242,3 +242,20 @@ def test_a_damaged_checkpoint_before_any_whole_round_names_the_way_out(
     cfg = tiny_config(rounds=ROUNDS, checkpoint_every=2, count_flops=False)
     done = fedbug.run(cfg, run, resume=True)
     assert without_timing(done.records) == without_timing(RunDir(finished).read_metrics())
+
+
+def test_a_finished_run_without_its_checkpoint_gets_it_rebuilt(finished, tmp_path, capsys):
+    # before: "nothing to repair (every file whole)", exit 0. A finished run writes its final
+    # checkpoint; without it its final weights are lost (summary.json holds their SHA-256 only)
+    run = _copy(finished, tmp_path)
+    (run / "checkpoint.pt").unlink()
+    before = _files(run)
+    assert main(["repair", str(run), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to repair" not in out
+    assert out.count("damaged: ") == 1 and "damaged: checkpoint.pt (missing: " in out
+    assert "the run's final weights" in out
+    assert "rebuilt checkpoint.pt by running rounds 1-4 again (every undamaged round" in out
+    assert (run / "checkpoint.pt").read_bytes() == (finished / "checkpoint.pt").read_bytes()
+    assert {k: v for k, v in _files(run).items() if k != "checkpoint.pt"} == before
+    assert not list(run.glob("damaged-*")) and not (run / ".repair").exists()

@@ -158,7 +158,7 @@ class _Found:
     torn: bool  # a torn last line follows them
     missing: bool  # no metrics.jsonl at all
     ck: dict[str, Any] | None = None  # the checkpoint, when whole and written by this config
-    ck_bad: bool = False
+    ck_bad: bool = False  # damaged, or missing from a finished run
     summary_bad: bool = False
     target: int = 0  # the round to rebuild
     late: int = 0  # whole lines after it
@@ -205,6 +205,7 @@ def _survey(rd: RunDir, cfg: BaseConfig, chash: str) -> _Found:
     found.ck, found.ck_bad = _checkpoint(rd, chash, found.report)
     found.summary_bad = _summary_damaged(rd, found.report)
     found.report.finished = _finished(rd, cfg, found.ck)
+    _note_missing_checkpoint(rd, found)
     found.target = _target_round(cfg, found)
     found.late = len(lines) - min(found.target, len(lines))
     if len(lines) < found.target and not (found.missing or rd.summary_path.exists()):
@@ -241,6 +242,18 @@ def _checkpoint(rd: RunDir, chash: str, report: RepairReport) -> tuple[dict[str,
         report.damaged.append(f"checkpoint.pt ({e})")
         return None, True
     return ck, False
+
+
+def _note_missing_checkpoint(rd: RunDir, found: _Found) -> None:
+    """A finished run without checkpoint.pt (every run writes one at its last round): damage,
+    rebuilt as a damaged one is (noted after the summary's check against its folder, which
+    other damage skips)."""
+    if found.report.finished and not rd.checkpoint_path.exists():
+        found.report.damaged.append(
+            "checkpoint.pt (missing: the run's final weights, kept nowhere else; summary.json "
+            "holds only their SHA-256)"
+        )
+        found.ck_bad = True
 
 
 def _summary_damaged(rd: RunDir, report: RepairReport) -> bool:
