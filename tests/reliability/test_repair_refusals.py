@@ -1,6 +1,9 @@
 """``fedbug repair`` on a run folder that lost its metrics.jsonl, or that never held results:
 the first is rebuilt like any cut metrics.jsonl (the rerun checked against the checkpoint's
-weights), the second is one line saying there is nothing to rebuild and how to run it."""
+weights), the second is one line saying there is nothing to rebuild and how to run it. And what
+repair says it did: lines cut after a checkpoint are reported as cut (no round run again), damage
+before a run's first checkpoint is refused, a finished run's missing checkpoint and torn last line
+are named (never "every file whole")."""
 
 from __future__ import annotations
 
@@ -259,3 +262,63 @@ def test_a_finished_run_without_its_checkpoint_gets_it_rebuilt(finished, tmp_pat
     assert (run / "checkpoint.pt").read_bytes() == (finished / "checkpoint.pt").read_bytes()
     assert {k: v for k, v in _files(run).items() if k != "checkpoint.pt"} == before
     assert not list(run.glob("damaged-*")) and not (run / ".repair").exists()
+
+
+def test_a_torn_line_after_a_finished_runs_last_round_is_cut(finished, tmp_path, capsys):
+    # before: "nothing to repair (every file whole)", the torn line left in place. The summary
+    # agrees with the 4 whole lines: the torn line is cut, nothing run again
+    run = _copy(finished, tmp_path)
+    whole = (run / "metrics.jsonl").read_bytes()
+    torn = whole + _lines(run)[-1][:30]
+    (run / "metrics.jsonl").write_bytes(torn)
+    assert main(["repair", str(run), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "every file whole" not in out, out
+    assert out.count("damaged: ") == 1
+    assert "damaged: metrics.jsonl line 5 (torn: no newline at its end; after round 4" in out
+    assert "cut metrics.jsonl after round 4 (the run's last); no round was run again" in out
+    assert "dropped: metrics.jsonl's 1 line(s) after round 4" in out
+    assert "running rounds" not in out and "unfinished" not in out
+    assert (run / "metrics.jsonl").read_bytes() == whole
+    (kept,) = run.glob("damaged-*")
+    assert (kept / "metrics.jsonl").read_bytes() == torn
+    RunDir(run).read_run()
+
+
+@pytest.mark.parametrize("checkpoint", ["whole", "damaged"])
+def test_a_finished_runs_torn_last_round_is_rebuilt_not_dropped(
+    finished, tmp_path, capsys, checkpoint
+):
+    # round 4's line without its newline: before, rebuilt but reported as "dropped:
+    # metrics.jsonl's 1 line(s) after round 4" (it was round 4, rebuilt); with the checkpoint
+    # damaged too, the torn round was not named at all
+    run = _copy(finished, tmp_path)
+    lines = _lines(run)
+    (run / "metrics.jsonl").write_bytes(b"".join(lines)[:-1])
+    if checkpoint == "damaged":
+        ck = bytearray((run / "checkpoint.pt").read_bytes())
+        ck[-10] ^= 0xFF
+        (run / "checkpoint.pt").write_bytes(bytes(ck))
+    assert main(["repair", str(run), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    torn = "metrics.jsonl holds 3 whole rounds and a torn last line where the run's last round"
+    assert f"damaged: {torn} is 4" in out
+    assert "rebuilt metrics.jsonl" in out and "running rounds 1-4 again" in out
+    assert "dropped" not in out, out
+    assert _lines(run)[:3] == lines[:3]
+    assert without_timing(RunDir(run).read_run()["records"]) == without_timing(
+        RunDir(finished).read_run()["records"]
+    )
+
+
+def test_an_unfinished_runs_torn_last_line_is_not_called_whole(unfinished, tmp_path, capsys):
+    # a killed run's torn last line: --resume drops it, so nothing to repair, but not "every
+    # file whole" (before)
+    run = _copy(unfinished, tmp_path)
+    (run / "metrics.jsonl").write_bytes((run / "metrics.jsonl").read_bytes() + b'{"round":3,')
+    before = _files(run)
+    assert main(["repair", str(run), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "every file whole" not in out and "nothing to repair" in out, out
+    assert "torn last line" in out and "--resume drops it" in out
+    assert _files(run) == before

@@ -53,10 +53,16 @@ class RepairReport:
     cut: bool = False  # metrics.jsonl cut after ``last_round``, no round run again
     last_round: int = 0  # the last round the folder holds once repaired
     rounds: int = 0  # the run's rounds, as its config says
+    torn: bool = False  # metrics.jsonl ends in a torn line (a killed run's: --resume drops it)
 
     def lines(self) -> list[str]:
         """What to tell the user, one finding a line."""
         where = str(self.run_dir)
+        if not self.damaged and self.torn:
+            return [
+                f"{where}: nothing to repair (metrics.jsonl ends in a torn last line, as a "
+                "killed run leaves it: --resume drops it)"
+            ]
         if not self.damaged:
             return [f"{where}: nothing to repair (every file whole)"]
         out = [f"{where}: damaged: {d}" for d in self.damaged]
@@ -162,6 +168,12 @@ class _Found:
     summary_bad: bool = False
     target: int = 0  # the round to rebuild
     late: int = 0  # whole lines after it
+    whole: int = 0  # whole lines in metrics.jsonl
+
+    @property
+    def torn_after(self) -> bool:
+        """A torn last line after the round to rebuild (one in its place is rebuilt)."""
+        return self.torn and self.whole >= self.target
 
     @property
     def early(self) -> list[int]:
@@ -198,21 +210,19 @@ def _survey(rd: RunDir, cfg: BaseConfig, chash: str) -> _Found:
     when there is nothing to rebuild from. Changes nothing."""
     lines, torn = rd.metrics_lines()
     report = RepairReport(rd.path, rounds=cfg.rounds)
-    found = _Found(report, lines, torn, missing=not rd.metrics_path.exists())
+    report.torn = torn
+    found = _Found(report, lines, torn, missing=not rd.metrics_path.exists(), whole=len(lines))
     if not (lines or rd.checkpoint_path.exists() or rd.summary_path.exists()):
         raise _never_wrote(rd)
     _note_damaged_lines(found)
     found.ck, found.ck_bad = _checkpoint(rd, chash, found.report)
-    found.summary_bad = _summary_damaged(rd, found.report)
     found.report.finished = _finished(rd, cfg, found.ck)
-    _note_missing_checkpoint(rd, found)
     found.target = _target_round(cfg, found)
+    _note_short(found)
+    found.summary_bad = _summary_damaged(rd, found.report)
+    _note_missing_checkpoint(rd, found)
+    _note_torn_after(found)
     found.late = len(lines) - min(found.target, len(lines))
-    if len(lines) < found.target and not (found.missing or rd.summary_path.exists()):
-        found.report.damaged.append(
-            f"metrics.jsonl holds {len(lines)} whole rounds where checkpoint.pt is at round "
-            f"{found.target}"
-        )
     found.lines = lines + [(None, "missing")] * (found.target - len(lines))  # what a cut file lost
     return found
 
@@ -225,6 +235,31 @@ def _note_damaged_lines(found: _Found) -> None:
     for n, (_, problem) in enumerate(found.lines, start=1):
         if problem is not None:
             found.report.damaged.append(f"metrics.jsonl line {n} ({problem})")
+
+
+def _note_short(found: _Found) -> None:
+    """Fewer whole lines than the round to rebuild (a cut file, or a torn line in place of a
+    round), in the report; noted before the summary's check, which it skips."""
+    n, target = found.whole, found.target
+    if n >= target or found.missing:
+        return
+    torn = " and a torn last line" if found.torn else ""
+    where = (
+        f"the run's last round is {target}"
+        if found.report.finished
+        else f"checkpoint.pt is at round {target}"
+    )
+    found.report.damaged.append(f"metrics.jsonl holds {n} whole rounds{torn} where {where}")
+
+
+def _note_torn_after(found: _Found) -> None:
+    """A finished run's torn last line after its last round, in the report (it is cut): an
+    unfinished run's is what a killed run leaves, dropped by ``--resume``."""
+    if found.report.finished and found.torn_after:
+        found.report.damaged.append(
+            f"metrics.jsonl line {found.whole + 1} (torn: no newline at its end; after round "
+            f"{found.target}, the run's last)"
+        )
 
 
 def _checkpoint(rd: RunDir, chash: str, report: RepairReport) -> tuple[dict[str, Any] | None, bool]:
@@ -315,7 +350,9 @@ def _target_round(cfg: BaseConfig, found: _Found) -> int:
 
 def _dropped(found: _Found) -> str:
     """The report's line for the metrics lines cut after the round rebuilt."""
-    return f"metrics.jsonl's {found.late + int(found.torn)} line(s) after round {found.target}"
+    return (
+        f"metrics.jsonl's {found.late + int(found.torn_after)} line(s) after round {found.target}"
+    )
 
 
 def _drop_late_lines(rd: RunDir, found: _Found) -> RepairReport:
@@ -392,7 +429,7 @@ def _replace_metrics(rd: RunDir, found: _Found, records: list[dict[str, Any]]) -
             shutil.copy2(rd.metrics_path, _kept(report) / rd.metrics_path.name)
         rd.write_metrics(merged)
         report.rebuilt.append("metrics.jsonl")
-    if found.late or found.torn:
+    if found.late or found.torn_after:
         report.dropped.append(_dropped(found))
 
 
