@@ -15,7 +15,7 @@ from tiny import tiny_config, without_timing
 
 import fedbug
 from fedbug.cli import main
-from fedbug.errors import ResultsError
+from fedbug.errors import CheckpointError, ResultsError
 from fedbug.results import RunDir
 
 ROUNDS = 4
@@ -322,3 +322,35 @@ def test_an_unfinished_runs_torn_last_line_is_not_called_whole(unfinished, tmp_p
     assert "every file whole" not in out and "nothing to repair" in out, out
     assert "torn last line" in out and "--resume drops it" in out
     assert _files(run) == before
+
+
+def test_a_rebuilt_checkpoint_is_checked_against_the_summarys_weights(finished, tmp_path, capsys):
+    # before: the rerun's checkpoint was put in place without a look at summary.json's SHA-256
+    # of the final weights: a summary naming other weights (checksum and all) was kept beside it
+    import json
+
+    run = _copy(finished, tmp_path)
+    (run / "checkpoint.pt").unlink()
+    summary = json.loads((run / "summary.json").read_text())
+    summary.pop("crc")
+    summary["weights_sha256"] = "0" * 64
+    RunDir(run).write_json("summary.json", summary)
+    before = _files(run)
+    assert main(["repair", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "does not reproduce the final weights" in err and "weights_sha256" in err
+    assert _files(run) == before and not (run / ".repair").exists()
+
+
+def test_a_corrupt_checkpoint_under_resume_points_to_repair(finished, tmp_path, capsys):
+    # before: "start the run again without --resume", which a folder holding results refuses
+    run = _copy(finished, tmp_path)
+    raw = bytearray((run / "checkpoint.pt").read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    (run / "checkpoint.pt").write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="corrupt") as e:
+        RunDir(run).load_checkpoint()
+    assert "fedbug repair" in str(e.value) and "without --resume" not in str(e.value)
+    assert main(["repair", str(run), "--quiet"]) == 0
+    assert (run / "checkpoint.pt").read_bytes() == (finished / "checkpoint.pt").read_bytes()

@@ -274,7 +274,7 @@ def _checkpoint(rd: RunDir, chash: str, report: RepairReport) -> tuple[dict[str,
         if ck.get("config_hash") != chash:
             raise CheckpointError("written by another config")
     except CheckpointError as e:
-        report.damaged.append(f"checkpoint.pt ({e})")
+        report.damaged.append(f"checkpoint.pt ({_what(e)})")
         return None, True
     return ck, False
 
@@ -327,7 +327,7 @@ def _summary_disagrees(rd: RunDir, report: RepairReport) -> bool:
     return True
 
 
-def _what(error: ResultsError) -> str:
+def _what(error: ResultsError | CheckpointError) -> str:
     """An error's first clause: what is damaged, without the way out."""
     return f"{error}".split("; ")[0]
 
@@ -399,8 +399,27 @@ def _check_rerun(rd: RunDir, found: _Found, records: list[dict[str, Any]], fresh
             "weights: the run was made with other versions or on another machine; nothing "
             "changed"
         )
+    _check_final_weights(rd, found, fresh)
     compared = [n for n, (before, _) in enumerate(old, 1) if before is not None]
     found.report.checked = _CHECKED[bool(compared), not same]
+
+
+def _check_final_weights(rd: RunDir, found: _Found, fresh: RunDir) -> None:
+    """Refuse a finished run's rerun whose final weights are not those its whole summary names
+    (``weights_sha256``): a checkpoint rebuilt beside a summary of other weights."""
+    if not (found.report.finished and rd.summary_path.exists()) or found.summary_bad:
+        return
+    if not fresh.summary_path.exists():
+        return
+    want = rd.read_summary().get("weights_sha256")
+    got = fresh.read_summary().get("weights_sha256")
+    if want and got and want != got:
+        raise ResultsError(
+            f"running {str(rd.config_path)!r} again does not reproduce the final weights "
+            f"summary.json names (weights_sha256 {str(want)[:12]}..., the rerun's {got[:12]}...): "
+            "the run was made with other versions or on another machine, or its summary is "
+            "another run's; nothing changed"
+        )
 
 
 def _check_round(rd: RunDir, n: int, old: dict[str, Any], new: dict[str, Any]) -> None:

@@ -38,8 +38,8 @@ def load_checkpoint_file(path: Path) -> dict[str, Any]:
     expected = head[len(CHECKPOINT_MAGIC) :].decode("ascii", "replace")
     if hashlib.sha256(payload).hexdigest() != expected:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} is corrupt (checksum mismatch); start the run again "
-            "without --resume"
+            f"checkpoint {str(path)!r} is corrupt (checksum mismatch); `fedbug repair "
+            f"{str(Path(path).parent)!r}` rebuilds it by running the rounds again"
         )
     try:
         with warnings.catch_warnings():  # torch's notes on an unusual pickle: refused anyway
