@@ -354,3 +354,14 @@ def test_a_corrupt_checkpoint_under_resume_points_to_repair(finished, tmp_path, 
     assert "fedbug repair" in str(e.value) and "without --resume" not in str(e.value)
     assert main(["repair", str(run), "--quiet"]) == 0
     assert (run / "checkpoint.pt").read_bytes() == (finished / "checkpoint.pt").read_bytes()
+
+
+def test_a_finished_runs_older_checkpoint_is_damage(finished, unfinished, tmp_path, capsys):
+    # before: "nothing to repair (every file whole)": round 2's checkpoint (this config's, whole)
+    # in place of round 4's, the run's final weights kept nowhere else
+    run = _copy(finished, tmp_path)
+    shutil.copyfile(unfinished / "checkpoint.pt", run / "checkpoint.pt")
+    assert main(["repair", str(run), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "damaged: checkpoint.pt (of round 2, not the run's last, 4:" in out
+    assert (run / "checkpoint.pt").read_bytes() == (finished / "checkpoint.pt").read_bytes()

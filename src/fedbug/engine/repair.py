@@ -280,14 +280,18 @@ def _checkpoint(rd: RunDir, chash: str, report: RepairReport) -> tuple[dict[str,
 
 
 def _note_missing_checkpoint(rd: RunDir, found: _Found) -> None:
-    """A finished run without checkpoint.pt (every run writes one at its last round): damage,
-    rebuilt as a damaged one is (noted after the summary's check against its folder, which
-    other damage skips)."""
-    if found.report.finished and not rd.checkpoint_path.exists():
-        found.report.damaged.append(
-            "checkpoint.pt (missing: the run's final weights, kept nowhere else; summary.json "
-            "holds only their SHA-256)"
-        )
+    """A finished run without checkpoint.pt, or with an earlier round's (every run writes one
+    at its last round): damage, rebuilt as a damaged one is (noted after the summary's check
+    against its folder, which other damage skips)."""
+    if not found.report.finished or found.ck_bad:
+        return
+    lost = "the run's final weights, kept nowhere else; summary.json holds only their SHA-256"
+    if not rd.checkpoint_path.exists():
+        found.report.damaged.append(f"checkpoint.pt (missing: {lost})")
+        found.ck_bad = True
+    elif found.ck is not None and found.ck["round"] != found.target:
+        last = f"of round {found.ck['round']}, not the run's last, {found.target}"
+        found.report.damaged.append(f"checkpoint.pt ({last}: {lost})")
         found.ck_bad = True
 
 
