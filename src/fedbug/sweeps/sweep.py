@@ -558,12 +558,16 @@ def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
 
 def flatten_blocks(config: dict[str, Any]) -> dict[str, Any]:
     """A config with the options blocks of methods (``bottom_up: {gu_ratio: 0.5}``) as dotted
-    keys (``bottom_up.gu_ratio: 0.5``); other values as they are."""
+    keys (``bottom_up.gu_ratio: 0.5``), only those of the methods it chooses (a resolved config
+    holds every block at its defaults: FedAvg's ``bottom_up.gu_ratio: 0.4`` is read by nothing);
+    other values as they are."""
     blocks = owners()
+    chosen = {config.get("algorithm"), config.get("policy"), config.get("selection")}
     out: dict[str, Any] = {}
     for k, v in config.items():
         if k in blocks and isinstance(v, dict):
-            out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+            if k in chosen:
+                out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
         else:
             out[k] = v
     return out
@@ -580,14 +584,15 @@ def group_runs(runs: list[dict[str, Any]]) -> list[tuple[Cell, list[dict[str, An
         | {"secagg": view.get("secagg")}  # the one option of an unhashed block that counts
         for r, view in zip(runs, views)
     ]
+    # a key varies where the runs that hold it disagree (a block's keys: the runs that read it)
     keys = sorted(
         k
-        for k in configs[0]
-        if k != "seed" and len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1
+        for k in set().union(*configs)
+        if k != "seed" and len({json.dumps(c[k], sort_keys=True) for c in configs if k in c}) > 1
     )
     groups: dict[str, tuple[Cell, list[dict[str, Any]]]] = {}
     for run, c, view in zip(runs, configs, views):
-        values = {k: c.get(k) for k in keys}
+        values = {k: c[k] for k in keys if k in c}
         key = json.dumps({k: v for k, v in view.items() if k != "seed"}, sort_keys=True)
         cell = Cell(values, method=method_name(run["summary"]["config"]))
         groups.setdefault(key, (cell, []))[1].append(run)
