@@ -200,6 +200,27 @@ def cell_runs(doc: dict[str, Any], out: Path) -> list[tuple[Cell, BaseConfig, li
     return [(c, cfg, [run_folder(out, c, cfg.seed + s) for s in range(seeds)]) for c, cfg in cells]
 
 
+def _same_config(first: Cell, second: Cell) -> str:
+    """Why two grid cells run one config: a value listed twice, or a key that both a variant
+    group's entries and a grid key set (the grid key's value replaces the entries', so entries
+    that differed only in that key became one)."""
+    if first.label == second.label:
+        return f"grid cell {second.label} appears twice; list each value once"
+    keys = [k for k, _ in second.pairs()]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if not twice:  # variant group entries that differ only in their labels
+        return (
+            f"grid cells {first.label} and {second.label} run the same config; "
+            "give each entry of the variant group its own values"
+        )
+    return (
+        f"grid cells {first.label} and {second.label} run the same config: {', '.join(twice)} "
+        "is set both "
+        "in a variant group's entries and as a grid key (-g or grid:), whose value replaces the "
+        "entries'; give its values in one place (edit the variant group, or drop the grid key)"
+    )
+
+
 def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[Cell, BaseConfig]]:
     """Every cell's validated config (bad values are reported before anything runs)."""
     check_sweep_size(grid)
@@ -225,7 +246,7 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
                 raise ConfigError(f"grid cell {cell.label}: {e}") from None
             same = slugs.get(cell.slug)
             if same is not None and same.items() == cell.items():
-                raise ConfigError(f"grid cell {cell.label} appears twice; list each value once")
+                raise ConfigError(_same_config(same, cell))
             if same is not None:
                 raise ConfigError(
                     f"grid cells {same.label} and {cell.label} map to the same run folder name "
