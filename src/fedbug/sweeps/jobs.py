@@ -8,7 +8,9 @@ same ``threads`` (set ``threads`` in the config to have both). Workers are spawn
 forked from a process that has started torch's thread pools). Ctrl-C stops every worker; each
 run folder keeps its last checkpoint, and ``--resume`` continues. A worker dies with the sweep
 however the sweep ends (SIGKILL too: Linux's parent-death signal, and a check at its start for
-a parent already gone), so no orphan goes on training and holding its run folder's lock.
+a parent already gone), so no orphan goes on training and holding its run folder's lock. A
+worker that dies under the sweep (killed, or unable to start) stops it with one error
+(:data:`WORKER_DIED`), where the pool alone would wait forever for the run it held.
 
 A sweep starts no more workers than it has runs (:func:`pool_size`); more workers than cores
 (:func:`available_cores`) share them, which the command line warns about.
@@ -124,6 +126,33 @@ def job_result(outcome: tuple[str, Any, int], run_dir: Path) -> dict[str, Any]:
     return value
 
 
+#: What a sweep says when a worker process ended under it (its run, or a start that failed).
+WORKER_DIED = (
+    "a worker process of the sweep ended before its run finished (killed: out of memory, or a "
+    "signal; or it failed to start: a Python script that starts a sweep needs its code under "
+    'if __name__ == "__main__": as spawned workers import the script); the run folders keep '
+    "their checkpoints: --resume continues"
+)
+
+
+def _worker_pids(pool: Any) -> set[int | None]:
+    """The pids of ``pool``'s worker processes (a pool puts a new worker in a dead one's place,
+    so a change is a worker that died)."""
+    return {w.pid for w in pool._pool}
+
+
+def _outcome(pending: Any, pool: Any, pids: set[int | None]) -> tuple[str, Any, int]:
+    """A job's outcome (:func:`run_job`) once it comes; a worker of ``pool`` that died meanwhile
+    raises :class:`JobError` (exit code 3, a stopped run): the pool never gives the job a dead
+    worker held to another, so waiting on would be forever."""
+    while True:
+        try:
+            return pending.get(timeout=0.5)
+        except mp.TimeoutError:
+            if _worker_pids(pool) != pids or any(w.exitcode is not None for w in pool._pool):
+                raise JobError(WORKER_DIED, 3) from None
+
+
 def run_jobs(
     run_one: RunOne,
     jobs: list[tuple[BaseConfig, Path]],
@@ -152,6 +181,7 @@ def run_jobs(
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     pool = ctx.Pool(workers, initializer=_init, initargs=(q, os.getpid(), _warning_display()))
+    workers_at_start = _worker_pids(pool)
     try:
         pending = [
             pool.apply_async(run_job, (run_one, i, job_config(cfg, workers), run_dir))
@@ -159,7 +189,7 @@ def run_jobs(
         ]
         results = []
         for i, p in enumerate(pending):
-            results.append(job_result(p.get(), jobs[i][1]))
+            results.append(job_result(_outcome(p, pool, workers_at_start), jobs[i][1]))
             if on_done is not None:
                 on_done(i)
         pool.close()
