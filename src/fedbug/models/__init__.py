@@ -37,6 +37,7 @@ from fedbug.models.logreg import LogisticRegression
 from fedbug.models.lstm import ShakespeareLSTM
 from fedbug.models.mlp import MLP
 from fedbug.models.resnet import resnet18, resnet34
+from fedbug.models.size import MAX_PARAMS_ENV, check_size
 from fedbug.models.tiny_cnn import FedSeqCNN, TinyImageNetCNN
 
 ModelBuilder = Callable[..., nn.Module]
@@ -146,7 +147,9 @@ def import_root(path: str) -> Path | None:
 def build_model(
     name: str, input_shape: tuple[int, ...], num_classes: int, seed: int, **options: Any
 ) -> nn.Module:
-    """Build a model with weights drawn from a generator seeded by ``(seed, "model")``."""
+    """Build a model with weights drawn from a generator seeded by ``(seed, "model")``, after
+    counting it on the meta device: one over the size limit is refused before anything is
+    allocated (:mod:`fedbug.models.size`, ``FEDBUG_MAX_PARAMS``)."""
     try:
         own = import_model(name) if is_import_path(name) else None
     except ValueError as e:
@@ -155,21 +158,31 @@ def build_model(
         builder = functools.partial(build_hf, name=name)
     else:
         builder = MODELS.get(name) if own is None else None  # type: ignore[assignment]
+    if own is not None:
+        make = functools.partial(own, **options)
+    else:
+        make = functools.partial(builder, input_shape, num_classes, **options)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(seed, "model"))
         try:
-            if own is not None:
-                model = own(**options)
-                if not isinstance(model, nn.Module):
-                    raise TypeError(f"it returned a {type(model).__name__}, not a torch module")
-                return model
-            return builder(input_shape, num_classes, **options)
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise ConfigError(f"model {name!r} cannot be built: {e}") from None
+            check_size(name, make, own=own is not None)
+            torch.manual_seed(derive_seed(seed, "model"))
+            model = make()
+            if not isinstance(model, nn.Module):
+                raise TypeError(f"it returned a {type(model).__name__}, not a torch module")
+            return model
+        except (TypeError, ValueError, RuntimeError, ArithmeticError, AssertionError) as e:
+            raise ConfigError(f"model {name!r} cannot be built: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    """An error's message up to its first line break (torch's and transformers' run on)."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 __all__ = [
     "ALLOW_IMPORT_ENV",
+    "MAX_PARAMS_ENV",
     "MODELS",
     "allow_import",
     "factories_allowed",

@@ -49,10 +49,12 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from fedbug.errors import ConfigError
 from fedbug.models.adapters import add_adapters
+from fedbug.models.size import MAX_LAYERS
 
 #: the ``AutoModelFor...`` class of each task's head
 HEADS = {
@@ -68,6 +70,19 @@ NO_HUB_KERNELS = (
 )
 #: the way out of a model folder that cannot be read
 REFETCH = "fetch the model again (hf download NAME --local-dir FOLDER) or give another folder"
+#: the keys (of transformers' configs) that count blocks: each a whole number, 1 to MAX_LAYERS
+LAYER_KEYS = (
+    "n_layer", "num_hidden_layers", "num_layers", "n_layers", "encoder_layers",
+    "decoder_layers", "num_encoder_layers", "num_decoder_layers",
+)  # fmt: skip
+#: the keys that count heads, widths, vocabularies and positions: each a whole number, at least
+#: 1, or null for transformers' default (the size itself is bounded by the parameter count)
+SIZE_KEYS = (
+    "n_head", "num_attention_heads", "num_key_value_heads", "encoder_attention_heads",
+    "decoder_attention_heads", "n_embd", "hidden_size", "d_model", "n_inner",
+    "intermediate_size", "d_ff", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "head_dim",
+    "d_kv", "vocab_size", "n_positions", "max_position_embeddings", "n_ctx", "num_labels",
+)  # fmt: skip
 
 
 def is_hf(name: str) -> bool:
@@ -87,7 +102,9 @@ def check_hf_model(
 ) -> None:
     """Refuse, in one line, a Hugging Face model a config cannot build: transformers missing,
     ``model: hf`` without ``hf_config.model_type``, a task without a head, ``hf_config`` or
-    ``adapters`` beside a model that is not a Hugging Face one."""
+    ``adapters`` beside a model that is not a Hugging Face one, a count in ``hf_config`` (or a
+    sub-config in it) that is not a whole number of at least 1, or over :data:`MAX_LAYERS`
+    blocks."""
     if not is_hf(name):
         for key, value in (("hf_config", hf_config), ("adapters", adapters)):
             if value is not None:
@@ -104,6 +121,7 @@ def check_hf_model(
     kernel = _hub_kernel((hf_config or {}).get("attn_implementation"))
     if kernel is not None:
         raise ConfigError(f"hf_config.attn_implementation: {kernel!r} {NO_HUB_KERNELS}")
+    _check_counts(hf_config or {}, "hf_config.")
     _transformers()
     if task not in HEADS:
         raise ConfigError(f"task: {task} has no Hugging Face head; use task: {' or '.join(HEADS)}")
@@ -120,6 +138,42 @@ def _hub_kernel(value: Any) -> str | None:
     repository, ``org/name``, alone or in a mapping of sub-configs to values), or None."""
     values = value.values() if isinstance(value, dict) else [value]
     return next((v for v in values if isinstance(v, str) and "/" in v), None)
+
+
+def _check_counts(values: dict[str, Any], where: str) -> None:
+    """Refuse a count in ``values`` (``hf_config`` or a sub-config in it, a mapping) that is not a
+    whole number of at least 1, or a block count over :data:`MAX_LAYERS`; ``where`` prefixes
+    the key in the message (``hf_config.``)."""
+    for key, value in values.items():
+        if isinstance(value, dict):
+            _check_counts(value, f"{where}{key}.")
+        elif key in LAYER_KEYS or key in SIZE_KEYS:
+            _check_count(f"{where}{key}", key, value)
+
+
+def _check_count(name: str, key: str, value: Any, fix: str = "fix it or remove the key") -> None:
+    if value is None and key in SIZE_KEYS:
+        return  # transformers' default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}: a whole number of at least 1, not {value!r}; {fix}")
+    if key in LAYER_KEYS and value > MAX_LAYERS:
+        raise ConfigError(
+            f"{name}: {value} blocks, over fedbug's limit of {MAX_LAYERS:,} a model built from a "
+            "config may have (the largest published models have about 130); use fewer"
+        )
+
+
+def _check_config_counts(config: Any, where: str) -> None:
+    """The counts of a transformers config object (and its sub-configs) read from a model
+    folder's config.json, as :func:`_check_counts` checks ``hf_config``."""
+    configs = [config, *(getattr(config, k, None) for k in getattr(config, "sub_configs", {}))]
+    for c in filter(None, configs):
+        for key in (*LAYER_KEYS, *SIZE_KEYS):
+            value = getattr(c, key, None)
+            if value is not None:
+                name = f"model hf:{where}: its config.json's {key}"
+                fix = f"fix it in config.json or in hf_config: {{{key}: ...}}"
+                _check_count(name, key, value, fix)
 
 
 def _check_attention(config: Any, where: str) -> None:
@@ -164,7 +218,7 @@ def build_hf(
         model_type = keys.pop("model_type")
         if task == "next_token":
             keys.setdefault("vocab_size", num_classes)
-        config = transformers.AutoConfig.for_model(model_type, **keys)
+        config = _config_for(transformers, model_type, keys)
         model = head.from_config(config)
     else:
         model = _pretrained(transformers, head, name.removeprefix(PREFIX), keys)
@@ -198,10 +252,24 @@ def _checkpoint_blocks(model: nn.Module) -> None:
     model.disable_input_require_grads()  # type: ignore[operator]
 
 
+def _config_for(transformers: Any, model_type: str, keys: dict[str, Any]) -> Any:
+    """The transformers config of ``model_type`` with ``keys``; a value of the wrong type that
+    transformers' own validation refuses is one :class:`ConfigError` line."""
+    from huggingface_hub.errors import StrictDataclassError  # a dependency of transformers
+
+    try:
+        return transformers.AutoConfig.for_model(model_type, **keys)
+    except StrictDataclassError as e:
+        words = " ".join(line.strip() for line in str(e).splitlines())
+        raise ConfigError(f"hf_config: {words}; fix the value") from None
+
+
 def _pretrained(transformers: Any, head: Any, where: str, keys: dict[str, Any]) -> nn.Module:
     """The model saved in ``where`` (a folder, or a name in the Hugging Face cache); a folder
     that cannot be read (a damaged config.json or model.safetensors, weights pickled with
-    anything but tensors, which torch refuses unread) is one :class:`ConfigError` line."""
+    anything but tensors, which torch refuses unread) is one :class:`ConfigError` line. On the
+    meta device (the size count, :mod:`fedbug.models.size`) the model is built from the
+    folder's config.json alone, its weights unread."""
     from safetensors import SafetensorError  # a dependency of transformers
 
     try:
@@ -209,6 +277,9 @@ def _pretrained(transformers: Any, head: Any, where: str, keys: dict[str, Any]) 
             where, local_files_only=True, trust_remote_code=False, **keys
         )
         _check_attention(config, where)
+        _check_config_counts(config, where)
+        if torch.get_default_device().type == "meta":
+            return head.from_config(config)  # type: ignore[no-any-return]
         return head.from_pretrained(  # type: ignore[no-any-return]
             where,
             config=config,
