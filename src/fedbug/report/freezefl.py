@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ConfigError
+from fedbug.report.naming import report_title
 from fedbug.report.out_folder import prepare_out
 from fedbug.report.spread import mean_std, pm
 from fedbug.results import atomic_write_bytes, atomic_write_text
@@ -463,7 +464,8 @@ def freezefl_report(
     metric: str | None = None,
 ) -> dict[str, Any]:
     """Table III of simulated runs: ``{"rows", "facts", "text", "files"}``; with ``out``,
-    report.md, report.json and the PNGs are written there."""
+    report.md and report.json (headed by :func:`~fedbug.report.naming.report_title`) and the
+    PNGs are written there."""
     notes = runs.notes() if isinstance(runs, RunList) else []
     diverged = [r for r in runs if r["summary"].get("status") == "diverged"]
     if diverged:  # their last figures are not where training ended (the baseline's too)
@@ -493,9 +495,9 @@ def freezefl_report(
         if plot_participation(rows, out / "participation.png"):
             files.append(out / "participation.png")
         images = "\n".join(f"![{p.stem}]({p.name})" for p in files)
-        atomic_write_text(out / "report.md", f"# report\n\n{text}\n\n{images}\n")
-        atomic_write_text(
-            out / "report.json", json.dumps({"facts": facts, "rows": rows}, indent=1) + "\n"
-        )
+        title = report_title(groups)
+        atomic_write_text(out / "report.md", f"# {title}\n\n{text}\n\n{images}\n")
+        doc = {"title": title, "facts": facts, "rows": rows}
+        atomic_write_text(out / "report.json", json.dumps(doc, indent=1) + "\n")
         files = [out / "report.md", out / "report.json", *files]
     return {"rows": rows, "facts": facts, "text": text, "files": files}

@@ -9,7 +9,7 @@ under the table.
 
 A run is *simulated* when its records have ``sim_clock`` (a ``system:`` block). Runs that are
 all simulated get FreezeFL's Table III and Figs. 3-4 (:mod:`fedbug.report.freezefl`); runs that
-are not all simulated get the plain table of :func:`fedbug.sweeps.sweep.report`.
+are not all simulated get the plain table (:mod:`fedbug.report.plain`).
 
 ``--out`` is a folder of the report's own (:mod:`fedbug.report.out_folder`): a run's or a
 sweep's folder is refused, one line, exit 2.
@@ -26,7 +26,7 @@ from typing import Any
 from fedbug.errors import ConfigError
 from fedbug.report.freezefl import freezefl_report
 from fedbug.report.out_folder import prepare_out
-from fedbug.report.table4 import PFL_FIGURES
+from fedbug.report.plain import plain_report
 from fedbug.sweeps.sweep import RunList, collect_runs
 
 # ---------------------------------------------------------------- inputs
@@ -87,7 +87,7 @@ def _notes_to_stderr(runs: RunList, extra: list[str] | None = None) -> None:
 
 def cmd_report(args: Any) -> int:
     """``fedbug report DIR... [--target ACC|auto] [--metric KEY] [--out DIR] [--json]``."""
-    from fedbug.sweeps.sweep import format_table, report
+    from fedbug.sweeps.sweep import format_table
 
     target = parse_target(getattr(args, "target", None))
     metric = getattr(args, "metric", None)
@@ -116,7 +116,7 @@ def cmd_report(args: Any) -> int:
     note = unsimulated_note(given, simulated, len(runs))
     notes = [note] if note else []
     ft = getattr(args, "ft", "paper")
-    rows = report([], out, runs=runs, ft=ft, notes=notes)
+    rows, written = plain_report(runs, out, ft, [*runs.notes(), *notes])
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
         _notes_to_stderr(runs, notes)
@@ -124,8 +124,6 @@ def cmd_report(args: Any) -> int:
         print(format_table(rows, ft))
         for line in [*runs.notes(), *notes]:  # under the table: runs left out, options unused
             print(line)
-        if out is not None:
-            names = ("report.md", "report.json", "accuracy.png", *PFL_FIGURES)
-            written = [str(out / n) for n in names if (out / n).exists()]
-            print(f"written: {', '.join(written)}")
+        if written:
+            print(f"written: {', '.join(map(str, written))}")
     return 0

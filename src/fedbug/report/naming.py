@@ -1,0 +1,68 @@
+"""What a report (``fedbug report``) calls itself: its title, the heading of report.md and of
+its figures.
+
+The title is the runs' name where they share one: their config's ``name:`` (a sweep's runs
+all carry their config's), else, where every run is one sweep's and the config had no name
+(``experiment``, the default), the sweep folder's name. Runs of no one name are titled by what
+is compared: up to three config names (``fedavg-cifar vs fedbug-cifar``), else the groups'
+methods where each group runs its own (``fedavg vs fedavg+bottom_up``), else the keys that
+vary between the groups (``comparison of bottom_up.gu_ratio, policy``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fedbug.config import BaseConfig
+from fedbug.sweeps.sweep import Cell
+
+#: the name a config has when it gives none: it names no experiment
+DEFAULT_NAME = BaseConfig.model_fields["name"].default
+Group = tuple[Cell, list[dict[str, Any]]]
+MAX_NAMES = 3  # config names joined with " vs ", at most
+MAX_METHODS = 4  # methods joined with " vs ", at most
+MAX_KEYS = 3  # varied keys named in full, at most
+
+
+def config_name(run: dict[str, Any]) -> str | None:
+    """The name a run's config gave it, or None where it gave none (the default)."""
+    summary = run["summary"]
+    name = summary.get("name", summary.get("config", {}).get("name"))
+    return name if isinstance(name, str) and name and name != DEFAULT_NAME else None
+
+
+def sweep_folder(run: dict[str, Any]) -> Path | None:
+    """The sweep folder a run is a cell of (its folder's parent holds sweep.json), else None."""
+    parent = Path(run.get("run_dir", "")).parent
+    return parent if (parent / "sweep.json").is_file() else None
+
+
+def report_title(groups: list[Group]) -> str:
+    """The report's title (see the module notes) for ``groups``, the report's groups of runs
+    in their order."""
+    runs = [run for _, group in groups for run in group]
+    names = {config_name(run) for run in runs}
+    if len(names) == 1 and None not in names:
+        return str(names.pop())
+    sweeps = {sweep_folder(run) for run in runs}
+    if len(sweeps) == 1 and None not in sweeps:
+        return str(sweeps.pop().resolve().name)
+    return compared(groups, names)
+
+
+def compared(groups: list[Group], names: set[str | None]) -> str:
+    """What a report of runs of no one name compares (see the module notes)."""
+    named = sorted(n for n in names if n is not None)
+    if None not in names and 1 < len(named) <= MAX_NAMES:
+        return " vs ".join(named)
+    if len(groups) == 1:
+        return groups[0][0].label
+    methods = list(dict.fromkeys(cell.method for cell, _ in groups))
+    if len(methods) == len(groups) <= MAX_METHODS and all(methods):
+        return " vs ".join(methods)
+    keys = sorted({k for cell, _ in groups for k, _ in cell.items()})
+    if not keys:
+        return f"{len(groups)} groups of runs"
+    more = f" and {len(keys) - MAX_KEYS} more" if len(keys) > MAX_KEYS else ""
+    return f"comparison of {', '.join(keys[:MAX_KEYS])}{more}"

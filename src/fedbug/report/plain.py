@@ -1,0 +1,105 @@
+"""The plain report of finished runs (``fedbug report`` where not every run is simulated, see
+:mod:`fedbug.report.runs`): the sweep's table of each group of runs (final and best accuracy,
+seconds; personalized runs FedSeq's Table 4, :func:`fedbug.sweeps.sweep.format_table`) and,
+with ``--out``, report.md, report.json and the figures: ``accuracy.png`` (accuracy vs round
+per group, mean over seeds, shaded ± one sample sd; a diverged seed left out, as in the table,
+and its group's legend entry says how many) and, for personalized runs, FedSeq's Figs. 4-7
+(:func:`fedbug.report.table4.write_figures`). The report's title (report.md's heading, the
+figure's, report.json's ``title``) is :func:`fedbug.report.naming.report_title`'s.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from fedbug.report.naming import Group, report_title
+from fedbug.report.spread import mean_std
+from fedbug.report.table4 import write_figures
+from fedbug.results import atomic_write_bytes, atomic_write_text
+from fedbug.results.plot import metric_axis
+from fedbug.sweeps.sweep import format_table, group_runs, headline, summarise
+
+
+def plain_report(
+    runs: list[dict[str, Any]],
+    out: Path | None = None,
+    ft: str = "paper",
+    notes: list[str] | None = None,
+) -> tuple[list[dict[str, Any]], list[Path]]:
+    """The table's rows of ``runs`` (one per group, seeds pooled) and the files written: with
+    ``out``, report.md (the table, ``notes`` under it), report.json (``title``, ``rows``,
+    ``notes``) and the figures."""
+    groups = group_runs(runs)
+    rows = summarise(groups)
+    if out is None:
+        return rows, []
+    title = report_title(groups)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"title": title, "rows": rows, "notes": notes or []}
+    atomic_write_text(out / "report.json", json.dumps(doc, indent=1))
+    figures = [out / "accuracy.png"]
+    _save(plot_accuracy(groups, [row["label"] for row in rows], title), figures[0])
+    figures += write_figures(groups, out, ft)
+    images = "\n".join(f"![{p.stem}]({p.name})" for p in figures)
+    table = "\n\n".join([format_table(rows, ft), *(notes or [])])
+    atomic_write_text(out / "report.md", f"# {title}\n\n{table}\n\n{images}\n")
+    return rows, [out / "report.md", out / "report.json", *figures]
+
+
+def plot_accuracy(groups: list[Group], labels: list[str], title: str) -> Any:
+    """The figure of the headline metric vs round, a line per group (named by ``labels``):
+    mean over its seeds that did not diverge, shaded ± one sample sd (the table's spread)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    metric, kept_counts = "acc", []
+    for (_, runs), label in zip(groups, labels):
+        metric = headline(runs)  # one task a report
+        kept = [r for r in runs if r["summary"].get("status") != "diverged"]
+        kept_counts.append(len(kept))
+        gone = len(runs) - len(kept)
+        rounds, mean, std = _curve(kept, f"test_{metric}")
+        (line,) = ax.plot(
+            rounds, mean, label=f"{label} ({gone} of {len(runs)} diverged)" if gone else label
+        )
+        lo, hi = [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)]
+        ax.fill_between(rounds, lo, hi, color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel(metric_axis(f"test_{metric}")[0])
+    ax.set_title(f"{title}: accuracy over rounds")
+    ax.grid(alpha=0.3)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # rounds are whole numbers
+    seeds = sorted(set(kept_counts)) or [0]
+    n = f"{seeds[0]} seeds" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds"
+    ax.legend(fontsize=8, title=f"line: mean of {n}; band: ±1 sd", title_fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _curve(runs: list[dict[str, Any]], key: str) -> tuple[list[int], list[float], list[float]]:
+    """Rounds where some run has ``key``, and its mean and sample sd over those runs, at the
+    axis' scale (accuracies in percent)."""
+    scale = metric_axis(key)[1]
+    by_round: dict[int, list[float]] = {}
+    for run in runs:
+        for rec in run["records"]:
+            if rec.get(key) is not None:
+                by_round.setdefault(rec["round"], []).append(scale * rec[key])
+    rounds = sorted(by_round)
+    spread = [mean_std(by_round[r]) for r in rounds]
+    return rounds, [m for m, _ in spread], [s for _, s in spread]
+
+
+def _save(fig: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
