@@ -119,3 +119,83 @@ def test_a_simulated_report_is_titled_too(tmp_path):
     saved = report([runs], tmp_path / "rep")
     assert saved["title"] == "sim-femnist" and "facts" in saved and "rows" in saved
     assert (tmp_path / "rep" / "report.md").read_text().startswith("# sim-femnist\n")
+
+
+# ---------------------------------------------------------------- item 2: what training cost
+
+
+def totals(flops: float, up: float, down: float, counted: bool = True) -> dict[str, Any]:
+    """A summary's totals as a run writes them (FLOPs 0 where count_flops is false)."""
+    return {"total_flops": flops if counted else 0, "total_bytes_up": up, "total_bytes_down": down}
+
+
+def cost_runs(root: Path) -> Path:
+    """FedAvg: 4 and 6 TFLOP, 2 MB up and 3 MB down a seed; FedBug: 2 and 3 TFLOP, 1.2 and 1.4
+    MB up (it sends only what it trained), 3 MB down; FedProx counted no FLOPs."""
+    for s, flops in ((0, 4e12), (1, 6e12)):
+        write_run(root / f"avg-s{s}", s, FEDAVG, **totals(flops, 2e6, 3e6))
+    for s, flops, up in ((0, 2e12, 1.2e6), (1, 3e12, 1.4e6)):
+        write_run(root / f"bug-s{s}", s, FEDBUG, **totals(flops, up, 3e6))
+    prox = {"algorithm": "fedprox", "policy": "none", "count_flops": False}
+    write_run(root / "prox-s0", 0, prox, **totals(0, 2e6, 3e6, counted=False))
+    return root
+
+
+def table_lines(text: str) -> dict[str, list[str]]:
+    """A Markdown table's rows by their first cell, each row's cells."""
+    rows = [line.strip("|").split("|") for line in text.splitlines() if line.startswith("|")]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
+
+
+def test_the_table_gives_each_groups_mean_training_flops_and_bytes(tmp_path, capsys):
+    saved = report([cost_runs(tmp_path / "runs")], tmp_path / "rep")
+    table = table_lines((tmp_path / "rep" / "report.md").read_text())
+    head = ["seeds", "final acc (%)", "best acc (%)", "s/run"]
+    assert table["cell"] == [*head, "TFLOP/run", "up MB/run", "down MB/run"]
+    assert table["algorithm=fedavg, policy=none"][4:] == ["5.00", "2.00", "3.00"]
+    assert table["algorithm=fedavg, policy=bottom_up"][4:] == ["2.50", "1.30", "3.00"]
+    assert table["algorithm=fedprox, policy=none"][4:] == ["-", "2.00", "3.00"]  # not counted
+    assert table_lines(capsys.readouterr().out) == table  # stdout shows the same table
+    rows = {r["label"]: r for r in saved["rows"]}
+    bug = rows["algorithm=fedavg, policy=bottom_up"]
+    assert bug["total_flops_mean"] == pytest.approx(2.5e12) and bug["total_flops_n"] == 2
+    assert bug["total_bytes_up_mean"] == pytest.approx(1.3e6)
+    assert bug["final_acc_mean"] == pytest.approx(0.7)  # the keys it had are kept
+    prox = rows["algorithm=fedprox, policy=none"]
+    assert prox["total_flops_mean"] is None and prox["total_flops_n"] == 0
+
+
+def test_a_group_that_counted_in_some_seeds_says_how_many_and_no_totals_no_columns(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs / "a-s0", 0, FEDAVG, **totals(4e9, 5e5, 5e5))
+    write_run(runs / "a-s1", 1, {**FEDAVG, "count_flops": False}, **totals(0, 5e5, 5e5, False))
+    write_run(runs / "a-s2", 2, FEDAVG, **totals(8e9, 5e5, 5e5))
+    write_run(runs / "old-s0", 0, FEDBUG, total_flops=1e9, total_bytes_up=5e5)  # no bytes down
+    report([runs], tmp_path / "rep")
+    table = table_lines((tmp_path / "rep" / "report.md").read_text())
+    assert table["cell"][-3:] == ["GFLOP/run", "up kB/run", "down kB/run"]
+    assert table["policy=none"][-3:] == ["6.00 [2/3]", "500", "500"]
+    assert table["policy=bottom_up"][-3:] == ["1.00", "500", "-"]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "[k/n] in a cost column: k of the group's n runs counted that total" in md
+    plain = tmp_path / "plain"
+    write_run(plain / "a-s0", 0, FEDAVG)  # a summary of no totals (made by hand, or older)
+    report([plain], tmp_path / "rep2")
+    header = table_lines((tmp_path / "rep2" / "report.md").read_text())["cell"]
+    assert header == ["seeds", "final acc (%)", "best acc (%)", "s/run"]
+
+
+def test_freezefls_table_gives_the_cost_too(tmp_path):
+    runs = tmp_path / "runs"
+    for s in (0, 1):
+        folder = write_run(runs / f"avg-s{s}", s, FEDAVG, **totals(3e15, 2e9, 2e9))
+        recs = [
+            {"round": r, "test_acc": a, "round_length": 1.0, "sim_clock": float(r)}
+            for r, a in ((1, 0.5), (2, 0.7))
+        ]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+    saved = report([runs], tmp_path / "rep")
+    table = table_lines((tmp_path / "rep" / "report.md").read_text())
+    assert table["method"][-3:] == ["PFLOP/run", "up GB/run", "down GB/run"]
+    assert table["fedavg"][-3:] == ["3.00", "2.00", "2.00"]
+    assert saved["rows"][0]["total_bytes_down_mean"] == pytest.approx(2e9)

@@ -44,6 +44,7 @@ from fedbug.errors import ConfigError
 from fedbug.report.naming import report_title
 from fedbug.report.out_folder import prepare_out
 from fedbug.report.spread import mean_std, pm
+from fedbug.report.totals import cost_columns, cost_note, total_fields, with_columns
 from fedbug.results import atomic_write_bytes, atomic_write_text
 from fedbug.results.plot import metric_axis
 from fedbug.sweeps.sweep import Cell, RunList, group_runs
@@ -259,6 +260,7 @@ def table_rows(
         counts = [c for c in counts if c]
         if counts and all(len(c) == len(counts[0]) for c in counts):
             row["participation_groups"] = [statistics.fmean(x) for x in zip(*counts)]
+        row.update(total_fields(runs))
         row["per_seed"] = per_seed
         row["runs"] = [p["run"] for p in per_seed]
         rows.append(row)
@@ -296,7 +298,8 @@ def _cell(row: dict[str, Any], key: str, scale: float, fmt: str, counted: bool) 
 
 
 def format_freezefl_table(rows: list[dict[str, Any]], facts: dict[str, Any]) -> str:
-    """Table III as Markdown, with the lines that say what its numbers are."""
+    """Table III as Markdown, with what each group cost to train at its right
+    (:mod:`fedbug.report.totals`) and the lines that say what its numbers are."""
     target = facts["target"]
     tgt = f"{100 * target:.2f}%" if target is not None else "target"
     lines = [
@@ -311,6 +314,7 @@ def format_freezefl_table(rows: list[dict[str, Any]], facts: dict[str, Any]) -> 
             f"| {_cell(r, 'rounds_to_target', 1, '.1f', True)} "
             f"| {_cell(r, 'time_to_target', 1, '.2f', True)} |"
         )
+    table = with_columns("\n".join(lines), *cost_columns(rows))
     notes = [f"metric: {facts['metric']}, mean ± std over seeds; times in simulated units."]
     if facts["target_how"] == "auto":
         notes.append(
@@ -342,7 +346,8 @@ def format_freezefl_table(rows: list[dict[str, Any]], facts: dict[str, Any]) -> 
             "[k/n]: k of n seeds reached the target, mean ± std over those k. "
             f"not reached: {'; '.join(missed)}."
         )
-    return "\n".join(lines) + "\n\n" + "\n".join(notes)
+    notes += filter(None, [cost_note(rows)])
+    return table + "\n\n" + "\n".join(notes)
 
 
 # ---------------------------------------------------------------- figures

@@ -1,11 +1,13 @@
 """The plain report of finished runs (``fedbug report`` where not every run is simulated, see
 :mod:`fedbug.report.runs`): the sweep's table of each group of runs (final and best accuracy,
-seconds; personalized runs FedSeq's Table 4, :func:`fedbug.sweeps.sweep.format_table`) and,
-with ``--out``, report.md, report.json and the figures: ``accuracy.png`` (accuracy vs round
-per group, mean over seeds, shaded ± one sample sd; a diverged seed left out, as in the table,
-and its group's legend entry says how many) and, for personalized runs, FedSeq's Figs. 4-7
-(:func:`fedbug.report.table4.write_figures`). The report's title (report.md's heading, the
-figure's, report.json's ``title``) is :func:`fedbug.report.naming.report_title`'s.
+seconds; personalized runs FedSeq's Table 4, :func:`fedbug.sweeps.sweep.format_table`) with
+what each group cost to train (mean training FLOPs, bytes up and down a run:
+:mod:`fedbug.report.totals`) and, with ``--out``, report.md, report.json and the figures:
+``accuracy.png`` (accuracy vs round per group, mean over seeds, shaded ± one sample sd; a
+diverged seed left out, as in the table, and its group's legend entry says how many) and, for
+personalized runs, FedSeq's Figs. 4-7 (:func:`fedbug.report.table4.write_figures`). The
+report's title (report.md's heading, the figure's, report.json's ``title``) is
+:func:`fedbug.report.naming.report_title`'s.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from fedbug.report.naming import Group, report_title
 from fedbug.report.spread import mean_std
 from fedbug.report.table4 import write_figures
+from fedbug.report.totals import cost_columns, cost_note, total_fields, with_columns
 from fedbug.results import atomic_write_bytes, atomic_write_text
 from fedbug.results.plot import metric_axis
 from fedbug.sweeps.sweep import format_table, group_runs, headline, summarise
@@ -28,25 +31,36 @@ def plain_report(
     out: Path | None = None,
     ft: str = "paper",
     notes: list[str] | None = None,
-) -> tuple[list[dict[str, Any]], list[Path]]:
-    """The table's rows of ``runs`` (one per group, seeds pooled) and the files written: with
-    ``out``, report.md (the table, ``notes`` under it), report.json (``title``, ``rows``,
-    ``notes``) and the figures."""
+) -> dict[str, Any]:
+    """``{"rows", "notes", "files"}``: the table's rows of ``runs`` (one per group, seeds
+    pooled), the lines under it (``notes``, then what the cost columns need said) and the files
+    written: with ``out``, report.md (the table, the notes under it), report.json (``title``,
+    ``rows``, ``notes``) and the figures."""
     groups = group_runs(runs)
     rows = summarise(groups)
+    for row, (_, group) in zip(rows, groups):
+        row.update(total_fields([r for r in group if r["summary"].get("status") != "diverged"]))
+    notes = [*(notes or []), *filter(None, [cost_note(rows)])]
     if out is None:
-        return rows, []
+        return {"rows": rows, "notes": notes, "files": []}
     title = report_title(groups)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"title": title, "rows": rows, "notes": notes or []}
+    doc = {"title": title, "rows": rows, "notes": notes}
     atomic_write_text(out / "report.json", json.dumps(doc, indent=1))
     figures = [out / "accuracy.png"]
     _save(plot_accuracy(groups, [row["label"] for row in rows], title), figures[0])
     figures += write_figures(groups, out, ft)
     images = "\n".join(f"![{p.stem}]({p.name})" for p in figures)
-    table = "\n\n".join([format_table(rows, ft), *(notes or [])])
+    table = "\n\n".join([format_plain_table(rows, ft), *notes])
     atomic_write_text(out / "report.md", f"# {title}\n\n{table}\n\n{images}\n")
-    return rows, [out / "report.md", out / "report.json", *figures]
+    files = [out / "report.md", out / "report.json", *figures]
+    return {"rows": rows, "notes": notes, "files": files}
+
+
+def format_plain_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
+    """The sweep's table of ``rows`` (:func:`~fedbug.sweeps.sweep.format_table`), its table of
+    groups with the cost columns of :func:`~fedbug.report.totals.cost_columns` at the right."""
+    return with_columns(format_table(rows, ft), *cost_columns(rows))
 
 
 def plot_accuracy(groups: list[Group], labels: list[str], title: str) -> Any:

@@ -26,7 +26,7 @@ from typing import Any
 from fedbug.errors import ConfigError
 from fedbug.report.freezefl import freezefl_report
 from fedbug.report.out_folder import prepare_out
-from fedbug.report.plain import plain_report
+from fedbug.report.plain import format_plain_table, plain_report
 from fedbug.sweeps.sweep import RunList, collect_runs
 
 # ---------------------------------------------------------------- inputs
@@ -87,8 +87,6 @@ def _notes_to_stderr(runs: RunList, extra: list[str] | None = None) -> None:
 
 def cmd_report(args: Any) -> int:
     """``fedbug report DIR... [--target ACC|auto] [--metric KEY] [--out DIR] [--json]``."""
-    from fedbug.sweeps.sweep import format_table
-
     target = parse_target(getattr(args, "target", None))
     metric = getattr(args, "metric", None)
     out = Path(args.out) if args.out else None
@@ -116,14 +114,15 @@ def cmd_report(args: Any) -> int:
     note = unsimulated_note(given, simulated, len(runs))
     notes = [note] if note else []
     ft = getattr(args, "ft", "paper")
-    rows, written = plain_report(runs, out, ft, [*runs.notes(), *notes])
+    result = plain_report(runs, out, ft, [*runs.notes(), *notes])
     if args.json:
-        print(json.dumps(rows, indent=1, default=str))
-        _notes_to_stderr(runs, notes)
+        print(json.dumps(result["rows"], indent=1, default=str))
+        for line in result["notes"]:
+            print(f"fedbug: note: {line}", file=sys.stderr)
     else:
-        print(format_table(rows, ft))
-        for line in [*runs.notes(), *notes]:  # under the table: runs left out, options unused
+        print(format_plain_table(result["rows"], ft))
+        for line in result["notes"]:  # under the table: runs left out, options unused
             print(line)
-        if written:
-            print(f"written: {', '.join(map(str, written))}")
+        if result["files"]:
+            print(f"written: {', '.join(map(str, result['files']))}")
     return 0
