@@ -1,5 +1,6 @@
-"""``fedbug report --out`` as a paper's figures and table: titled by the sweep's name (else by
-what is compared), from hand-made run folders whose numbers are known."""
+"""``fedbug report --out`` as a paper's figures and table, from hand-made run folders whose
+numbers are known: titled by the sweep's name (else by what is compared), each group's training
+cost beside its accuracy, the figures in the formats asked for."""
 
 from __future__ import annotations
 
@@ -48,6 +49,18 @@ def write_sweep(folder: Path, name: str, cells: list[tuple[dict[str, Any], dict[
         rows.append({"cell": cell, "label": "", "runs": [str(r) for r in runs]})
     (folder / "sweep.json").write_text(json.dumps({"name": name, "rows": rows}))
     return folder
+
+
+def simulated_runs(root: Path, name: str = "experiment", **summary: Any) -> Path:
+    """Two seeds of FedAvg with a simulated clock (FreezeFL's Table III): rounds of length 1."""
+    for s in (0, 1):
+        folder = write_run(root / f"avg-s{s}", s, FEDAVG, name, **summary)
+        recs = [
+            {"round": r, "test_acc": a, "round_length": 1.0, "sim_clock": float(r)}
+            for r, a in ((1, 0.5), (2, 0.7))
+        ]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+    return root
 
 
 @pytest.fixture
@@ -108,15 +121,7 @@ def test_runs_of_no_one_name_are_titled_by_what_is_compared(tmp_path, titles):
 
 
 def test_a_simulated_report_is_titled_too(tmp_path):
-    runs = tmp_path / "runs"
-    for s in (0, 1):
-        folder = write_run(runs / f"avg-s{s}", s, FEDAVG, "sim-femnist")
-        recs = [
-            {"round": r, "test_acc": a, "round_length": 1.0, "sim_clock": float(r)}
-            for r, a in ((1, 0.5), (2, 0.7))
-        ]
-        (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
-    saved = report([runs], tmp_path / "rep")
+    saved = report([simulated_runs(tmp_path / "runs", "sim-femnist")], tmp_path / "rep")
     assert saved["title"] == "sim-femnist" and "facts" in saved and "rows" in saved
     assert (tmp_path / "rep" / "report.md").read_text().startswith("# sim-femnist\n")
 
@@ -186,16 +191,71 @@ def test_a_group_that_counted_in_some_seeds_says_how_many_and_no_totals_no_colum
 
 
 def test_freezefls_table_gives_the_cost_too(tmp_path):
-    runs = tmp_path / "runs"
-    for s in (0, 1):
-        folder = write_run(runs / f"avg-s{s}", s, FEDAVG, **totals(3e15, 2e9, 2e9))
-        recs = [
-            {"round": r, "test_acc": a, "round_length": 1.0, "sim_clock": float(r)}
-            for r, a in ((1, 0.5), (2, 0.7))
-        ]
-        (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+    runs = simulated_runs(tmp_path / "runs", **totals(3e15, 2e9, 2e9))
     saved = report([runs], tmp_path / "rep")
     table = table_lines((tmp_path / "rep" / "report.md").read_text())
     assert table["method"][-3:] == ["PFLOP/run", "up GB/run", "down GB/run"]
     assert table["fedavg"][-3:] == ["3.00", "2.00", "2.00"]
     assert saved["rows"][0]["total_bytes_down_mean"] == pytest.approx(2e9)
+
+
+# ---------------------------------------------------------------- item 3: figure formats
+
+MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "pdf": b"%PDF-", "svg": b"<?xml"}
+
+
+def test_format_writes_each_figure_in_each_format_asked(tmp_path, capsys):
+    runs, rep = cost_runs(tmp_path / "runs"), tmp_path / "rep"
+    report([runs], rep, "--format", "pdf,svg", "--format", "png", "--format", "PDF")
+    for fmt, magic in MAGIC.items():
+        assert (rep / f"accuracy.{fmt}").read_bytes().startswith(magic), fmt
+    # a paper's PDF: TrueType fonts embedded (conference checkers refuse Type 3 fonts)
+    assert b"/Type3" not in (rep / "accuracy.pdf").read_bytes()
+    assert "![accuracy](accuracy.png)" in (rep / "report.md").read_text()
+    written = capsys.readouterr().out.splitlines()[-1]
+    assert all(str(rep / f"accuracy.{fmt}") in written for fmt in MAGIC), written
+    only = tmp_path / "pdf"
+    report([runs], only, "--format", "pdf")
+    assert sorted(p.name for p in only.iterdir()) == ["accuracy.pdf", "report.json", "report.md"]
+    assert "[accuracy](accuracy.pdf)" in (only / "report.md").read_text()  # a link: no image
+
+
+def test_an_unknown_format_is_one_line_before_anything_is_written(tmp_path, capsys):
+    runs = cost_runs(tmp_path / "runs")
+    assert main(["report", str(runs), "--out", str(tmp_path / "rep"), "--format", "png,jpg"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "fedbug: error: --format must be png, pdf or svg (repeatable, or a comma list such as "
+        "--format png,pdf); got 'jpg'"
+    )
+    assert not (tmp_path / "rep").exists()
+
+
+def test_freezefl_and_fedseq_figures_come_in_the_formats_asked(tmp_path):
+    from fedbug.report.table4 import write_figures
+    from fedbug.sweeps.sweep import Cell
+
+    rep = tmp_path / "rep"
+    report([simulated_runs(tmp_path / "runs")], rep, "--format", "svg")
+    figures = sorted(p.name for p in rep.iterdir() if p.suffix != ".md" and p.suffix != ".json")
+    assert figures == [
+        "accuracy.svg",
+        "accuracy_time.svg",
+        "round_length.svg",
+    ]
+    clients = [
+        {"client": i, "acc_before_ft": a, "acc_after_ft": a} for i, a in enumerate((0.2, 0.6))
+    ]
+    run = {
+        "summary": {"pfl": {"clients": clients}},
+        "records": [{"round": r, "acc_client_mean": 0.1 * r} for r in (1, 2)],
+    }
+    cell = Cell({"method": "fedseq-anti", "dataset": "digits"})
+    files = write_figures([(cell, [run])], tmp_path, formats=("pdf", "svg"))
+    assert [f.name for f in files] == [
+        "pfl_rounds.pdf",
+        "pfl_rounds.svg",
+        "pfl_clients.pdf",
+        "pfl_clients.svg",
+    ]
+    assert all(f.read_bytes().startswith(MAGIC[f.suffix[1:]]) for f in files)

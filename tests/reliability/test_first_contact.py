@@ -96,10 +96,11 @@ def test_freezefl_plots_label_the_metric_and_tick_whole_rounds(
 
     seen: list[tuple[str, str, list[float]]] = []
 
-    def keep(fig, path):
+    def keep(fig, path, formats):
         (ax,) = fig.axes
         seen.append((path.name, ax.get_ylabel(), list(ax.get_xticks())))
         plt.close(fig)
+        return []
 
     monkeypatch.setattr(freezefl, "_save", keep)
     freezefl.freezefl_report(_freezefl_runs(), tmp_path / "out")

@@ -149,7 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="re-print the comparison table of finished runs")
     rp.add_argument("dirs", nargs="+", help="run or sweep folders")
-    rp.add_argument("--out", default=None, help="write report.md, report.json and the PNGs")
+    rp.add_argument("--out", default=None, help="write report.md, report.json and the figures")
+    rp.add_argument(
+        "--format",
+        action="append",
+        default=None,
+        metavar="png|pdf|svg",
+        help="the figures' format(s) under --out: png (the default), pdf, svg; repeatable or "
+        "a comma list (--format png,pdf)",
+    )
     rp.add_argument("--json", action="store_true", help="print the table's rows as JSON")
     rp.add_argument(
         "--ft",

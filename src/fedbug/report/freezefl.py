@@ -28,24 +28,26 @@ seeds of r's clock; ``round_length.png`` (round length vs round, mean over seeds
 ``beta.png`` (FreezeFL Fig. 3: best accuracy vs mean round length, one point per group of a
 freezing policy, where ``freezefl.beta`` varies between such groups, FedAvg as a star);
 ``participation.png`` (FreezeFL Fig. 4: the clients sorted by full-model time, slowest first,
-cut into 40 groups, each group's participations summed, mean over seeds).
+cut into 40 groups, each group's participations summed, mean over seeds); each in the formats
+``--format`` asks for (PNG by default, :mod:`fedbug.report.figures`).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ConfigError
+from fedbug.report.figures import DEFAULT_FORMATS, markdown_figures, save_figure
 from fedbug.report.naming import report_title
 from fedbug.report.out_folder import prepare_out
 from fedbug.report.spread import mean_std, pm
 from fedbug.report.totals import cost_columns, cost_note, total_fields, with_columns
-from fedbug.results import atomic_write_bytes, atomic_write_text
+from fedbug.results import atomic_write_text
 from fedbug.results.plot import metric_axis
 from fedbug.sweeps.sweep import Cell, RunList, group_runs
 
@@ -353,14 +355,9 @@ def format_freezefl_table(rows: list[dict[str, Any]], facts: dict[str, Any]) -> 
 # ---------------------------------------------------------------- figures
 
 
-def _save(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
+def _save(fig: Any, path: Path, formats: Sequence[str]) -> list[Path]:
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    return save_figure(fig, path, formats, dpi=110)
 
 
 def _figure() -> tuple[Any, Any]:
@@ -396,7 +393,8 @@ def plot_curves(
     ylabel: str,
     scale: float = 1.0,
     target: float | None = None,
-) -> None:
+    formats: Sequence[str] = DEFAULT_FORMATS,
+) -> list[Path]:
     fig, ax = _figure()
     for (_, runs), row in zip(groups, rows):
         xs, ys = _by_round(runs, key, x)
@@ -409,15 +407,17 @@ def plot_curves(
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    return _save(fig, path, formats)
 
 
-def plot_beta(rows: list[dict[str, Any]], path: Path) -> bool:
-    """FreezeFL Fig. 3: best accuracy vs mean round length, one point per beta; False when
-    beta does not vary."""
+def plot_beta(
+    rows: list[dict[str, Any]], path: Path, formats: Sequence[str] = DEFAULT_FORMATS
+) -> list[Path]:
+    """FreezeFL Fig. 3: best accuracy vs mean round length, one point per beta; the files
+    written, none when beta does not vary."""
     points = [r for r in rows if r["beta_varies"] and r["best_acc"] is not None]
     if not points:
-        return False
+        return []
     fig, ax = _figure()
     for method in dict.fromkeys(r["method"] for r in points):
         mine = sorted(
@@ -437,15 +437,17 @@ def plot_beta(rows: list[dict[str, Any]], path: Path) -> bool:
     ax.set_title("best accuracy vs round length over β")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
-    return True
+    return _save(fig, path, formats)
 
 
-def plot_participation(rows: list[dict[str, Any]], path: Path) -> bool:
-    """FreezeFL Fig. 4: participations per group of clients, slowest group first."""
+def plot_participation(
+    rows: list[dict[str, Any]], path: Path, formats: Sequence[str] = DEFAULT_FORMATS
+) -> list[Path]:
+    """FreezeFL Fig. 4: participations per group of clients, slowest group first; the files
+    written, none where no run recorded its clients' participations."""
     shown = [r for r in rows if r.get("participation_groups")]
     if not shown:
-        return False
+        return []
     fig, ax = _figure()
     for r in shown:
         counts = r["participation_groups"]
@@ -455,8 +457,7 @@ def plot_participation(rows: list[dict[str, Any]], path: Path) -> bool:
     ax.set_ylabel("participations (mean over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
-    return True
+    return _save(fig, path, formats)
 
 
 # ---------------------------------------------------------------- the command
@@ -467,10 +468,11 @@ def freezefl_report(
     out: Path | None = None,
     target: float | str | None = None,
     metric: str | None = None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
 ) -> dict[str, Any]:
     """Table III of simulated runs: ``{"rows", "facts", "text", "files"}``; with ``out``,
     report.md and report.json (headed by :func:`~fedbug.report.naming.report_title`) and the
-    PNGs are written there."""
+    figures, each in every one of ``formats``, are written there."""
     notes = runs.notes() if isinstance(runs, RunList) else []
     diverged = [r for r in runs if r["summary"].get("status") == "diverged"]
     if diverged:  # their last figures are not where training ended (the baseline's too)
@@ -489,20 +491,36 @@ def freezefl_report(
     if out is not None:
         prepare_out(out)
         out.mkdir(parents=True, exist_ok=True)
-        ylabel, scale = metric_axis(metric)
-        plot_curves(groups, rows, metric, None, out / "accuracy.png", ylabel, scale)
-        timed = out / "accuracy_time.png"
-        plot_curves(groups, rows, metric, "sim_clock", timed, ylabel, scale, facts["target"])
-        plot_curves(groups, rows, "round_length", None, out / "round_length.png", "round length")
-        files += [out / "accuracy.png", out / "accuracy_time.png", out / "round_length.png"]
-        if plot_beta(rows, out / "beta.png"):
-            files.append(out / "beta.png")
-        if plot_participation(rows, out / "participation.png"):
-            files.append(out / "participation.png")
-        images = "\n".join(f"![{p.stem}]({p.name})" for p in files)
+        files = write_figures(out, groups, rows, facts, formats)
         title = report_title(groups)
-        atomic_write_text(out / "report.md", f"# {title}\n\n{text}\n\n{images}\n")
+        md = f"# {title}\n\n{text}\n\n{markdown_figures(files)}\n"
+        atomic_write_text(out / "report.md", md)
         doc = {"title": title, "facts": facts, "rows": rows}
         atomic_write_text(out / "report.json", json.dumps(doc, indent=1) + "\n")
         files = [out / "report.md", out / "report.json", *files]
     return {"rows": rows, "facts": facts, "text": text, "files": files}
+
+
+def write_figures(
+    out: Path,
+    groups: list[Group],
+    rows: list[dict[str, Any]],
+    facts: dict[str, Any],
+    formats: Sequence[str],
+) -> list[Path]:
+    """The report's figures (see the module notes) into ``out``; the files written."""
+    metric = facts["metric"]
+    ylabel, scale = metric_axis(metric)
+    files = plot_curves(
+        groups, rows, metric, None, out / "accuracy.png", ylabel, scale, None, formats
+    )
+    timed = out / "accuracy_time.png"
+    files += plot_curves(
+        groups, rows, metric, "sim_clock", timed, ylabel, scale, facts["target"], formats
+    )
+    lengths = out / "round_length.png"
+    files += plot_curves(
+        groups, rows, "round_length", None, lengths, "round length", 1.0, None, formats
+    )
+    files += plot_beta(rows, out / "beta.png", formats)
+    return files + plot_participation(rows, out / "participation.png", formats)

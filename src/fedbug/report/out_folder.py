@@ -14,19 +14,25 @@ import contextlib
 from pathlib import Path
 
 from fedbug.errors import ConfigError
+from fedbug.report.figures import figure_names
 from fedbug.report.table4 import PFL_FIGURES
 from fedbug.results import TMP_MARK, pid_alive
 
-#: the files a report may write in its --out (which of the figures depends on the runs)
+#: the files a report may write in its --out (which of the figures depends on the runs, and
+#: in which formats on --format)
 REPORT_FILES = (
     "report.md",
     "report.json",
-    "accuracy.png",
-    "accuracy_time.png",
-    "round_length.png",
-    "beta.png",
-    "participation.png",
-    *PFL_FIGURES,
+    *figure_names(
+        (
+            "accuracy",
+            "accuracy_time",
+            "round_length",
+            "beta",
+            "participation",
+            *(Path(name).stem for name in PFL_FIGURES),
+        )
+    ),
 )
 #: a file that makes a folder a run's own, or a sweep's: no report is written there
 OWNED_BY = {

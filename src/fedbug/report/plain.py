@@ -5,23 +5,25 @@ what each group cost to train (mean training FLOPs, bytes up and down a run:
 :mod:`fedbug.report.totals`) and, with ``--out``, report.md, report.json and the figures:
 ``accuracy.png`` (accuracy vs round per group, mean over seeds, shaded ± one sample sd; a
 diverged seed left out, as in the table, and its group's legend entry says how many) and, for
-personalized runs, FedSeq's Figs. 4-7 (:func:`fedbug.report.table4.write_figures`). The
-report's title (report.md's heading, the figure's, report.json's ``title``) is
+personalized runs, FedSeq's Figs. 4-7 (:func:`fedbug.report.table4.write_figures`), each in
+the formats ``--format`` asks for (:mod:`fedbug.report.figures`). The report's title
+(report.md's heading, the figure's, report.json's ``title``) is
 :func:`fedbug.report.naming.report_title`'s.
 """
 
 from __future__ import annotations
 
-import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedbug.report.figures import DEFAULT_FORMATS, markdown_figures, save_figure
 from fedbug.report.naming import Group, report_title
 from fedbug.report.spread import mean_std
 from fedbug.report.table4 import write_figures
 from fedbug.report.totals import cost_columns, cost_note, total_fields, with_columns
-from fedbug.results import atomic_write_bytes, atomic_write_text
+from fedbug.results import atomic_write_text
 from fedbug.results.plot import metric_axis
 from fedbug.sweeps.sweep import format_table, group_runs, headline, summarise
 
@@ -31,30 +33,41 @@ def plain_report(
     out: Path | None = None,
     ft: str = "paper",
     notes: list[str] | None = None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
 ) -> dict[str, Any]:
     """``{"rows", "notes", "files"}``: the table's rows of ``runs`` (one per group, seeds
     pooled), the lines under it (``notes``, then what the cost columns need said) and the files
     written: with ``out``, report.md (the table, the notes under it), report.json (``title``,
-    ``rows``, ``notes``) and the figures."""
+    ``rows``, ``notes``) and the figures, each in every one of ``formats``."""
     groups = group_runs(runs)
     rows = summarise(groups)
     for row, (_, group) in zip(rows, groups):
         row.update(total_fields([r for r in group if r["summary"].get("status") != "diverged"]))
     notes = [*(notes or []), *filter(None, [cost_note(rows)])]
-    if out is None:
-        return {"rows": rows, "notes": notes, "files": []}
+    files = [] if out is None else write_plain(out, groups, rows, notes, ft, formats)
+    return {"rows": rows, "notes": notes, "files": files}
+
+
+def write_plain(
+    out: Path,
+    groups: list[Group],
+    rows: list[dict[str, Any]],
+    notes: list[str],
+    ft: str,
+    formats: Sequence[str],
+) -> list[Path]:
+    """report.json, the figures and report.md in ``out``; the files written."""
     title = report_title(groups)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"title": title, "rows": rows, "notes": notes}
     atomic_write_text(out / "report.json", json.dumps(doc, indent=1))
-    figures = [out / "accuracy.png"]
-    _save(plot_accuracy(groups, [row["label"] for row in rows], title), figures[0])
-    figures += write_figures(groups, out, ft)
-    images = "\n".join(f"![{p.stem}]({p.name})" for p in figures)
+    fig = plot_accuracy(groups, [row["label"] for row in rows], title)
+    figures = save_figure(fig, out / "accuracy.png", formats, dpi=110)
+    figures += write_figures(groups, out, ft, formats)
     table = "\n\n".join([format_plain_table(rows, ft), *notes])
-    atomic_write_text(out / "report.md", f"# {title}\n\n{table}\n\n{images}\n")
-    files = [out / "report.md", out / "report.json", *figures]
-    return {"rows": rows, "notes": notes, "files": files}
+    md = f"# {title}\n\n{table}\n\n{markdown_figures(figures)}\n"
+    atomic_write_text(out / "report.md", md)
+    return [out / "report.md", out / "report.json", *figures]
 
 
 def format_plain_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
@@ -108,12 +121,3 @@ def _curve(runs: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
     rounds = sorted(by_round)
     spread = [mean_std(by_round[r]) for r in rounds]
     return rounds, [m for m, _ in spread], [s for _, s in spread]
-
-
-def _save(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ConfigError
+from fedbug.report.figures import parse_formats
 from fedbug.report.freezefl import freezefl_report
 from fedbug.report.out_folder import prepare_out
 from fedbug.report.plain import format_plain_table, plain_report
@@ -86,16 +87,18 @@ def _notes_to_stderr(runs: RunList, extra: list[str] | None = None) -> None:
 
 
 def cmd_report(args: Any) -> int:
-    """``fedbug report DIR... [--target ACC|auto] [--metric KEY] [--out DIR] [--json]``."""
+    """``fedbug report DIR... [--target ACC|auto] [--metric KEY] [--out DIR] [--format
+    png,pdf,svg] [--json]``."""
     target = parse_target(getattr(args, "target", None))
     metric = getattr(args, "metric", None)
+    formats = parse_formats(getattr(args, "format", None))
     out = Path(args.out) if args.out else None
     if out is not None:
         prepare_out(out)  # before any run is read: a refused --out is one line, nothing read
     runs = collect_runs([Path(d) for d in args.dirs])
     simulated = sum(is_simulated(r) for r in runs)
     if simulated == len(runs):
-        result = freezefl_report(runs, out, target, metric)
+        result = freezefl_report(runs, out, target, metric, formats)
         if args.json:
             print(json.dumps(result["rows"], indent=1, default=str))
             _notes_to_stderr(runs)
@@ -114,7 +117,7 @@ def cmd_report(args: Any) -> int:
     note = unsimulated_note(given, simulated, len(runs))
     notes = [note] if note else []
     ft = getattr(args, "ft", "paper")
-    result = plain_report(runs, out, ft, [*runs.notes(), *notes])
+    result = plain_report(runs, out, ft, [*runs.notes(), *notes], formats)
     if args.json:
         print(json.dumps(result["rows"], indent=1, default=str))
         for line in result["notes"]:

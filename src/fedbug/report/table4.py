@@ -19,14 +19,14 @@ Figures, one panel per data set:
 
 from __future__ import annotations
 
-import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ConfigError
+from fedbug.report.figures import DEFAULT_FORMATS, save_figure
 from fedbug.report.spread import row_pm
-from fedbug.results import atomic_write_bytes
 
 #: Methods whose Table 4 cell is after fine-tuning (FedSeq's Table 4; FedAvg gets both rows,
 #: FedAvg and FedAvg+FT); the rest are reported before, as the paper.
@@ -236,10 +236,8 @@ def _colours(labels: list[str]) -> dict[str, Any]:
     return {label: cmap(i % cmap.N) for i, label in enumerate(unique)}
 
 
-def _save(fig: Any, axes: list[Any], path: Path) -> None:
-    """One legend for all panels, right of the last; then the PNG."""
-    import matplotlib.pyplot as plt
-
+def _save(fig: Any, axes: list[Any], path: Path, formats: Sequence[str]) -> list[Path]:
+    """One legend for all panels, right of the last; then the files, one per format."""
     handles: dict[str, Any] = {}
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels()):
@@ -248,14 +246,14 @@ def _save(fig: Any, axes: list[Any], path: Path) -> None:
         handles.values(), handles.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1)
     )
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    return save_figure(fig, path, formats, dpi=110, bbox_inches="tight")
 
 
-def plot_rounds(cell_runs: CellRuns, path: Path) -> bool:
-    """FedSeq Figs. 4-5; False (nothing written) where no run has personalized rounds."""
+def plot_rounds(
+    cell_runs: CellRuns, path: Path, formats: Sequence[str] = DEFAULT_FORMATS
+) -> list[Path]:
+    """FedSeq Figs. 4-5, as ``path`` in each of ``formats``; the files written, none where no
+    run has personalized rounds."""
     panels = {
         ds: [(m, round_curve(runs)) for m, _, runs in methods]
         for ds, methods in _panels(cell_runs).items()
@@ -263,7 +261,7 @@ def plot_rounds(cell_runs: CellRuns, path: Path) -> bool:
     panels = {ds: [(m, c) for m, c in ms if c[0]] for ds, ms in panels.items()}
     panels = {ds: ms for ds, ms in panels.items() if ms}
     if not panels:
-        return False
+        return []
     colour = _colours([m for ms in panels.values() for m, _ in ms])
     fig, axes = _grid(len(panels))
     for ax, (ds, methods) in zip(axes, panels.items()):
@@ -275,13 +273,14 @@ def plot_rounds(cell_runs: CellRuns, path: Path) -> bool:
             hi = [100 * (m + s) for m, s in zip(mean, std)]
             ax.fill_between(rounds, lo, hi, color=line.get_color(), alpha=0.15)
         _label(ax, ds, "round", "client mean accuracy (%), before FT")
-    _save(fig, axes, path)
-    return True
+    return _save(fig, axes, path, formats)
 
 
-def plot_clients(cell_runs: CellRuns, path: Path, ft: str = "paper") -> bool:
-    """FedSeq Figs. 6-7 (clients ranked, see the module notes); False where no run has
-    per-client results."""
+def plot_clients(
+    cell_runs: CellRuns, path: Path, ft: str = "paper", formats: Sequence[str] = DEFAULT_FORMATS
+) -> list[Path]:
+    """FedSeq Figs. 6-7 (clients ranked, see the module notes), as ``path`` in each of
+    ``formats``; the files written, none where no run has per-client results."""
     panels = {
         ds: [
             (label, _line_name(label, keys, key), key, ranked_clients(runs, key))
@@ -294,7 +293,7 @@ def plot_clients(cell_runs: CellRuns, path: Path, ft: str = "paper") -> bool:
     panels = {ds: [line for line in lines if line[3]] for ds, lines in panels.items()}
     panels = {ds: lines for ds, lines in panels.items() if lines}
     if not panels:
-        return False
+        return []
     colour = _colours([line[0] for lines in panels.values() for line in lines])
     fig, axes = _grid(len(panels))
     for ax, (ds, lines) in zip(axes, panels.items()):
@@ -303,8 +302,7 @@ def plot_clients(cell_runs: CellRuns, path: Path, ft: str = "paper") -> bool:
             style = "--" if key == "before_ft" and ft == "both" else "-"
             ax.plot(xs, [100 * y for y in ys], style, color=colour[label], label=name)
         _label(ax, ds, "clients, ranked worst to best (%)", "own test accuracy (%)")
-    _save(fig, axes, path)
-    return True
+    return _save(fig, axes, path, formats)
 
 
 def _line_name(label: str, keys: tuple[str, ...], key: str) -> str:
@@ -313,14 +311,13 @@ def _line_name(label: str, keys: tuple[str, ...], key: str) -> str:
     return f"{label} (after FT)" if key == "after_ft" else label
 
 
-def write_figures(cell_runs: CellRuns, out: Path, ft: str = "paper") -> list[Path]:
-    """Both figures into ``out`` where the runs are personalized; the files written."""
+def write_figures(
+    cell_runs: CellRuns, out: Path, ft: str = "paper", formats: Sequence[str] = DEFAULT_FORMATS
+) -> list[Path]:
+    """Both figures into ``out``, each in every one of ``formats``, where the runs are
+    personalized; the files written."""
     rounds, clients = (out / name for name in PFL_FIGURES)
     return [
-        p
-        for p, ok in (
-            (rounds, plot_rounds(cell_runs, rounds)),
-            (clients, plot_clients(cell_runs, clients, ft)),
-        )
-        if ok
+        *plot_rounds(cell_runs, rounds, formats),
+        *plot_clients(cell_runs, clients, ft, formats),
     ]
