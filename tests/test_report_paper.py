@@ -79,6 +79,24 @@ def titles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+@pytest.fixture
+def legends(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The legend entries of each figure the test draws (read as each is closed)."""
+    import matplotlib.pyplot as plt
+
+    seen: list[list[str]] = []
+    real_close = plt.close
+
+    def close(fig: Any) -> None:
+        for ax in fig.axes:
+            if ax.get_legend() is not None:
+                seen.append([t.get_text() for t in ax.get_legend().get_texts()])
+        real_close(fig)
+
+    monkeypatch.setattr(plt, "close", close)
+    return seen
+
+
 def report(dirs: list[Path], out: Path, *extra: str) -> dict[str, Any]:
     assert main(["report", *map(str, dirs), "--out", str(out), *extra]) == 0
     return json.loads((out / "report.json").read_text())
@@ -259,3 +277,76 @@ def test_freezefl_and_fedseq_figures_come_in_the_formats_asked(tmp_path):
         "pfl_clients.svg",
     ]
     assert all(f.read_bytes().startswith(MAGIC[f.suffix[1:]]) for f in files)
+
+
+# ---------------------------------------------------------------- item 4: short labels
+
+VARIANTS = [
+    ({"variant": {"label": "FedAvg", "policy": "none"}}, FEDAVG),
+    (
+        {"variant": {"label": "FedBug 50%", "policy": "bottom_up", "bottom_up.gu_ratio": 0.5}},
+        FEDBUG,
+    ),
+]
+FULL = ["FedAvg (policy=none)", "FedBug 50% (policy=bottom_up, bottom_up.gu_ratio=0.5)"]
+
+
+def test_labels_short_names_a_sweeps_cells_by_their_labels_alone(tmp_path, capsys, legends):
+    sweep = write_sweep(tmp_path / "runs" / "fb-sweep", "fb", VARIANTS)
+    saved = report([sweep], tmp_path / "full")  # the default: the sweep's own names
+    assert [r["label"] for r in saved["rows"]] == FULL
+    assert legends == [FULL]
+    capsys.readouterr()
+    saved = report([sweep], tmp_path / "short", "--labels", "short")
+    assert [r["label"] for r in saved["rows"]] == ["FedAvg", "FedBug 50%"]
+    assert legends[-1] == ["FedAvg", "FedBug 50%"]
+    table = table_lines(capsys.readouterr().out)
+    assert list(table)[2:] == ["FedAvg", "FedBug 50%"]
+    assert table_lines((tmp_path / "short" / "report.md").read_text()) == table
+
+
+def test_short_labels_keep_the_other_axes_and_the_full_name_where_one_label_is_twice(tmp_path):
+    from fedbug.report.naming import short_label
+    from fedbug.sweeps.sweep import Cell
+
+    lr = [({**cell, "lr": v}, {**setting, "lr": v}) for cell, setting in VARIANTS for v in (0.1, 1)]
+
+    def fedbug(gu: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        cell = {"label": "FedBug", "policy": "bottom_up", "bottom_up.gu_ratio": gu}
+        return {"variant": cell}, {**FEDBUG, "bottom_up": {"gu_ratio": gu}}
+
+    cells = [*lr, fedbug(0.2), fedbug(0.7)]
+    sweep = write_sweep(tmp_path / "runs" / "lr-sweep", "lr", cells)
+    saved = report([sweep], tmp_path / "rep", "--labels", "short")
+    assert [r["label"] for r in saved["rows"]] == [
+        "FedAvg (lr=0.1)",
+        "FedAvg (lr=1)",
+        "FedBug 50% (lr=0.1)",
+        "FedBug 50% (lr=1)",
+        "FedBug (policy=bottom_up, bottom_up.gu_ratio=0.2)",  # one label, two cells: in full
+        "FedBug (policy=bottom_up, bottom_up.gu_ratio=0.7)",
+    ]
+    # -g bottom_up.gu_ratio=0 over the entry's 0.5: the label no longer says what ran
+    overridden = Cell({"variant": VARIANTS[1][0]["variant"], "bottom_up.gu_ratio": 0})
+    assert short_label(overridden) == "FedBug 50% (bottom_up.gu_ratio=0)"
+
+
+def test_labels_short_in_freezefls_table(tmp_path, capsys):
+    sweep = tmp_path / "runs" / "sim-sweep"
+    write_sweep(sweep, "sim", VARIANTS)
+    for folder in sweep.iterdir():
+        if folder.is_dir():
+            recs = [
+                {"round": r, "test_acc": a, "round_length": 1.0, "sim_clock": float(r)}
+                for r, a in ((1, 0.5), (2, 0.7))
+            ]
+            (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+    saved = report([sweep], tmp_path / "rep", "--labels", "short")
+    assert [r["label"] for r in saved["rows"]] == ["FedAvg", "FedBug 50%"]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "| FedBug 50% | 2 |" in md
+    assert "| FedAvg | 2 |" in md  # the baseline: was "FedAvg (FedAvg)"
+    with pytest.raises(SystemExit) as usage:
+        main(["report", str(sweep), "--labels", "long"])
+    assert usage.value.code == 2
+    assert "invalid choice: 'long'" in capsys.readouterr().err

@@ -169,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--target", default=None, help="simulated runs: accuracy to reach (0.75, 75%%) or auto"
     )
     rp.add_argument("--metric", default=None, help="record key (acc_client_mean, else test_acc)")
+    rp.add_argument(
+        "--labels",
+        choices=["full", "short"],
+        default="full",
+        help="a sweep cell with a label: its label and settings, as the sweep names it (full), "
+        "or its label and only the grid's other keys (short: 'FedBug 50%%')",
+    )
     rp.set_defaults(func=cmd_report)
 
     t = sub.add_parser("theory", help="the two-client analysis of FedBug Sec. 4, computed")

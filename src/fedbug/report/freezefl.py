@@ -43,7 +43,7 @@ from typing import Any
 
 from fedbug.errors import ConfigError
 from fedbug.report.figures import DEFAULT_FORMATS, markdown_figures, save_figure
-from fedbug.report.naming import report_title
+from fedbug.report.naming import group_names, report_title
 from fedbug.report.out_folder import prepare_out
 from fedbug.report.spread import mean_std, pm
 from fedbug.report.totals import cost_columns, cost_note, total_fields, with_columns
@@ -106,15 +106,16 @@ def _leaves(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def group_labels(groups: list[Group]) -> tuple[list[str], list[str]]:
+def group_labels(groups: list[Group], labels: str = "full") -> tuple[list[str], list[str]]:
     """(method, label) per group: the method (else the algorithm), and with it the varied keys
     (dotted, e.g. ``freezefl.beta``) that the method does not determine; for a sweep's cells
-    that its grid names (``label:``), the sweep's labels."""
+    that its grid names (``label:``), the sweep's labels, in full or short (``labels``,
+    :func:`~fedbug.report.naming.group_names`)."""
     configs = [runs[0]["summary"].get("config", {}) for _, runs in groups]
     methods = [str(c.get("method") or c.get("algorithm") or "run") for c in configs]
     if all(cell.given is not None and cell.given.names for cell, _ in groups):
         # a sweep's cells, each named by its grid (`label:`): the sweep's own labels
-        return methods, [cell.label for cell, _ in groups]
+        return methods, group_names(groups, labels)
     leaves = [_leaves(cell.values) for cell, _ in groups]
     keys = sorted({k for leaf in leaves for k in leaf})
     extra = []
@@ -209,10 +210,11 @@ FIGURES = ("best_acc", "mean_round_length", "rounds_to_target", "time_to_target"
 
 
 def table_rows(
-    groups: list[Group], metric: str, target_arg: float | str | None
+    groups: list[Group], metric: str, target_arg: float | str | None, names: str = "full"
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Table III rows, one per group, and the header facts (metric, target, baseline)."""
-    methods, labels = group_labels(groups)
+    """Table III rows, one per group, and the header facts (metric, target, baseline);
+    ``names``: ``--labels`` (:func:`group_labels`)."""
+    methods, labels = group_labels(groups, names)
     base_idx = next(
         (i for i, (_, runs) in enumerate(groups) if is_fedavg(runs[0]["summary"]["config"])),
         None,
@@ -309,8 +311,9 @@ def format_freezefl_table(rows: list[dict[str, Any]], facts: dict[str, Any]) -> 
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        tag = " (FedAvg)" if r["baseline"] and r["label"].lower() != "fedavg" else ""
         lines.append(
-            f"| {r['label']}{' (FedAvg)' if r['baseline'] and r['label'] != 'fedavg' else ''} "
+            f"| {r['label']}{tag} "
             f"| {len(r['seeds'])} | {_cell(r, 'best_acc', 100, '.2f', False)} "
             f"| {_cell(r, 'mean_round_length', 1, '.3f', False)} "
             f"| {_cell(r, 'rounds_to_target', 1, '.1f', True)} "
@@ -469,10 +472,12 @@ def freezefl_report(
     target: float | str | None = None,
     metric: str | None = None,
     formats: Sequence[str] = DEFAULT_FORMATS,
+    labels: str = "full",
 ) -> dict[str, Any]:
     """Table III of simulated runs: ``{"rows", "facts", "text", "files"}``; with ``out``,
     report.md and report.json (headed by :func:`~fedbug.report.naming.report_title`) and the
-    figures, each in every one of ``formats``, are written there."""
+    figures, each in every one of ``formats``, are written there. ``labels``: ``--labels``
+    (:func:`group_labels`)."""
     notes = runs.notes() if isinstance(runs, RunList) else []
     diverged = [r for r in runs if r["summary"].get("status") == "diverged"]
     if diverged:  # their last figures are not where training ended (the baseline's too)
@@ -483,7 +488,7 @@ def freezefl_report(
             raise ConfigError(f"every run diverged ({names}): there is no table to make")
     metric = pick_metric(runs, metric)
     groups = group_runs(runs)
-    rows, facts = table_rows(groups, metric, target)
+    rows, facts = table_rows(groups, metric, target, labels)
     text = format_freezefl_table(rows, facts)
     if notes:  # runs left out (damaged, duplicates, diverged), under the table
         text = "\n\n".join([text, *notes])

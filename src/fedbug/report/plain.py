@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.report.figures import DEFAULT_FORMATS, markdown_figures, save_figure
-from fedbug.report.naming import Group, report_title
+from fedbug.report.naming import Group, group_names, report_title
 from fedbug.report.spread import mean_std
 from fedbug.report.table4 import write_figures
 from fedbug.report.totals import cost_columns, cost_note, total_fields, with_columns
@@ -34,14 +34,18 @@ def plain_report(
     ft: str = "paper",
     notes: list[str] | None = None,
     formats: Sequence[str] = DEFAULT_FORMATS,
+    labels: str = "full",
 ) -> dict[str, Any]:
     """``{"rows", "notes", "files"}``: the table's rows of ``runs`` (one per group, seeds
     pooled), the lines under it (``notes``, then what the cost columns need said) and the files
     written: with ``out``, report.md (the table, the notes under it), report.json (``title``,
-    ``rows``, ``notes``) and the figures, each in every one of ``formats``."""
+    ``rows``, ``notes``) and the figures, each in every one of ``formats``. ``labels``
+    (``--labels``) names the rows and the legend's lines
+    (:func:`~fedbug.report.naming.group_names`)."""
     groups = group_runs(runs)
     rows = summarise(groups)
-    for row, (_, group) in zip(rows, groups):
+    for row, (_, group), name in zip(rows, groups, group_names(groups, labels)):
+        row["label"] = name
         row.update(total_fields([r for r in group if r["summary"].get("status") != "diverged"]))
     notes = [*(notes or []), *filter(None, [cost_note(rows)])]
     files = [] if out is None else write_plain(out, groups, rows, notes, ft, formats)

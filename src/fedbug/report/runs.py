@@ -88,17 +88,18 @@ def _notes_to_stderr(runs: RunList, extra: list[str] | None = None) -> None:
 
 def cmd_report(args: Any) -> int:
     """``fedbug report DIR... [--target ACC|auto] [--metric KEY] [--out DIR] [--format
-    png,pdf,svg] [--json]``."""
+    png,pdf,svg] [--labels full|short] [--json]``."""
     target = parse_target(getattr(args, "target", None))
     metric = getattr(args, "metric", None)
     formats = parse_formats(getattr(args, "format", None))
+    labels = getattr(args, "labels", "full")
     out = Path(args.out) if args.out else None
     if out is not None:
         prepare_out(out)  # before any run is read: a refused --out is one line, nothing read
     runs = collect_runs([Path(d) for d in args.dirs])
     simulated = sum(is_simulated(r) for r in runs)
     if simulated == len(runs):
-        result = freezefl_report(runs, out, target, metric, formats)
+        result = freezefl_report(runs, out, target, metric, formats, labels)
         if args.json:
             print(json.dumps(result["rows"], indent=1, default=str))
             _notes_to_stderr(runs)
@@ -117,7 +118,7 @@ def cmd_report(args: Any) -> int:
     note = unsimulated_note(given, simulated, len(runs))
     notes = [note] if note else []
     ft = getattr(args, "ft", "paper")
-    result = plain_report(runs, out, ft, [*runs.notes(), *notes], formats)
+    result = plain_report(runs, out, ft, [*runs.notes(), *notes], formats, labels)
     if args.json:
         print(json.dumps(result["rows"], indent=1, default=str))
         for line in result["notes"]:
