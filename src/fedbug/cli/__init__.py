@@ -251,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     fw.set_defaults(func=cmd_flower_worker)
     for parser in (s, rr, c):
         _allow_import_flag(parser)
+    for parser in (r, s, rr, c, sub.choices["attack"], fw):
+        _import_flag(parser)
     return p
 
 
@@ -260,6 +262,21 @@ def _allow_import_flag(parser: argparse.ArgumentParser, whose: str = "the config
         action="store_true",
         help=f"let model: 'package.module:name' name a function, not only a torch.nn.Module "
         f"class: fedbug then calls whatever {whose}; only for configs you trust",
+    )
+
+
+def _import_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (a module name, found on PYTHONPATH or in the current "
+        "folder, or a .py file): the policies, algorithms, models and data sets it registers "
+        "can then be named by the config; the runs this command starts elsewhere (--jobs, "
+        "executor: processes, --ray, Flower nodes) import it too; trusted code, as PYTHONPATH "
+        "is; repeatable",
     )
 
 
@@ -295,10 +312,15 @@ def main(argv: list[str] | None = None) -> int:
 
         allowed = allow_import()
     try:
-        with warnings.catch_warnings(), allowed:  # both restored as the command returns
+        # the warnings' display, the allowance and FEDBUG_IMPORT restored as the command returns
+        with warnings.catch_warnings(), allowed, contextlib.ExitStack() as stack:
             warnings.simplefilter("default")
             warnings.showwarning = _one_line_warning
             _SHOWN.clear()
+            if getattr(args, "imports", None) is not None:  # before the command reads a config
+                from fedbug.core.user_modules import imported
+
+                stack.enter_context(imported(args.imports))
             return int(args.func(args))
     except FedbugError as e:
         print(f"fedbug: error: {e.cli_message or e}", file=sys.stderr)

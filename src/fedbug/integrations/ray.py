@@ -6,7 +6,9 @@ same).
 The run folders are under the caller's ``--out``, which every node must see at the same path
 (shared storage): a task writes its folder where it runs, and the caller reads the results
 there. Every node imports the caller's fedbug (a local cluster started from the caller's
-environment does) and finds the data (``data_dir``, or each node's cache).
+environment does) and finds the data (``data_dir``, or each node's cache). A task imports the
+caller's own modules (``--import``) as a ``--jobs`` worker does: their names, or the paths of
+their files, which every node must then see at the same path.
 
 A task asks Ray for the config's ``threads`` CPUs (1 where it sets none) and runs with that many
 torch threads, so a sweep on Ray gives bit for bit the sequential sweep's numbers with the same
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import socket
 import warnings
 from collections.abc import Callable
@@ -30,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.config import BaseConfig
+from fedbug.core.user_modules import IMPORT_ENV, env_entries
 from fedbug.errors import ConfigError, FedbugError
 from fedbug.models import ALLOW_IMPORT_ENV, factories_allowed
 from fedbug.results import RunDir
-from fedbug.sweeps.jobs import OnJobRound, RunOne, job_result, run_job
+from fedbug.sweeps.jobs import OnJobRound, RunOne, job_result, run_pickled_job
 
 INSTALL_HINT = 'pip install "fedbug[ray]"'
 #: times Ray runs a task again after its worker died (Ray's own default for tasks)
@@ -129,9 +133,11 @@ def run_ray_jobs(
     ray = require_ray()
     connect(ray, address)
     try:
-        task = ray.remote(run_job)
-        # --allow-import is the caller's choice: the cluster's workers get it from here
-        allowed = {ALLOW_IMPORT_ENV: "1"} if factories_allowed() else {}
+        task = ray.remote(run_pickled_job)
+        # --allow-import and --import are the caller's: the cluster's workers get them here
+        env = {ALLOW_IMPORT_ENV: "1"} if factories_allowed() else {}
+        if env_entries():
+            env[IMPORT_ENV] = os.environ[IMPORT_ENV]
         refs = []
         for i, (cfg, run_dir) in enumerate(jobs):
             cfg = task_config(cfg)
@@ -140,9 +146,10 @@ def run_ray_jobs(
                 max_retries=RETRIES,
                 retry_exceptions=False,
                 name=run_dir.name,
-                **({"runtime_env": {"env_vars": allowed}} if allowed else {}),
+                **({"runtime_env": {"env_vars": env}} if env else {}),
             )
-            refs.append(opts.remote(run_one, i, cfg, run_dir.absolute()))
+            pickled = pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL)
+            refs.append(opts.remote(run_one, i, pickled, run_dir.absolute()))
         index = {ref: i for i, ref in enumerate(refs)}
         results: list[dict[str, Any]] = [{} for _ in jobs]
         sizes: dict[int, int] = {}

@@ -18,8 +18,10 @@ A sweep starts no more workers than it has runs (:func:`pool_size`); more worker
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import pickle
 import queue as queue_mod
 import signal
 import sys
@@ -32,6 +34,7 @@ from typing import Any
 
 from fedbug.config import BaseConfig
 from fedbug.core.process import die_with_parent
+from fedbug.core.user_modules import import_from_env
 from fedbug.errors import FedbugError
 
 #: run_one(cfg, run_dir, on_round) -> the run as ``{"run_dir", "records", "summary"}``
@@ -74,10 +77,11 @@ class JobError(FedbugError):
 
 def _init(q: Any, parent: int, show: Callable[..., None] | None = None) -> None:
     """A pool worker's start: die with the sweep (``parent``, its pid), keep its queue, show
-    warnings as the sweep does (``show``: the command line's one-line display, where set), and
-    ignore SIGINT: a terminal's Ctrl-C reaches the whole process group, and the sweep owns it
-    (it stops every worker); a worker that took it would print its KeyboardInterrupt's
-    traceback under the sweep's one line."""
+    warnings as the sweep does (``show``: the command line's one-line display, where set),
+    import the sweep's own modules (``--import``: :data:`~fedbug.core.user_modules.IMPORT_ENV`,
+    inherited) before a job's config is unpickled, and ignore SIGINT: a terminal's Ctrl-C
+    reaches the whole process group, and the sweep owns it (it stops every worker); a worker
+    that took it would print its KeyboardInterrupt's traceback under the sweep's one line."""
     global _QUEUE
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if show is not None:
@@ -87,6 +91,8 @@ def _init(q: Any, parent: int, show: Callable[..., None] | None = None) -> None:
     if os.getppid() != parent:  # the sweep died before the signal was asked for: nothing to do
         os._exit(1)
     _QUEUE = q
+    with contextlib.suppress(FedbugError):  # before a job's config arrives; run_job says why
+        import_from_env()
 
 
 def _warning_display() -> Callable[..., None] | None:
@@ -99,8 +105,9 @@ def _warning_display() -> Callable[..., None] | None:
 
 
 def run_job(run_one: RunOne, index: int, cfg: BaseConfig, run_dir: Path) -> tuple[str, Any, int]:
-    """In a worker (a pool's process or a Ray task): one run; its result, or its error as
-    plain, picklable values (:func:`job_result` reads them back). In a pool's process each
+    """In a worker (a pool's process or a Ray task): one run, after importing the sweep's own
+    modules (``--import``); its result, or its error as plain, picklable values
+    (:func:`job_result` reads them back). In a pool's process each
     round goes to the parent through the pool's queue."""
 
     def on_round(rec: dict[str, Any]) -> None:
@@ -108,11 +115,28 @@ def run_job(run_one: RunOne, index: int, cfg: BaseConfig, run_dir: Path) -> tupl
         _QUEUE.put((index, {k: rec[k] for k in keep if k in rec}))
 
     try:
+        import_from_env()  # the sweep's --import modules (FEDBUG_IMPORT), as the sweep has them
         return "ok", run_one(cfg, run_dir, on_round if _QUEUE is not None else None), 0
     except FedbugError as e:
         return "fedbug", e.cli_message or str(e), e.exit_code
     except Exception:
         return "bug", traceback.format_exc(), 1
+
+
+def run_pickled_job(
+    run_one: RunOne, index: int, pickled: bytes, run_dir: Path
+) -> tuple[str, Any, int]:
+    """:func:`run_job` for a Ray task, its config pickled by the caller: read here only after
+    the sweep's own modules are imported, as the pickle may name their classes (an options
+    block of a user's policy), which Ray would look for before the task ran."""
+    try:
+        import_from_env()
+        cfg = pickle.loads(pickled)
+    except FedbugError as e:
+        return "fedbug", e.cli_message or str(e), e.exit_code
+    except Exception:
+        return "bug", traceback.format_exc(), 1
+    return run_job(run_one, index, cfg, run_dir)
 
 
 def job_result(outcome: tuple[str, Any, int], run_dir: Path) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Clients in worker processes: ``executor: processes`` with ``workers`` processes.
 
-Each worker is started once per run (``spawn``), builds its own
+Each worker is started once per run (``spawn``), imports the command's own modules
+(``--import``, :func:`~fedbug.core.user_modules.import_from_env`), builds its own
 :class:`~fedbug.engine.experiment.ClientSide` (never the round loop) from the run's config and
 data (the data set's tensors travel once, in shared memory), sets
 ``torch.set_num_threads(threads)`` and keeps one :class:`~fedbug.engine.client.ClientRuntime` for
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedbug.core.user_modules import import_from_env
 from fedbug.engine.client import ClientResult, ClientTask, train_client
 from fedbug.engine.executors.base import Executor
 from fedbug.engine.experiment import ClientSide
@@ -73,6 +75,7 @@ def _recv(conn: Connection) -> Any:
 def _worker_main(spec: WorkerSpec, threads: int, conn: Connection) -> None:
     """A worker's life: build the runtime, then train the tasks it is sent until told to stop."""
     try:
+        import_from_env()  # the command's --import modules: the config may name their methods
         torch.set_num_threads(threads)
         exp = ClientSide(spec.cfg, spec.dataset, spec.model, spec.task)
         torch.set_num_threads(threads)  # ClientSide sets the config's count; keep ours

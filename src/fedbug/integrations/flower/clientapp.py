@@ -20,6 +20,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedbug.core.user_modules import import_from_env
 from fedbug.engine.client import train_client
 from fedbug.integrations.flower.messages import decode_task, encode_reply, sent_units
 from fedbug.integrations.flower.node_cache import cache_dir, entry_path, load_or_build
@@ -43,6 +44,9 @@ def experiment_for(run_config: dict[str, Any], node_config: dict[str, Any]) -> A
     device = str(node_config.get("device", "") or "")  # this node's own (a GPU host's cuda:1)
     key = (text, data_dir, device)
     if key not in _CACHE:
+        # the node's own modules (--import where fedbug started it, or the node's FEDBUG_IMPORT):
+        # the config may name their methods, and a cached client side refers to them
+        import_from_env()
 
         def build() -> Any:
             from fedbug.config import load_config

@@ -34,8 +34,10 @@ def executor_class(cfg: Any) -> type[FlowerExecutor]:
 def main(grid: Grid, context: Context) -> None:
     """Run the experiment the run config describes, its clients on this grid's nodes."""
     from fedbug.config import load_config
+    from fedbug.core.user_modules import import_from_env
     from fedbug.engine import run_experiment
 
+    import_from_env()  # the modules of `fedbug run --import` that started it (FEDBUG_IMPORT)
     rc = context.run_config
     doc = json.loads(str(rc["config"]))
     if rc.get("data-dir"):
