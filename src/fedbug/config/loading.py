@@ -20,6 +20,7 @@ from fedbug.config.compat import blocks_used_elsewhere
 from fedbug.config.limits import MAX_CONFIG_BYTES, _check_size, check_yaml_size, printable
 from fedbug.config.presets import apply_method, grid_blocks, method_over_file
 from fedbug.config.schema import BaseConfig, all_keys, config_class
+from fedbug.core.registry import own_hint
 from fedbug.errors import ConfigError
 
 # PyYAML's tag constructors raise plain Python errors (``!!int x``), deep nesting RecursionError.
@@ -96,9 +97,10 @@ def _block_keys(block: str) -> list[str]:
     return [k for k in inner if "." not in k]
 
 
-def _unknown_key(loc: str) -> str:
+def _unknown_key(loc: str, given: Any = None) -> str:
     """One unknown key's part of the message: the key it meant where one is close, and a
-    block's keys where the key is in a block and is not a typo of one of them."""
+    block's keys where the key is in a block and is not a typo of one of them. A top-level
+    block like no other is perhaps the options of a method of the user's, not registered."""
     close = closest_key(loc)
     block = loc.rpartition(".")[0]
     keys = _block_keys(block) if block else []
@@ -106,6 +108,8 @@ def _unknown_key(loc: str) -> str:
     if keys and not (close or "").startswith(f"{block}."):
         hints.append(f"{block} takes: {', '.join(keys)}")
     hint = " ".join(hints) or "see the README's config keys"
+    if not hints and not block and isinstance(given, dict):
+        hint += f"; the options block of {own_hint('method')}"
     return f"unknown key {loc!r}; {hint}"
 
 
@@ -129,7 +133,7 @@ def _format_error(err: ValidationError) -> str:
     for e in err.errors():
         loc = printable(".".join(str(p) for p in e["loc"]))
         if e["type"] == "extra_forbidden":
-            parts.append(_unknown_key(loc))
+            parts.append(_unknown_key(loc, e.get("input")))
             continue
         msg = printable(e["msg"].removeprefix("Value error, "))
         given = e.get("input")

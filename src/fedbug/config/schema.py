@@ -13,6 +13,7 @@ from fedbug.algorithms import ALGORITHMS
 from fedbug.config.cohort import CohortParams
 from fedbug.config.compat import check_compatible
 from fedbug.config.dp import DPParams, DPSGDParams
+from fedbug.core.registry import own_hint
 from fedbug.core.tasks import TASKS
 from fedbug.data import DATASETS
 from fedbug.data.augment import AUGMENTATIONS
@@ -309,6 +310,12 @@ class BaseConfig(BaseModel):
                 raise ValueError(str(e)) from None
         return self
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its state, read back as an instance of :func:`config_class` where it is
+        unpickled: the class of a config that holds the block of a method registered after
+        import (a user's, ``--import``) is built then, and is not ``schema.Config`` by name."""
+        return (_unpickle_config, (self.__getstate__(),))
+
     def options(self, name: str) -> Any:
         """The options block named ``name`` (a method's ``params_cls``), None if it has none."""
         return self.__dict__.get(name)
@@ -319,10 +326,20 @@ class BaseConfig(BaseModel):
         return "uniform" if self.clients_per_round is not None else "bernoulli"
 
 
+def _unpickle_config(state: dict[str, Any]) -> BaseConfig:
+    """A pickled config (:meth:`BaseConfig.__reduce__`) as the config class of the methods
+    registered here (its state, read first, imported the modules of the classes it holds)."""
+    cls = config_class()
+    cfg = cls.__new__(cls)
+    cfg.__setstate__(state)
+    return cfg
+
+
 def _unknown(kind: str, name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown {kind} {name!r}{hint}; known: {', '.join(known)}"
+    own = own_hint(kind)  # a method, model or data set of the user's: how to make it known
+    return f"unknown {kind} {name!r}{hint}; known: {', '.join(known)}" + (f"; {own}" if own else "")
 
 
 def _build_config_class() -> type[BaseConfig]:

@@ -50,7 +50,32 @@ def unknown_name_message(kind: str, name: str, known: object) -> str:
     names = sorted(str(k) for k in known)  # type: ignore[attr-defined]
     close = difflib.get_close_matches(str(name), names, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    return f"unknown {kind} {name!r}.{hint} Known: {', '.join(names)}."
+    own = own_hint(kind)
+    return f"unknown {kind} {name!r}.{hint} Known: {', '.join(names)}" + (
+        f"; {own}." if own else "."
+    )
+
+
+#: the kinds of name a user may register in a module of their own, as the hint names them
+_OWN = {
+    "algorithm": "an algorithm",
+    "policy": "a policy",
+    "freeze policy": "a policy",
+    "selection": "a selection",
+    "model": "a model",
+    "dataset": "a data set",
+    "method": "a method",
+}
+
+
+def own_hint(kind: str) -> str:
+    """How a name of ``kind`` of the user's own becomes known (``a policy of your own: register
+    it in a module and pass --import MODULE``); "" for a kind a user does not register."""
+    what = _OWN.get(kind)
+    if what is None:
+        return ""
+    also = ", or name its class 'package.module:Name'" if kind == "model" else ""
+    return f"{what} of your own: register it in a module and pass --import MODULE{also}"
 
 
 def register_all(package: str, path: list[str]) -> None:
