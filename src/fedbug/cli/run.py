@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import sys
 import time
 import warnings
@@ -71,6 +72,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedbug.results import check_writable
 
     cfg = load_config(args.config, [*data_dir_override(args), *args.set])
+    if cfg.grid:  # a sweep's config: its base runs, as the config validated it
+        cells = math.prod(len(values) for values in cfg.grid.values())
+        print(
+            f"fedbug: warning: grid: ({cells} cell{'s' * (cells != 1)}) is read by fedbug sweep; "
+            "fedbug run runs the config without it",
+            file=sys.stderr,
+        )
     out = Path(args.out)
     check_writable(out)
     run_dir = run_dir_for(cfg, out)
