@@ -87,6 +87,7 @@ class RunFolderLock:
         a ``.lock`` that no one locks but that names a live process other than this one is an
         older fedbug's pid-file lock, and is respected. The folder must exist."""
         for _ in range(LOCK_TRIES):
+            made = not os.path.lexists(self.lock_path)
             fd = open_nofollow(self.lock_path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -114,6 +115,9 @@ class RunFolderLock:
             try:
                 refuse_links_below(self.path)  # before anything here is written or removed
             except LinkRefused:
+                if made:  # a refused folder is left as it was
+                    with contextlib.suppress(OSError):
+                        self.lock_path.unlink()
                 os.close(fd)
                 raise
             token = secrets.token_hex(16)
