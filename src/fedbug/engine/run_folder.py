@@ -17,6 +17,7 @@ from fedbug.engine.experiment import class_labels
 from fedbug.errors import CheckpointError, ConfigError, FedbugError, RunFolderHoldsRun
 from fedbug.models import is_import_path
 from fedbug.results import RunDir, plot_run
+from fedbug.results.limits import checkpoint_limit
 
 if TYPE_CHECKING:
     from fedbug.engine.experiment import Experiment
@@ -103,7 +104,7 @@ def open_run(
     records: list[dict[str, Any]] = []
     start = 1
     if resume and rd.checkpoint_path.exists():
-        ck = rd.load_checkpoint()
+        ck = rd.load_checkpoint(checkpoint_limit(weights.nbytes, exp.num_clients))
         if not isinstance(ck, dict) or ck.get("config_hash") != chash:
             found = ck.get("config_hash") if isinstance(ck, dict) else None
             raise CheckpointError(

@@ -81,7 +81,21 @@ def _evaluated(record: dict[str, Any]) -> bool:
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(read_regular(path)).hexdigest()
+    return hashlib.sha256(_text(path)).hexdigest()
+
+
+def _text(path: Path) -> bytes:
+    """A curve's bytes (a regular file; refused at a zero byte, which no curve holds, so a
+    sparse file's holes are not read)."""
+    return read_regular(path, json_text=True)
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether ``path`` is a regular file holding ``data`` (read no further than its size)."""
+    try:
+        return read_regular(path, len(data)) == data
+    except (OSError, ResultsError):
+        return False
 
 
 def thinned_curve(run_dir: Path, every: int = DEFAULT_EVERY) -> bytes:
@@ -100,7 +114,7 @@ def thinned_curve(run_dir: Path, every: int = DEFAULT_EVERY) -> bytes:
             f"{str(rd.metrics_path)!r} not found{thin}: only a run's full curve is thinned; "
             "run its config again to make one"
         )
-    raw = rd.metrics_path.read_bytes()
+    raw = _text(rd.metrics_path)
     run = rd.read_run()
     what = folder_disagreement(run)
     if what is not None:
@@ -108,7 +122,7 @@ def thinned_curve(run_dir: Path, every: int = DEFAULT_EVERY) -> bytes:
             f"{str(rd.summary_path)!r} disagrees with its folder: {what}; a damaged run is not "
             "thinned"
         )
-    if rd.metrics_path.read_bytes() != raw:
+    if _text(rd.metrics_path) != raw:
         raise ResultsError(
             f"{str(rd.metrics_path)!r} changed while it was read; is a run writing it?"
         )
@@ -165,7 +179,7 @@ def thin_runs(folders: list[Path], every: int = DEFAULT_EVERY) -> dict[str, Any]
         try:
             if _sha256(rd.metrics_path) != sha:  # changed since its curve was made
                 raise ResultsError(f"{str(rd.metrics_path)!r} changed while the runs were thinned")
-            if rd.thin_path.is_file() and rd.thin_path.read_bytes() == data:
+            if _holds(rd.thin_path, data):
                 out["same"].append(run)
             else:
                 atomic_write_bytes(rd.thin_path, data)
@@ -204,7 +218,7 @@ def check_thinned(run_dir: Path) -> bool:
             f"it (SHA-256 {declared['sha256'][:12]}... declared, {full[:12]}... found): thin "
             "the run again if its metrics.jsonl is the one to keep"
         )
-    if thinned_curve(rd.path, declared["every"]) != rd.thin_path.read_bytes():
+    if thinned_curve(rd.path, declared["every"]) != _text(rd.thin_path):
         raise ResultsError(
             f"{str(rd.thin_path)!r} does not hold metrics.jsonl's lines of its rounds; thin the "
             "run again"

@@ -27,9 +27,13 @@ def save_checkpoint_file(path: Path, state: dict[str, Any]) -> None:
     atomic_write_bytes(path, CHECKPOINT_MAGIC + digest + b"\n" + payload)
 
 
-def load_checkpoint_file(path: Path) -> dict[str, Any]:
+def load_checkpoint_file(path: Path, limit: int | None = None) -> dict[str, Any]:
+    """The checkpoint at ``path``, checked (header, SHA-256, tensors and plain data only);
+    a file over ``limit`` bytes (:func:`~fedbug.results.limits.checkpoint_limit`: what the
+    run's model could hold) is refused unread. Every refusal is a :class:`CheckpointError`."""
+    fix = f"`fedbug repair {str(Path(path).parent)!r}` rebuilds it by running the rounds again"
     try:
-        raw = read_regular(Path(path))
+        raw = read_regular(Path(path), limit, error=CheckpointError, fix=fix)
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {e.strerror}") from None
     head, sep, payload = raw.partition(b"\n")

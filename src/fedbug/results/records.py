@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ResultsError
 from fedbug.results.files import _naming, read_regular
+from fedbug.results.limits import MAX_SUMMARY_BYTES
 
 #: the checksum field of a metrics line and of summary.json
 CRC_KEY = "crc"
@@ -52,10 +54,13 @@ def _check_crc(obj: dict[str, Any]) -> tuple[str | None, str | None]:
     return crc, None
 
 
-def _check_lines(raw: bytes) -> tuple[list[tuple[dict[str, Any], str | None]], bool]:
+def _check_lines(
+    lines: Iterable[bytes],
+) -> tuple[list[tuple[dict[str, Any], str | None]], bool]:
     """(each whole line's record and what is wrong with it, whether the lines carry
-    checksums); what follows the last newline (a torn line, or nothing) is left out."""
-    parsed = [_parse_line(line) for line in raw.split(b"\n")[:-1]]
+    checksums), of ``lines`` as :func:`~fedbug.results.files.read_lines` gives them; what
+    follows the last newline (a torn line, or nothing) is left out."""
+    parsed = [_parse_line(line[:-1]) for line in lines if line.endswith(b"\n")]
     checked = any(crc is not None for _, crc, _ in parsed)  # this file's lines have them
     out = []
     for n, (record, crc, problem) in enumerate(parsed, start=1):
@@ -96,7 +101,7 @@ def read_summary(path: Path | str) -> dict[str, Any]:
 def _read_summary(path: Path) -> tuple[dict[str, Any], bool]:
     crc = None
     try:
-        raw = read_regular(path)
+        raw = read_regular(path, MAX_SUMMARY_BYTES, json_text=True, fix=_WAY_OUT)
     except FileNotFoundError:
         raise ResultsError(f"{str(path)!r} not found: the run has not finished") from None
     except OSError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,9 @@ from fedbug.results.files import (
     _naming,
     append_line,
     atomic_write_text,
-    read_regular,
+    read_lines,
 )
+from fedbug.results.limits import MAX_METRICS_LINE_BYTES, MAX_ROUNDS
 from fedbug.results.lock import RunFolderLock
 from fedbug.results.records import (
     _WAY_OUT,
@@ -100,19 +102,29 @@ class RunDir(RunFolderLock):
         self.check_held()
         atomic_write_text(self.metrics_path, "".join(metrics_line(r) for r in records))
 
-    def _metrics_bytes(self) -> bytes:
-        """``metrics.jsonl`` as it is on disk (nothing when there is none)."""
+    def _metrics_lines(self) -> Iterator[bytes]:
+        """``metrics.jsonl``'s lines as :func:`~fedbug.results.files.read_lines` gives them (a
+        round's line at most :data:`~fedbug.results.limits.MAX_METRICS_LINE_BYTES`, a line a
+        round at most); none when there is no file."""
         try:
-            return read_regular(self.metrics_path)
+            yield from read_lines(self.metrics_path, MAX_METRICS_LINE_BYTES, MAX_ROUNDS)
         except FileNotFoundError:
-            return b""
+            return
         except OSError as e:
             raise _naming(e, self.metrics_path) from e
 
-    def _read_metrics(self, up_to_round: int | None) -> tuple[list[dict[str, Any]], bool]:
+    def _read_metrics(self, up_to_round: int | None) -> tuple[list[dict[str, Any]], bool, bool]:
         """(the records of whole lines up to ``up_to_round``, whether the lines carry
-        checksums); see :meth:`read_metrics`."""
-        lines, checked = _check_lines(self._metrics_bytes())
+        checksums, whether a torn last line follows them); see :meth:`read_metrics`."""
+        torn = False
+
+        def whole(lines: Iterator[bytes]) -> Iterator[bytes]:
+            nonlocal torn
+            for line in lines:
+                torn = not line.endswith(b"\n")
+                yield line
+
+        lines, checked = _check_lines(whole(self._metrics_lines()))
         cut = len(lines) if up_to_round is None else min(up_to_round, len(lines))
         records = []
         for n, (record, problem) in enumerate(lines[:cut], start=1):
@@ -121,28 +133,29 @@ class RunDir(RunFolderLock):
                     f"{str(self.metrics_path)!r} line {n} is damaged ({problem}); {_WAY_OUT}"
                 )
             records.append(record)
-        return records, checked
+        return records, checked, torn
 
     def metrics_lines(self) -> tuple[list[tuple[dict[str, Any] | None, str | None]], bool]:
         """Every whole line of ``metrics.jsonl`` as (record or None, what is wrong or None),
         and whether a torn last line follows them; for ``fedbug repair``, which must see all
         the damage, not stop at the first."""
-        raw = self._metrics_bytes()
+        raw = list(self._metrics_lines())
         lines, _ = _check_lines(raw)
-        torn = raw != b"" and not raw.endswith(b"\n")
+        torn = bool(raw) and not raw[-1].endswith(b"\n")
         return [(None if bad else rec, bad) for rec, bad in lines], torn
 
     def last_record(self) -> dict[str, Any] | None:
         """The last whole line of ``metrics.jsonl`` as its round's record, or None (no such
         line, or a damaged one): a glance at a run another process writes, for its progress."""
+        last = None
         try:
-            raw = self._metrics_bytes()
+            for line in self._metrics_lines():
+                last = line if line.endswith(b"\n") else last  # a torn last line follows it
         except (OSError, ResultsError):
             return None
-        end = raw.rfind(b"\n")  # a torn last line follows it
-        if end < 0:
+        if last is None:
             return None
-        record, _, problem = _parse_line(raw[raw.rfind(b"\n", 0, end) + 1 : end])
+        record, _, problem = _parse_line(last[:-1])
         return record if problem is None else None
 
     # -- summary ---------------------------------------------------------------------
@@ -160,16 +173,13 @@ class RunDir(RunFolderLock):
         if not self.metrics_path.exists() and self.thin_path.exists():
             return self.read_thinned_run()
         summary, summary_checked = _read_summary(self.summary_path)
-        records, checked = self._read_metrics(None)
+        records, checked, torn = self._read_metrics(None)
         rounds = summary.get("rounds")
         if isinstance(rounds, int) and rounds != len(records):
-            torn = ""
-            with contextlib.suppress(OSError):
-                raw = self.metrics_path.read_bytes()
-                torn = " and a torn last line" if raw and not raw.endswith(b"\n") else ""
             raise ResultsError(
-                f"{str(self.metrics_path)!r} holds {len(records)} whole rounds{torn} where "
-                f"summary.json says {rounds}; {_WAY_OUT}"
+                f"{str(self.metrics_path)!r} holds {len(records)} whole rounds"
+                f"{' and a torn last line' if torn else ''} where summary.json says {rounds}; "
+                f"{_WAY_OUT}"
             )
         if records and checked != summary_checked:
             which, other = (
@@ -210,5 +220,7 @@ class RunDir(RunFolderLock):
         self.check_held()
         save_checkpoint_file(self.checkpoint_path, state)
 
-    def load_checkpoint(self) -> dict[str, Any]:
-        return load_checkpoint_file(self.checkpoint_path)
+    def load_checkpoint(self, limit: int | None = None) -> dict[str, Any]:
+        """``checkpoint.pt``, checked; over ``limit`` bytes, refused unread (see
+        :func:`~fedbug.results.checkpoint.load_checkpoint_file`)."""
+        return load_checkpoint_file(self.checkpoint_path, limit)

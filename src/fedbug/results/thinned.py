@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ResultsError
-from fedbug.results.files import _naming, read_regular
+from fedbug.results.files import _naming, read_lines
+from fedbug.results.limits import MAX_METRICS_LINE_BYTES, MAX_ROUNDS
 from fedbug.results.records import _check_crc, _count, _parse_line
 
 #: a finished run's thinned curve (:func:`read_thinned`), committed in place of its full
@@ -19,7 +20,7 @@ THIN_NAME = "metrics.thin.jsonl"
 THIN_KEY = "thinned"
 #: the most rounds a declaration may name: a config's most rounds (``rounds``), so that a
 #: received file's declaration cannot make the reader list 10^15 rounds before reading a line
-MAX_THIN_ROUNDS = 1_000_000
+MAX_THIN_ROUNDS = MAX_ROUNDS
 _THIN_WAY_OUT = (
     "restore it from a copy (git checkout -- FILE), or thin the run's full metrics.jsonl again "
     "with `python -m fedbug.report.thin RUN_FOLDER`"
@@ -82,8 +83,8 @@ def read_thinned(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     declaration says ``"checksums": "added"``). The file is written whole (never appended),
     so any damage, a torn last line included, is a :class:`ResultsError` naming the file
     and the line."""
-    try:
-        raw = read_regular(path)
+    try:  # a declaration, then a line a round at most
+        lines = list(read_lines(path, MAX_METRICS_LINE_BYTES, MAX_THIN_ROUNDS + 1))
     except OSError as e:
         raise _naming(e, path) from e
 
@@ -91,14 +92,14 @@ def read_thinned(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         where = f" line {line}" if line is not None else ""
         return ResultsError(f"{str(path)!r}{where} is damaged ({problem}); {_THIN_WAY_OUT}")
 
-    if not raw.endswith(b"\n"):
+    if not lines or not lines[-1].endswith(b"\n"):
         raise damaged(None, "cut short: no newline after its last line")
-    lines = raw.split(b"\n")[:-1]
+    lines = [line[:-1] for line in lines]
     declared = _thin_declaration(lines[0])
     if isinstance(declared, str):
         raise damaged(1, declared)
     expected = thinned_rounds(declared["every"], declared["rounds"])
-    records = []
+    records: list[dict[str, Any]] = []
     for n, line in enumerate(lines[1:], start=2):
         record, crc, problem = _parse_line(line)
         if problem is None and crc is None:
