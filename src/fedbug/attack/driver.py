@@ -30,7 +30,14 @@ from fedbug.attack.scoring import image_scores, label_recovery, match_order, sav
 from fedbug.attack.unroll import trainer, unroll_of
 from fedbug.errors import ConfigError
 from fedbug.results.files import atomic_write_bytes, check_no_links, open_write
-from fedbug.results.updates import RecordedUpdate, load_update, load_weights, recorded, round_dir
+from fedbug.results.updates import (
+    RecordedUpdate,
+    load_update,
+    load_weights,
+    recorded,
+    round_dir,
+    tensors_limit,
+)
 
 METHODS = ("auto", "dlg", "idlg", "ig", "ig-unrolled")
 DEFAULT_ITERATIONS = {"dlg": 300, "idlg": 300, "ig": 2000, "ig-unrolled": 2000}
@@ -205,7 +212,7 @@ def released_update(run: Path, r: int, cfg: Any) -> tuple[RecordedUpdate, list[F
         )
     ups = [load_update(run, r, k) for k in recorded(run)[r]]
     first = ups[0]
-    delta = load_weights(run, nxt) - first.received
+    delta = load_weights(run, nxt, tensors_limit(first.meta)) - first.received
     offsets, shapes = first.meta["received_names"], {}
     for up in ups:
         shapes.update({k: v.shape for k, v in up.deltas.items()})

@@ -42,6 +42,8 @@ from urllib.parse import urlsplit
 
 from fedbug.errors import ConfigError, FedbugError
 from fedbug.results import atomic_write_text
+from fedbug.results.files import read_regular
+from fedbug.results.limits import MAX_TRACKING_BYTES
 
 STATE_FILE = "tracking.json"
 
@@ -94,8 +96,10 @@ def load_state(run_dir: Path) -> dict[str, Any]:
     """The run's ``tracking.json`` (``{"mlflow_run_id": ..., "uri": ...}``), ``{}`` when there
     is none; a damaged one is a :class:`TrackingError` naming it."""
     path = Path(run_dir) / STATE_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
+    fix = "delete it to log the rest of this run into a new MLflow run"
+    try:  # a regular file (a FIFO blocked forever) of at most 1 MiB
+        raw = read_regular(path, MAX_TRACKING_BYTES, error=TrackingError, json_text=True, fix=fix)
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError) as e:

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from fedbug.errors import ConfigError
 from fedbug.results.files import atomic_write_bytes, check_no_links, read_regular
+from fedbug.results.limits import MAX_UPDATE_META_BYTES, recorded_tensors_limit
 
 FOLDER = "updates"
 _NAME = re.compile(r"^client-(\d+)\.json$")
@@ -83,12 +84,24 @@ def write_update(
     atomic_write_bytes(d / f"client-{k}.json", (json.dumps(meta, indent=1) + "\n").encode())
 
 
-def load_tensors(run: Path, path: Path) -> dict[str, Tensor]:
+def tensors_limit(meta: dict[str, Any]) -> int:
+    """The most bytes a tensor file of the update whose checked JSON side is ``meta`` (or of
+    its round's ``global.pt``) may take (:func:`~fedbug.results.limits.recorded_tensors_limit`):
+    the model's values, and its inputs and labels."""
+    weights = sum(n for _, n in meta["received_names"].values())
+    data = 2 * meta["num_images"] * math.prod(meta["input_shape"])
+    return recorded_tensors_limit(weights + data, len(meta["received_names"]) + 3)
+
+
+def load_tensors(run: Path, path: Path, limit: int | None = None) -> dict[str, Tensor]:
     """A recorded tensor file below ``run``: tensors only (``weights_only=True``); a file
-    holding anything else, or reached through a link, is a one-line :class:`ConfigError`."""
+    holding anything else, over ``limit`` bytes (:func:`tensors_limit`), or reached through a
+    link, is a one-line :class:`ConfigError`."""
     check_no_links(Path(run), Path(path))
+    fix = "record the round again (record_updates: [round, ...])"
+    raw = read_regular(path, limit, error=ConfigError, fix=fix)
     try:
-        out = torch.load(io.BytesIO(read_regular(path)), map_location="cpu", weights_only=True)
+        out = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{path} is not a recorded update (tensors only): {first}") from e
@@ -159,23 +172,22 @@ def _meta_problem(meta: Any) -> str | None:
 def read_meta(path: Path) -> dict[str, Any]:
     """A recorded update's JSON side (``client-<K>.json``), checked; damage is one
     :class:`ConfigError` naming the file and the problem."""
+    fix = "record the round again (record_updates: [round, ...])"
     try:
-        meta = json.loads(read_regular(path).decode("utf-8"))
+        raw = read_regular(path, MAX_UPDATE_META_BYTES, error=ConfigError, json_text=True, fix=fix)
+        meta = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         meta, problem = None, f"not JSON ({type(e).__name__})"
     else:
         problem = _meta_problem(meta)
     if problem is not None:
-        raise ConfigError(
-            f"{path} is not a recorded update: {problem}; record the round again "
-            "(record_updates: [round, ...])"
-        )
+        raise ConfigError(f"{path} is not a recorded update: {problem}; {fix}")
     return meta  # type: ignore[return-value]
 
 
-def load_weights(run: Path, path: Path) -> Tensor:
+def load_weights(run: Path, path: Path, limit: int | None = None) -> Tensor:
     """A round's recorded received weights (``global.pt``): one flat tensor."""
-    w = load_tensors(run, path).get("weights")
+    w = load_tensors(run, path, limit).get("weights")
     if w is None or w.dim() != 1:
         raise ConfigError(f"{path} is not a round's recorded weights: expected one flat tensor")
     return w
@@ -184,10 +196,12 @@ def load_weights(run: Path, path: Path) -> Tensor:
 def load_update(run: Path, round: int, client: int) -> RecordedUpdate:
     """Client ``client``'s recorded update of round ``round``."""
     d = round_dir(run, round)
-    meta_path = d / f"client-{int(client)}.json"
-    check_no_links(Path(run), meta_path)
-    tensors = load_tensors(run, d / f"client-{int(client)}.pt")
-    received = load_weights(run, d / "global.pt")
-    meta = read_meta(meta_path)
+    meta_path, tensors_path = d / f"client-{int(client)}.json", d / f"client-{int(client)}.pt"
+    for path in (meta_path, tensors_path, d / "global.pt"):
+        check_no_links(Path(run), path)
+    meta = read_meta(meta_path)  # before the tensors: it bounds their files
+    limit = tensors_limit(meta)
+    tensors = load_tensors(run, tensors_path, limit)
+    received = load_weights(run, d / "global.pt", limit)
     deltas = {k[len("delta.") :]: v for k, v in tensors.items() if k.startswith("delta.")}
     return RecordedUpdate(deltas, received, meta, tensors.get("inputs"), tensors.get("labels"))

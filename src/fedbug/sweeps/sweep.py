@@ -25,6 +25,7 @@ from fedbug.report.spread import mean_std, row_pm
 from fedbug.report.table4 import cell_text, format_pfl_table, write_figures
 from fedbug.results import atomic_write_bytes, atomic_write_text, check_no_links
 from fedbug.results.files import read_regular
+from fedbug.results.limits import MAX_SWEEP_JSON_BYTES
 from fedbug.results.plot import metric_axis
 
 
@@ -634,7 +635,8 @@ def read_sweep_cells(folder: Path) -> list[tuple[Cell, set[str]]] | None:
     from its sweep.json (each cell's values and runs); None where there is no readable
     sweep.json (a run of no sweep, an unfinished or older sweep)."""
     try:
-        rows = json.loads(read_regular(folder / "sweep.json").decode("utf-8"))["rows"]
+        raw = read_regular(folder / "sweep.json", MAX_SWEEP_JSON_BYTES, json_text=True)
+        rows = json.loads(raw.decode("utf-8"))["rows"]
         return [(Cell(dict(r["cell"])), {Path(p).name for p in r["runs"]}) for r in rows]
     except (OSError, ResultsError, ValueError, KeyError, TypeError, AttributeError):
         return None
