@@ -32,9 +32,46 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedbug.errors import CheckpointError
+from fedbug.results.files import read_regular
+from fedbug.results.limits import MAX_LAYOUT_BYTES
+
 LAYOUT = "layout.json"
 DATA = "data.f32"
 STAMPS = "stamps.i64"
+
+
+#: a store's layout: its clients, and the fields of a client's record by name with their shapes
+Layout = tuple[int, dict[str, tuple[int, ...]]]
+#: what to do with a store that does not fit its run
+_FIX = "start the run again in another run folder (or remove this one)"
+
+
+def read_layout(folder: Path) -> Layout:
+    """``layout.json`` of the store in ``folder``: a regular file of at most
+    :data:`~fedbug.results.limits.MAX_LAYOUT_BYTES` holding a count of clients (at least 1)
+    and each field's shape (sizes of at least 0); else one :class:`CheckpointError` naming it.
+    Whether it fits the run is the caller's to check, before the store's files are mapped
+    (a count of 10^12 clients made them that large)."""
+    path = Path(folder) / LAYOUT
+    try:
+        raw = read_regular(path, MAX_LAYOUT_BYTES, error=CheckpointError, json_text=True, fix=_FIX)
+        meta = json.loads(raw.decode("utf-8"))
+    except OSError as e:
+        raise CheckpointError(f"cannot read {str(path)!r} ({e.strerror}); {_FIX}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        meta = None
+    clients = meta.get("num_clients") if isinstance(meta, dict) else None
+    fields = meta.get("fields") if isinstance(meta, dict) else None
+    shapes_ok = isinstance(fields, dict) and all(
+        isinstance(v, list) and all(type(d) is int and d >= 0 for d in v) for v in fields.values()
+    )
+    if type(clients) is not int or clients < 1 or not shapes_ok:
+        raise CheckpointError(
+            f"{str(path)!r} is not a client-state store's layout (num_clients and the fields' "
+            f"shapes); {_FIX}"
+        )
+    return clients, {str(k): tuple(v) for k, v in fields.items()}  # type: ignore[union-attr]
 
 
 class StateStore:
@@ -86,12 +123,14 @@ class StateStore:
         return cls(folder, num_clients, {k: tuple(v) for k, v in layout.items()}, **kw)
 
     @classmethod
-    def open(cls, folder: Path, generation: int, **kw: int) -> StateStore:
-        """The store in ``folder`` as of checkpoint ``generation``: later writes are forgotten."""
+    def open(
+        cls, folder: Path, generation: int, layout: Layout | None = None, **kw: int
+    ) -> StateStore:
+        """The store in ``folder`` as of checkpoint ``generation``: later writes are forgotten.
+        ``layout``: its :func:`read_layout`, where the caller has read and checked it."""
         folder = Path(folder)
-        meta = json.loads((folder / LAYOUT).read_text(encoding="utf-8"))
-        fields = {k: tuple(v) for k, v in meta["fields"].items()}
-        store = cls(folder, int(meta["num_clients"]), fields, generation, **kw)
+        num_clients, fields = layout if layout is not None else read_layout(folder)
+        store = cls(folder, num_clients, fields, generation, **kw)
         store.stamps[store.stamps > generation] = 0
         return store
 

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from fedbug.algorithms import Algorithm
 from fedbug.core.units import ParamSpace
-from fedbug.engine.state_store import StateStore
+from fedbug.engine.state_store import LAYOUT, Layout, StateStore, read_layout
 from fedbug.errors import CheckpointError
 
 #: Client state is kept in a memory-mapped store under the run folder when N full models of it
@@ -80,7 +80,31 @@ class ClientStates:
         if stored is not None:
             if self.store_dir is None:
                 raise CheckpointError("this checkpoint keeps client states in its run folder")
-            self.store = StateStore.open(self.store_dir, int(stored["generation"]))
+            layout = read_layout(self.store_dir)
+            self._check_layout(layout)
+            self.store = StateStore.open(self.store_dir, int(stored["generation"]), layout)
+
+    def _check_layout(self, layout: Layout) -> None:
+        """Refuse a store's layout that does not fit this run (its clients, its algorithm's
+        state and local units on this model), before the store's files are mapped."""
+        where = str(self.store_dir / LAYOUT) if self.store_dir is not None else LAYOUT
+        fix = "start the run again in another run folder (or remove this one)"
+        clients, fields = layout
+        if clients != self.num_clients:
+            raise CheckpointError(
+                f"{where!r} lays out {clients} clients where this run has {self.num_clients}; {fix}"
+            )
+        space = self.space
+        fits = {k: tuple(v.shape) for k, v in self.algorithm.init_client_state(space).items()}
+        local = self.algorithm.local_units(space.num_units)
+        fits.update({f"local.{u}": (space.unit_numel[u],) for u in local})
+        for name, shape in fields.items():
+            if fits.get(name) != shape:
+                raise CheckpointError(
+                    f"{where!r}: its field {name!r} of shape {list(shape)} is not in this run's "
+                    f"client state ({', '.join(f'{k} {list(v)}' for k, v in fits.items())}); "
+                    f"{fix}"
+                )
 
 
 class LocalModelMean:
