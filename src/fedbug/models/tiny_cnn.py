@@ -5,11 +5,14 @@ Both leave their units to fedbug's tracing: one unit per conv / linear layer, in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
 
-def _flat_size(features: nn.Module, input_shape: tuple[int, ...]) -> int:
+def _flat_size(features: Callable[[Tensor], Tensor], input_shape: tuple[int, ...]) -> int:
+    """Entries of one sample's output of ``features`` (a model's own feature extractor)."""
     with torch.no_grad():
         return int(features(torch.zeros(1, *input_shape)).numel())
 
