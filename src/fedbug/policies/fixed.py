@@ -23,10 +23,16 @@ class FixedTop(FreezePolicy):
     name = "fixed_top"
     params_cls: ClassVar[type[FixedParams] | None] = FixedParams
     k: ClassVar[int | None] = None  # a subclass's fixed k (then it has no options block)
+    params: FixedParams | None  # None on a subclass with a fixed k
 
     @property
     def fixed_units(self) -> int:
-        return self.k if self.k is not None else self.params.fixed_units
+        if self.k is not None:
+            return self.k
+        # no fixed k: this is fixed_top, built with its block (FreezePolicy.__init__ makes a
+        # default FixedParams where none is given)
+        assert self.params is not None
+        return self.params.fixed_units
 
     def trainable_units(self, ctx: StepCtx) -> range:
         if self.fixed_units >= ctx.num_units:

@@ -32,11 +32,13 @@ from fedbug.policies.base import POLICIES, FreezePolicy, PolicyParams, StepCtx
 class GradualParams(PolicyParams):
     """The ``bottom_up:`` / ``top_down:`` block."""
 
+    # defaults by keyword: mypy's dataclass_transform reading of pydantic sees only
+    # ``default=`` (a positional default leaves the field required to it)
     gu_ratio: float = Field(
-        0.4, ge=0.0, le=1.0, description="P, the share of local steps spent unfreezing"
+        default=0.4, ge=0.0, le=1.0, description="P, the share of local steps spent unfreezing"
     )
     gu_period: Literal["exact", "floor"] = Field(
-        "exact",
+        default="exact",
         description="a unit thaws every P*K/M steps (exact, the paper) or every floor(P*K/M) "
         "steps (floor, the authors' code)",
     )
