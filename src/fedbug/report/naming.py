@@ -49,14 +49,15 @@ def sweep_folder(run: dict[str, Any]) -> Path | None:
     return parent if (parent / "sweep.json").is_file() else None
 
 
-def report_title(groups: list[Group]) -> str:
+def report_title(groups: list[Group], sweep: Path | None = None) -> str:
     """The report's title (see the module notes) for ``groups``, the report's groups of runs
-    in their order."""
+    in their order; ``sweep``: the sweep folder whose cells they are, where the caller knows
+    it (a sweep titling its own output, before its sweep.json is written)."""
     runs = [run for _, group in groups for run in group]
     names = {config_name(run) for run in runs}
     if len(names) == 1 and None not in names:
         return str(names.pop())
-    sweeps = {sweep_folder(run) for run in runs}
+    sweeps = {sweep} if sweep is not None else {sweep_folder(run) for run in runs}
     if len(sweeps) == 1 and None not in sweeps:
         return str(sweeps.pop().resolve().name)
     return compared(groups, names)

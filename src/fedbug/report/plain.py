@@ -1,14 +1,16 @@
 """The plain report of finished runs (``fedbug report`` where not every run is simulated, see
-:mod:`fedbug.report.runs`): the sweep's table of each group of runs (final and best accuracy,
-seconds; personalized runs FedSeq's Table 4, :func:`fedbug.sweeps.sweep.format_table`) with
-what each group cost to train (mean training FLOPs, bytes up and down a run:
-:mod:`fedbug.report.totals`) and, with ``--out``, report.md, report.json and the figures:
-``accuracy.png`` (accuracy vs round per group, mean over seeds, shaded ± one sample sd; a
-diverged seed left out, as in the table, and its group's legend entry says how many) and, for
-personalized runs, FedSeq's Figs. 4-7 (:func:`fedbug.report.table4.write_figures`), each in
-the formats ``--format`` asks for (:mod:`fedbug.report.figures`). The report's title
-(report.md's heading, the figure's, report.json's ``title``) is
-:func:`fedbug.report.naming.report_title`'s.
+:mod:`fedbug.report.runs`), and a sweep's own output (``fedbug sweep``,
+:func:`fedbug.sweeps.sweep.run_sweep`), so that a sweep's table, title and figure are what
+``fedbug report`` of its folder shows: the sweep's table of each group of runs (final and best
+accuracy, seconds; personalized runs FedSeq's Table 4, :func:`fedbug.sweeps.sweep.format_table`)
+with what each group cost to train (mean training FLOPs, bytes up and down a run:
+:mod:`fedbug.report.totals`) and, with ``--out`` (a sweep: its folder), report.md and
+report.json (a sweep: sweep.md and sweep.json) and the figures: ``accuracy.png`` (accuracy vs
+round per group, mean over seeds, shaded ± one sample sd; a diverged seed left out, as in the
+table, and its group's legend entry says how many) and, for personalized runs, FedSeq's
+Figs. 4-7 (:func:`fedbug.report.table4.write_figures`), each in the formats ``--format`` asks
+for (:mod:`fedbug.report.figures`). The title (the Markdown's heading, the figure's, the
+JSON's ``title``) is :func:`fedbug.report.naming.report_title`'s.
 """
 
 from __future__ import annotations
@@ -36,42 +38,76 @@ def plain_report(
     formats: Sequence[str] = DEFAULT_FORMATS,
     labels: str = "full",
 ) -> dict[str, Any]:
-    """``{"rows", "notes", "files"}``: the table's rows of ``runs`` (one per group, seeds
-    pooled), the lines under it (``notes``, then what the cost columns need said) and the files
-    written: with ``out``, report.md (the table, the notes under it), report.json (``title``,
-    ``rows``, ``notes``) and the figures, each in every one of ``formats``. ``labels``
-    (``--labels``) names the rows and the legend's lines
-    (:func:`~fedbug.report.naming.group_names`)."""
-    groups = group_runs(runs)
+    """:func:`report_groups` of ``runs`` grouped (one group per config, seeds pooled:
+    :func:`~fedbug.sweeps.sweep.group_runs`)."""
+    return report_groups(group_runs(runs), out, ft, notes, formats, labels)
+
+
+def report_groups(
+    groups: list[Group],
+    out: Path | None = None,
+    ft: str = "paper",
+    notes: list[str] | None = None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
+    labels: str = "full",
+    sweep: str | None = None,
+) -> dict[str, Any]:
+    """``{"title", "rows", "notes", "files"}``: the title, the table's rows (one per group,
+    :func:`plain_rows`), the lines under it (``notes``, then what the cost columns need said)
+    and the files written: with ``out``, report.md (the title, the table, the notes under it),
+    report.json (``title``, ``rows``, ``notes``) and the figures, each in every one of
+    ``formats``. ``labels`` (``--labels``) names the rows and the legend's lines
+    (:func:`~fedbug.report.naming.group_names`). ``sweep``: the sweep's name where this is the
+    output of the sweep whose folder is ``out``: sweep.md and sweep.json (``name`` first), titled
+    as a report of that folder is."""
+    rows = plain_rows(groups, labels)
+    notes = plain_notes(rows, notes)
+    title = report_title(groups, out if sweep is not None else None)
+    files: list[Path] = []
+    if out is not None:
+        stem, head = ("report", {}) if sweep is None else ("sweep", {"name": sweep})
+        doc = {**head, "title": title, "rows": rows, "notes": notes}
+        files = write_plain(out, stem, doc, groups, ft, formats)
+    return {"title": title, "rows": rows, "notes": notes, "files": files}
+
+
+def plain_rows(groups: list[Group], labels: str = "full") -> list[dict[str, Any]]:
+    """The table's row of each group (:func:`~fedbug.sweeps.sweep.summarise`), named as
+    ``labels`` says, with the group's totals (:func:`~fedbug.report.totals.total_fields` of its
+    runs that did not diverge)."""
     rows = summarise(groups)
     for row, (_, group), name in zip(rows, groups, group_names(groups, labels)):
         row["label"] = name
         row.update(total_fields([r for r in group if r["summary"].get("status") != "diverged"]))
-    notes = [*(notes or []), *filter(None, [cost_note(rows)])]
-    files = [] if out is None else write_plain(out, groups, rows, notes, ft, formats)
-    return {"rows": rows, "notes": notes, "files": files}
+    return rows
+
+
+def plain_notes(rows: list[dict[str, Any]], notes: list[str] | None = None) -> list[str]:
+    """The lines under the table of ``rows``: ``notes`` (runs left out, options unused), then
+    what its cost columns need said (:func:`~fedbug.report.totals.cost_note`)."""
+    return [*(notes or []), *filter(None, [cost_note(rows)])]
 
 
 def write_plain(
     out: Path,
+    stem: str,
+    doc: dict[str, Any],
     groups: list[Group],
-    rows: list[dict[str, Any]],
-    notes: list[str],
     ft: str,
     formats: Sequence[str],
 ) -> list[Path]:
-    """report.json, the figures and report.md in ``out``; the files written."""
-    title = report_title(groups)
+    """``{stem}.json`` (``doc``: its ``title``, ``rows`` and ``notes``), the figures and
+    ``{stem}.md`` in ``out``; the files written."""
+    title, rows, notes = doc["title"], doc["rows"], doc["notes"]
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"title": title, "rows": rows, "notes": notes}
-    atomic_write_text(out / "report.json", json.dumps(doc, indent=1))
+    atomic_write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
     fig = plot_accuracy(groups, [row["label"] for row in rows], title)
     figures = save_figure(fig, out / "accuracy.png", formats, dpi=110)
     figures += write_figures(groups, out, ft, formats)
     table = "\n\n".join([format_plain_table(rows, ft), *notes])
     md = f"# {title}\n\n{table}\n\n{markdown_figures(figures)}\n"
-    atomic_write_text(out / "report.md", md)
-    return [out / "report.md", out / "report.json", *figures]
+    atomic_write_text(out / f"{stem}.md", md)
+    return [out / f"{stem}.md", out / f"{stem}.json", *figures]
 
 
 def format_plain_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
