@@ -399,8 +399,10 @@ def test_the_sweeps_plot_leaves_a_diverged_seed_out_of_its_cells_curve(tmp_path,
     """Seeds at 0.8 and 0.6 and a third that diverged at 0.1: the curve is 70%, the label says
     1 of 3 diverged."""
     import matplotlib.axes
+    import matplotlib.pyplot
 
-    from fedbug.sweeps.sweep import Cell, plot_sweep
+    from fedbug.report.plain import plot_accuracy
+    from fedbug.sweeps.sweep import Cell
 
     drawn = []
     real = matplotlib.axes.Axes.plot
@@ -415,6 +417,6 @@ def test_the_sweeps_plot_leaves_a_diverged_seed_out_of_its_cells_curve(tmp_path,
         return {"summary": {"status": status}, "records": [{"round": 1, "test_acc": acc}]}
 
     runs = [run(0.8), run(0.6), run(0.1, "diverged")]
-    plot_sweep([(Cell({"lr": 0.1}), runs)], tmp_path / "a.png", "t")
+    matplotlib.pyplot.close(plot_accuracy([(Cell({"lr": 0.1}), runs)], ["lr=0.1"], "t"))
     ((label, ys),) = drawn
     assert label.endswith("(1 of 3 diverged)") and ys == pytest.approx([70.0])

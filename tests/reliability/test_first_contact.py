@@ -112,15 +112,18 @@ def test_freezefl_plots_label_the_metric_and_tick_whole_rounds(
 
 
 def test_sweep_plot_says_what_the_band_is(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accuracy figure of a sweep and of a report (one builder: plot_accuracy)."""
     import matplotlib.pyplot as plt
 
+    from fedbug.report.figures import save_figure
+    from fedbug.report.plain import plot_accuracy
     from fedbug.sweeps import sweep
 
     texts: list[str] = []
     tops: list[float] = []
     real_close = plt.close
 
-    def close(fig):  # read the figure just before plot_sweep closes it
+    def close(fig):  # read the figure just before save_figure closes it
         (ax,) = fig.axes
         texts.extend([fig.texts[0].get_text() if fig.texts else "", ax.get_title()])
         texts.append(ax.get_ylabel())
@@ -138,7 +141,9 @@ def test_sweep_plot_says_what_the_band_is(tmp_path, monkeypatch: pytest.MonkeyPa
         }
         for s in range(3)
     ]
-    sweep.plot_sweep([(sweep.Cell(values={}), runs)], tmp_path / "plot.png", "t")
+    save_figure(
+        plot_accuracy([(sweep.Cell(values={}), runs)], ["base"], "t"), tmp_path / "plot.png"
+    )
     assert (tmp_path / "plot.png").stat().st_size > 0
     assert "test accuracy (%)" in texts
     assert any("±1 sd" in t and "3 seeds" in t for t in texts), texts

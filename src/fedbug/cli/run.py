@@ -128,12 +128,12 @@ def ran_for(took: float, rounds: float) -> str:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedbug.config import load_config, read_config_doc, with_overrides
     from fedbug.data import check_present
+    from fedbug.report.plain import format_plain_table, plain_notes
     from fedbug.results import check_writable
     from fedbug.sweeps.sweep import (
         check_seeds,
         check_sweep_size,
         expand,
-        format_table,
         parse_grid_arg,
         run_sweep,
     )
@@ -185,7 +185,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             return _run_parallel(jobs, workers, args.resume, args.quiet)
 
     rows = run_sweep(doc, grid, seeds, out, run_one, ft=args.ft, run_all=run_all)
-    print(format_table(rows, args.ft))
+    print(format_plain_table(rows, args.ft))  # as fedbug report of the folder prints it
+    for line in plain_notes(rows):
+        print(line)
     print(f"sweep folder: {out} (sweep.md, sweep.json, accuracy.png)")
     diverged = [run for r in rows for run in r.get("diverged_runs", [])]
     if diverged:  # every run ended; the exit code tells a script some diverged

@@ -1,9 +1,9 @@
-"""Grids of runs: every cell of a key -> values grid, over several seeds; a table and a plot."""
+"""Grids of runs: every cell of a key -> values grid, over several seeds; the table and the
+figures of the plain report (:mod:`fedbug.report.plain`), as ``fedbug report`` shows them."""
 
 from __future__ import annotations
 
 import copy
-import io
 import itertools
 import json
 import math
@@ -22,11 +22,10 @@ from fedbug.config.hashing import hashed_view, is_hashed
 from fedbug.engine.run_folder import folder_disagreement
 from fedbug.errors import ConfigError, ResultsError
 from fedbug.report.spread import mean_std, row_pm
-from fedbug.report.table4 import cell_text, format_pfl_table, write_figures
-from fedbug.results import atomic_write_bytes, atomic_write_text, check_no_links
+from fedbug.report.table4 import cell_text, format_pfl_table
+from fedbug.results import check_no_links
 from fedbug.results.files import read_regular
 from fedbug.results.limits import MAX_SWEEP_JSON_BYTES
-from fedbug.results.plot import metric_axis
 
 
 @dataclass
@@ -380,52 +379,6 @@ def _unit(rows: list[dict[str, Any]]) -> str:
     return "acc (%)" if metric == "acc" else metric
 
 
-def plot_sweep(cell_runs: list[tuple[Cell, list[dict[str, Any]]]], path: Path, title: str) -> None:
-    """Accuracy vs round per cell: mean over seeds, shaded +- one std (the legend says so); a
-    diverged seed is left out, as in the table, and its cell's label says how many."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    metric = "acc"
-    kept_counts = []
-    for cell, runs in cell_runs:
-        metric = headline(runs)  # one task a sweep
-        key, scale = f"test_{metric}", metric_axis(f"test_{metric}")[1]
-        kept = [r for r in runs if r["summary"].get("status") != "diverged"]
-        kept_counts.append(len(kept))
-        gone = len(runs) - len(kept)
-        label = f"{cell.label} ({gone} of {len(runs)} diverged)" if gone else cell.label
-        by_round: dict[int, list[float]] = {}
-        for run in kept:
-            for rec in run["records"]:
-                value = rec.get(key)
-                if value is not None:
-                    by_round.setdefault(rec["round"], []).append(scale * value)
-        rounds = sorted(by_round)
-        mean = np.array([np.mean(by_round[r]) for r in rounds])
-        # the sample sd over seeds, as the table's mean ± sd (report.spread.mean_std)
-        std = np.array([mean_std(by_round[r])[1] for r in rounds])
-        (line,) = ax.plot(rounds, mean, label=label)
-        ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("round")
-    ax.set_ylabel(metric_axis(f"test_{metric}")[0])
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.xaxis.get_major_locator().set_params(integer=True)  # rounds are whole numbers
-    seeds = sorted(set(kept_counts)) or [0]
-    n = f"{seeds[0]} seeds" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds"
-    ax.legend(fontsize=8, title=f"line: mean of {n}; band: ±1 sd", title_fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-
-
 def run_sweep(
     base_doc: dict[str, Any],
     grid: dict[str, list[Any]],
@@ -437,8 +390,12 @@ def run_sweep(
 ) -> list[dict[str, Any]]:
     """Run every cell x seed, one after another through ``run_one(cfg, run_dir)`` or all at
     once through ``run_all([(cfg, run_dir), ...])`` (in order: ``fedbug sweep --jobs``); write
-    sweep.json/.md and a plot. ``cohort:`` options that no cell's executor reads are one
-    warning for the sweep (its runs do not repeat it: :func:`fedbug.cli.run.sweep_job`)."""
+    sweep.json/.md and the figures, the plain report of the cells
+    (:func:`fedbug.report.plain.report_groups`: what ``fedbug report`` of the folder shows);
+    the table's rows. ``cohort:`` options that no cell's executor reads are one warning for the
+    sweep (its runs do not repeat it: :func:`fedbug.cli.run.sweep_job`)."""
+    from fedbug.report.plain import report_groups  # it reads runs with this module's functions
+
     check_seeds(seeds)
     check_sweep_size(grid, seeds)
     cells = expand(base_doc, grid)
@@ -460,30 +417,8 @@ def run_sweep(
     else:
         raise TypeError("run_sweep needs run_one or run_all")
     cell_runs = [(cell, done[i * seeds : (i + 1) * seeds]) for i, (cell, _) in enumerate(cells)]
-    rows = summarise(cell_runs)
-    name = base_doc.get("name", "sweep")
-    atomic_write_text(out / "sweep.json", json.dumps({"name": name, "rows": rows}, indent=1))
-    write_markdown(cell_runs, rows, out / "sweep.md", name, ft)
-    return rows
-
-
-def write_markdown(
-    cell_runs: list[tuple[Cell, list[dict[str, Any]]]],
-    rows: list[dict[str, Any]],
-    path: Path,
-    name: str,
-    ft: str = "paper",
-    notes: list[str] | None = None,
-) -> None:
-    """``path`` (sweep.md, report.md): the table (and ``notes`` under it: runs left out), then
-    the figures drawn beside it in its folder (accuracy.png; for personalized runs FedSeq's
-    Figs. 4-7)."""
-    out = path.parent
-    plot_sweep(cell_runs, out / "accuracy.png", f"{name}: accuracy over rounds")
-    files = [out / "accuracy.png", *write_figures(cell_runs, out, ft)]
-    images = "\n".join(f"![{p.stem}]({p.name})" for p in files)
-    table = "\n\n".join([format_table(rows, ft), *notes]) if notes else format_table(rows, ft)
-    atomic_write_text(path, f"# {name}\n\n{table}\n\n{images}\n")
+    name = str(base_doc.get("name", "sweep"))
+    return list(report_groups(cell_runs, out, ft, sweep=name)["rows"])
 
 
 class RunList(list[dict[str, Any]]):
@@ -684,15 +619,12 @@ def report(
     ft: str = "paper",
     notes: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Re-print the comparison table of finished runs (``runs``, else those under ``dirs``);
-    with ``out``, write report.md, report.json and accuracy.png there, ``notes`` under the
-    table after the runs' own (:meth:`RunList.notes`)."""
+    """The plain report's rows (:func:`fedbug.report.plain.plain_report`, as ``fedbug
+    report``) of finished runs (``runs``, else those under ``dirs``); with ``out``, write
+    report.md, report.json and accuracy.png there, ``notes`` under the table after the runs'
+    own (:meth:`RunList.notes`)."""
+    from fedbug.report.plain import plain_report  # it groups runs with this module's group_runs
+
     runs = runs if runs is not None else collect_runs(dirs)
-    cell_runs = group_runs(runs)
-    rows = summarise(cell_runs)
-    if out is not None:
-        notes = [*(runs.notes() if isinstance(runs, RunList) else []), *(notes or [])]
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "report.json", json.dumps({"rows": rows, "notes": notes}, indent=1))
-        write_markdown(cell_runs, rows, out / "report.md", "report", ft, notes)
-    return rows
+    notes = [*(runs.notes() if isinstance(runs, RunList) else []), *(notes or [])]
+    return list(plain_report(runs, out, ft, notes)["rows"])
