@@ -6,25 +6,23 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
+from tiny import TINY_DOC
 
 from fedbug.cli import main
 
-TWO = """\
-name: two-cells
-dataset: digits
-model: mlp
-num_clients: 4
-clients_per_round: 2
-rounds: 2
-local_steps: 2
-batch_size: 16
-eval_batch_size: 256
-threads: 1
-grid:
-  variant:
-    - {label: FedAvg, policy: none}
-    - {label: FedBug 50%, policy: bottom_up, bottom_up.gu_ratio: 0.5}
-"""
+#: the tiny config as a sweep of two labelled cells, its FLOPs counted (a cost column)
+TWO = {
+    **TINY_DOC,
+    "name": "two-cells",
+    "count_flops": True,
+    "grid": {
+        "variant": [
+            {"label": "FedAvg", "policy": "none"},
+            {"label": "FedBug 50%", "policy": "bottom_up", "bottom_up.gu_ratio": 0.5},
+        ]
+    },
+}
 
 
 def _table(text: str) -> list[str]:
@@ -37,7 +35,7 @@ def test_a_sweeps_table_title_and_figure_are_fedbug_reports_of_its_folder(
     from fedbug.sweeps.sweep import report
 
     cfg = tmp_path / "two.yaml"
-    cfg.write_text(TWO, encoding="utf-8")
+    cfg.write_text(yaml.safe_dump(TWO, sort_keys=False), encoding="utf-8")
     assert main(["sweep", str(cfg), "--out", str(tmp_path), "-q"]) == 0
     swept = _table(capsys.readouterr().out)
     folder = tmp_path / "two-cells-sweep"
