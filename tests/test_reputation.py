@@ -321,3 +321,11 @@ def test_params_and_errors() -> None:
     with pytest.raises(CheckpointError, match="variant"):
         Reputation(1, ReputationParams(variant="code")).load_state_dict(sel.state_dict())
     assert Reputation(1).state_dict()["utility"] is None
+
+
+def test_probabilities_before_any_client_is_known_names_the_fix() -> None:
+    # was a TypeError from np.maximum(None, 1e-5): the draw's utilities exist only once the
+    # number of clients is known
+    with pytest.raises(ValueError, match="num_clients"):
+        Reputation(2).probabilities()
+    np.testing.assert_allclose(Reputation(2, num_clients=4).probabilities(), [0.25] * 4)

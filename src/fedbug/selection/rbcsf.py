@@ -36,13 +36,17 @@ class RbcsfParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # defaults by keyword: mypy's dataclass_transform reading of pydantic sees only
+    # ``default=`` (a positional default leaves the field required to it)
     rate: float | None = Field(
-        None,
+        default=None,
         gt=0.0,
         le=1.0,
         description="rho, the participation rate each client's queue asks for (default K/N)",
     )
-    V: float = Field(3.0, gt=0.0, le=1e12, description="weight of the round time against fairness")
+    V: float = Field(
+        default=3.0, gt=0.0, le=1e12, description="weight of the round time against fairness"
+    )
 
 
 def solve(times: np.ndarray, queues: np.ndarray, k: int, v: float) -> list[int]:

@@ -50,21 +50,23 @@ class ReputationParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # defaults by keyword: mypy's dataclass_transform reading of pydantic sees only
+    # ``default=`` (a positional default leaves the field required to it)
     utility_ema: float = Field(
-        0.9, ge=0.0, le=1.0, description="m in u <- (1-m) u + m U_sys U_data (Eq. 7)"
+        default=0.9, ge=0.0, le=1.0, description="m in u <- (1-m) u + m U_sys U_data (Eq. 7)"
     )
     initial_utility: float = Field(
-        10.0, gt=0.0, le=1e12, description="u_0 of every client (the authors' code: 10)"
+        default=10.0, gt=0.0, le=1e12, description="u_0 of every client (the authors' code: 10)"
     )
     warm_restart: int = Field(
-        0,
+        default=0,
         ge=0,
         le=10_000_000,
         description="Phi: warm restart (Eq. 8) every Phi rounds, 0 = off (paper: 60 on FEMNIST, "
         "30 on Shakespeare)",
     )
     variant: Literal["paper", "code"] = Field(
-        "paper",
+        default="paper",
         description="paper: Eq. 5-8; code: the authors' code (see fedbug.selection.reputation)",
     )
 
@@ -141,6 +143,8 @@ class Reputation(Selection):
         """Utilities, the draw's utilities and participations since the last restart."""
         if self.utility is None:
             return {"variant": self.params.variant, "utility": None}
+        # set and cleared together with utility (_ensure, load_state_dict)
+        assert self.draw_utility is not None and self.participations is not None
         return {
             "variant": self.params.variant,
             "utility": torch.from_numpy(self.utility.copy()),
@@ -165,11 +169,17 @@ class Reputation(Selection):
 
     def probabilities(self) -> np.ndarray:
         """Each client's probability of being the first draw of the next round."""
+        if self.draw_utility is None:
+            raise ValueError(
+                "reputation selection knows no clients yet: give num_clients, or ask after the "
+                "first select or update"
+            )
         w = np.maximum(self.draw_utility, UTILITY_FLOOR)
         return w / w.sum()
 
     def select(self, round: int, seed: int, num_clients: int) -> list[int]:
         self._ensure(num_clients)
+        assert self.draw_utility is not None  # _ensure set it
         rng = numpy_rng(seed, "select", round)
         weights = np.maximum(self.draw_utility, UTILITY_FLOOR)
         return draw_proportional(weights, self.clients_per_round, rng)
