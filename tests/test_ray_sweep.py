@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tiny import TINY_DOC, without_timing
+from tiny import TINY_DOC, table_without_timing, without_timing
 
 import fedbug
 from fedbug.cli import main
@@ -152,8 +152,8 @@ def test_ray_sweep_gives_the_sequential_numbers_with_a_task_killed_mid_run(
     two = capsys.readouterr().out
     assert _runs(tmp_path / "ray" / "ray-sweep") == _runs(tmp_path / "one" / "ray-sweep")
     assert len(_runs(tmp_path / "ray" / "ray-sweep")) == 4
-    table = [x.rsplit("|", 2)[0] for x in one.splitlines() if "FedBug 50%" in x]  # less time
-    assert table and table == [x.rsplit("|", 2)[0] for x in two.splitlines() if "FedBug 50%" in x]
+    table = table_without_timing(one, "FedBug 50%")
+    assert table and table == table_without_timing(two, "FedBug 50%")
     rows = json.loads(Path("ray/ray-sweep/sweep.json").read_text())["rows"]
     assert rows[0]["runs"] == ["ray/ray-sweep/policy-none-s0", "ray/ray-sweep/policy-none-s1"]
     # the killed task was run again and resumed, not started over: the rounds up to its

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tiny import TINY_DOC, without_timing
+from tiny import TINY_DOC, table_without_timing, without_timing
 
 from fedbug.cli import main
 from fedbug.results import SLOW_WRITES_ENV
@@ -52,15 +52,8 @@ def test_jobs_give_the_sequential_numbers(tmp_path, capsys):
     two = capsys.readouterr().out
     assert _runs(tmp_path / "one") == _runs(tmp_path / "two")
     assert len(_runs(tmp_path / "two")) == 4
-    assert _untimed(one) == _untimed(two) and len(_untimed(one)) == 1
-
-
-def _untimed(out: str) -> list[list[str]]:
-    """The printed table's FedBug 50% rows, each cell but the time a run took (s/run: the cost
-    columns after it are counted, the same in any process)."""
-    rows = [[c.strip() for c in x.split("|")] for x in out.splitlines() if x.startswith("| ")]
-    at = rows[0].index("s/run")
-    return [row[:at] + row[at + 1 :] for row in rows if row[1].startswith("FedBug 50%")]
+    table = table_without_timing(one, "FedBug 50%")
+    assert len(table) == 1 and table == table_without_timing(two, "FedBug 50%")
 
 
 def test_ctrl_c_stops_every_job_and_resume_ends_as_uninterrupted(tmp_path):

@@ -168,6 +168,15 @@ def without_timing(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
+def table_without_timing(printed: str, label: str) -> list[list[str]]:
+    """The rows of a printed table (a sweep's, a report's) whose first cell starts with
+    ``label``, each cell but the seconds a run took (``s/run``); the cost columns after it are
+    counted, and repeat in any process."""
+    rows = [[c.strip() for c in x.split("|")] for x in printed.splitlines() if x.startswith("| ")]
+    at = rows[0].index("s/run")
+    return [row[:at] + row[at + 1 :] for row in rows if row[1].startswith(label)]
+
+
 @contextmanager
 def registries_restored(*registries: Any) -> Iterator[None]:
     """What a test registers inside the block (a toy algorithm or policy) is taken out again:
