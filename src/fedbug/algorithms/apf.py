@@ -106,6 +106,7 @@ class APF(Algorithm):
 
     name = "apf"
     params_cls = APFParams
+    params: APFParams
     sends_sub_models = True  # its active entries
 
     @classmethod

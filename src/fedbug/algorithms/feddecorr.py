@@ -35,6 +35,7 @@ def decorrelation_loss(z: Tensor) -> Tensor:
 class FedDecorr(FedAvg):
     name = "feddecorr"
     params_cls = FedDecorrParams
+    params: FedDecorrParams
     vectorised_step = True  # extra_loss reads one client's features only
 
     def __init__(self, global_lr: float = 1.0, params: FedDecorrParams | None = None) -> None:

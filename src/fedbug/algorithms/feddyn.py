@@ -40,6 +40,7 @@ class FedDynParams(Params):
 class FedDyn(FedAvg):
     name = "feddyn"
     params_cls = FedDynParams
+    params: FedDynParams
     vectorised_step = True
 
     def init_server_state(self, weights: Tensor, num_clients: int) -> dict[str, Tensor]:

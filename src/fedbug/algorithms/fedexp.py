@@ -36,6 +36,7 @@ class FedExpParams(Params):
 class FedExp(FedAvg):
     name = "fedexp"
     params_cls = FedExpParams
+    params: FedExpParams
 
     def __init__(self, global_lr: float = 1.0, params: FedExpParams | None = None) -> None:
         if global_lr != 1.0:

@@ -18,6 +18,7 @@ class FedProxParams(Params):
 class FedProx(FedAvg):
     name = "fedprox"
     params_cls = FedProxParams
+    params: FedProxParams
     vectorised_step = True
 
     def __init__(self, global_lr: float = 1.0, params: FedProxParams | None = None) -> None:

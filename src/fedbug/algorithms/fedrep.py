@@ -50,6 +50,7 @@ def head_steps(local_steps: int, head_epochs: int, local_epochs: int) -> int:
 class FedRep(BodyHead):
     name = "fedrep"
     params_cls = FedRepParams
+    params: FedRepParams
     has_global_model = False
 
     def __init__(self, global_lr: float = 1.0, params: FedRepParams | None = None) -> None:

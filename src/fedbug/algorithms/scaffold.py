@@ -46,6 +46,7 @@ class Scaffold(FedAvg):
     name = "scaffold"
     vectorised_step = True
     params_cls = ScaffoldParams
+    params: ScaffoldParams
 
     # -- server half ---------------------------------------------------------------------
     def init_server_state(self, weights: Tensor, num_clients: int) -> dict[str, Tensor]:

@@ -94,6 +94,7 @@ class Fjord(Algorithm):
 
     name = "fjord"
     params_cls = FjordParams
+    params: FjordParams
     sends_sub_models = True
 
     def __init__(self, global_lr: float = 1.0, params: Any = None) -> None:
@@ -238,6 +239,9 @@ class FjordClient(ClientSession):
             raise ValueError("fjord: the server sends each client its width (task.extra['width'])")
         super().__init__(alg, task, labels)
         self.rt = runtime
+        # the runtime's model is a copy of the template wrap_model made
+        assert isinstance(runtime.model, od.ODModel)
+        self.model: od.ODModel = runtime.model
         self.gen = gen
         self.p_max = float(task.extra["width"])
         self.choices = [w for w in alg.widths if w <= self.p_max]
@@ -255,7 +259,7 @@ class FjordClient(ClientSession):
         if alg.params.sample == "uniform" and len(self.choices) > 1:
             i = int(torch.randint(len(self.choices), (1,), generator=self.gen))
             self.p = self.choices[i]
-        rt.model.set_width(self.p)
+        self.model.set_width(self.p)
         self.saved = None
         if self.p < 1.0:
             self.saved = rt.flat.index_select(0, alg.outside(rt.space, self.p, rt.flat.device))
@@ -274,7 +278,7 @@ class FjordClient(ClientSession):
     def finish(self, result: ClientResult) -> None:
         """The client's figures: its width (also its U_sys for reputation selection, FreezeFL
         Table IV), the sub-model's FLOPs and memory, bytes both ways and the entries it holds."""
-        self.rt.model.set_width(None)
+        self.model.set_width(None)
         space = self.rt.space
         sub = self.alg.sub_model_bytes(space, self.p_max)
         mask = self.alg.flat_mask(space, self.p_max)

@@ -34,7 +34,7 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -44,6 +44,7 @@ from fedbug.core.units import ParamSpace
 from fedbug.errors import ConfigError
 
 Kind = Literal["conv", "linear", "lstm", "embedding"]
+_Pair = tuple[int, int]
 # Layers that normalise over units: with or without parameters they see the dropped units.
 _NORMS = (
     nn.modules.batchnorm._NormBase,
@@ -99,7 +100,8 @@ def _in_features(m: nn.Module) -> int:
         return m.in_channels
     if isinstance(m, nn.Linear):
         return m.in_features
-    return m.input_size  # nn.LSTM
+    assert isinstance(m, nn.LSTM)  # _kind lets no other layer with inputs through
+    return m.input_size
 
 
 def _out_units(m: nn.Module) -> int:
@@ -109,7 +111,8 @@ def _out_units(m: nn.Module) -> int:
         return m.out_features
     if isinstance(m, nn.Embedding):
         return m.embedding_dim
-    return m.hidden_size  # nn.LSTM
+    assert isinstance(m, nn.LSTM)  # _kind lets no other layer through
+    return m.hidden_size
 
 
 def _kind(name: str, m: nn.Module, model: nn.Module) -> Kind:
@@ -246,11 +249,13 @@ def flat_mask(space: ParamSpace, model_masks: dict[str, Tensor], prefix: str = "
 
 
 def _narrow_layer(m: nn.Module, kind: Kind, k_out: int, k_in: int) -> nn.Module:
-    """A new layer of the narrower network holding the first units' weights of ``m``."""
+    """A new layer of the narrower network holding the first units' weights of ``m``
+    (``kind``: what :func:`_kind` found ``m`` to be)."""
     with torch.no_grad():
         if kind == "embedding":
             return copy.deepcopy(m)
         if kind == "linear":
+            assert isinstance(m, nn.Linear)
             k_in = m.in_features if k_in < 0 else k_in
             new = nn.Linear(k_in, k_out, bias=m.bias is not None)
             new.weight.copy_(m.weight[:k_out, :k_in])
@@ -258,34 +263,38 @@ def _narrow_layer(m: nn.Module, kind: Kind, k_out: int, k_in: int) -> nn.Module:
                 new.bias.copy_(m.bias[:k_out])
             return new
         if kind == "conv":
+            assert isinstance(m, nn.Conv2d)
             k_in = m.in_channels if k_in < 0 else k_in
-            new = nn.Conv2d(
+            # torch types these as _ConvNd's tuple[int, ...]; a Conv2d's are pairs
+            conv = nn.Conv2d(
                 k_in,
                 k_out,
-                m.kernel_size,
-                m.stride,
-                m.padding,
-                m.dilation,
+                cast(_Pair, m.kernel_size),
+                cast(_Pair, m.stride),
+                cast("str | _Pair", m.padding),
+                cast(_Pair, m.dilation),
                 bias=m.bias is not None,
                 padding_mode=m.padding_mode,
             )
-            new.weight.copy_(m.weight[:k_out, :k_in])
+            conv.weight.copy_(m.weight[:k_out, :k_in])
             if m.bias is not None:
-                new.bias.copy_(m.bias[:k_out])
-            return new
+                assert conv.bias is not None  # made with bias=True just above
+                conv.bias.copy_(m.bias[:k_out])
+            return conv
+        assert isinstance(m, nn.LSTM)
         k_in = m.input_size if k_in < 0 else k_in
-        new = nn.LSTM(k_in, k_out, bias=m.bias, batch_first=m.batch_first)
+        lstm = nn.LSTM(k_in, k_out, bias=m.bias, batch_first=m.batch_first)
         h = m.hidden_size
         rows = torch.cat([torch.arange(g * h, g * h + k_out) for g in range(4)])
         for pname, param in m.named_parameters():
-            target = getattr(new, pname)
+            target = getattr(lstm, pname)
             value = param[rows]
             if pname.startswith("weight_ih"):
                 value = value[:, :k_in]
             elif pname.startswith("weight_hh"):
                 value = value[:, :k_out]
             target.copy_(value)
-        return new
+        return lstm
 
 
 def sub_model(model: nn.Module, od: ODPlan, p: float) -> nn.Module:

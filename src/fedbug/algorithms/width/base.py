@@ -155,6 +155,9 @@ class WidthClient(ClientSession):
     ) -> None:
         super().__init__(alg, task, labels)
         self.rt = runtime
+        # the runtime's model is a copy of the template wrap_model made
+        assert isinstance(runtime.model, planner.WidthModel)
+        self.model: planner.WidthModel = runtime.model
         self.key = key
         self.scale = scale
         self.flops = 0
@@ -170,7 +173,7 @@ class WidthClient(ClientSession):
         """Run the model as the sub-model; keep the entries outside it to put back."""
         alg, rt = self.alg, self.rt
         masks = alg.param_masks(self.key)
-        rt.model.use(masks, self.scale)
+        self.model.use(masks, self.scale)
         self.saved = None
         if masks is not None:
             self.saved = rt.flat.index_select(0, alg.outside(rt.space, self.key, rt.flat.device))
@@ -191,7 +194,7 @@ class WidthClient(ClientSession):
         """The sub-model's FLOPs and peak step memory (its narrow network's), bytes (its entries
         of the shared / uploaded units, 4 bytes each) and trained parameters; the entries sent,
         outside which the delta is 0."""
-        self.rt.model.use(None)
+        self.model.use(None)
         space = self.rt.space
         held = self.alg.flat_mask(space, self.key).to(result.delta.device)
         sent = self.sent(held)

@@ -77,21 +77,21 @@ class FedRolexParams(HeteroFLParams):
     block: ClassVar[str] = "fedrolex"
 
     assign: Literal["fixed", "dynamic", "by_ability"] = Field(
-        "dynamic",
+        default="dynamic",
         description="dynamic: drawn every round (the code's README); fixed: client-id blocks; "
         "by_ability: the fixed blocks over the clients, fastest first",
     )
     direction: Literal["forward", "backward"] = Field(
-        "forward",
+        default="forward",
         description="forward: window start j mod K in round j+1 (paper); backward: -j mod K "
         "(the authors' torch.roll)",
     )
     bn_linear_weights: Literal["mean", "code_counts"] = Field(
-        "mean",
+        default="mean",
         description="mean: plain per-entry mean (paper); code_counts: the code's tmp_counts "
         "weights of 1-D parameters and the classifier",
     )
-    overlap: float | None = Field(None, description="the code's --overlap; only null")
+    overlap: float | None = Field(default=None, description="the code's --overlap; only null")
 
     @field_validator("overlap")
     @classmethod

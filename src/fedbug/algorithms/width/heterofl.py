@@ -77,21 +77,26 @@ class HeteroFLParams(Params):
 
     block: ClassVar[str] = "heterofl"  # the block's name in messages (a subclass's its own)
 
+    # defaults by keyword: mypy's dataclass_transform reading of pydantic sees only
+    # ``default=`` (a positional default leaves the field required to it)
+
     rates: list[float] | dict[float, int] = Field(
         default_factory=lambda: list(DEFAULT_RATES),
         description="the rates in (0, 1] (equal shares), or rate -> share; 1 must be one of them",
     )
     assign: Literal["fixed", "dynamic", "by_ability"] = Field(
-        "fixed",
+        default="fixed",
         description="fixed: client-id blocks (the code's fix); dynamic: drawn every round; "
         "by_ability: the fixed blocks over the clients, fastest first",
     )
     rounding: Literal["ceil", "floor"] = Field(
-        "ceil", description="ceil(r K) channels (paper, code) or max(int(r K), 1) (SLT's)"
+        default="ceil", description="ceil(r K) channels (paper, code) or max(int(r K), 1) (SLT's)"
     )
-    scaler: bool = Field(True, description="divide activations by r in training (Scaler)")
-    masked_loss: bool = Field(True, description="zero the logits of classes the client lacks")
-    label_split: bool = Field(True, description="send only the output rows of own classes")
+    scaler: bool = Field(default=True, description="divide activations by r in training (Scaler)")
+    masked_loss: bool = Field(
+        default=True, description="zero the logits of classes the client lacks"
+    )
+    label_split: bool = Field(default=True, description="send only the output rows of own classes")
 
     @field_validator("rates")
     @classmethod
@@ -253,8 +258,11 @@ class HeteroFLClient(WidthClient):
         p = alg.params
         super().__init__(alg, task, labels, runtime, rate, rate if p.scaler else 1.0)
         self.rate = rate
-        head = alg.inner.get_submodule(alg.classifier) if alg.inner is not None else None
-        classes = int(head.weight.shape[0]) if head is not None else 0
+        classes = 0
+        if alg.inner is not None:
+            weight = alg.inner.get_submodule(alg.classifier).weight
+            assert isinstance(weight, Tensor)  # the classifier layer's weight: [classes, ...]
+            classes = int(weight.shape[0])
         self.present = torch.zeros(classes, dtype=torch.bool)
         self.present[labels.unique().cpu()] = True
 

@@ -235,7 +235,7 @@ def find_steps(plan: planner.WidthPlan) -> Steps:
     branches = {}
     for b in sorted(branched, key=at.__getitem__):
         mates = [s for s in steps if group[s] == group[b] and source[s] != source[b]]
-        branches[b] = min(mates, key=lambda s, b=b: (abs(at[s] - at[b]), at[s]))
+        branches[b] = min(mates, key=lambda s: (abs(at[s] - at[b]), at[s]))
     return Steps(steps, branches)
 
 
