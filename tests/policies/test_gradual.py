@@ -135,3 +135,24 @@ def test_floored_period_runs_through_the_engine():
     for policy in ("bottom_up", "top_down"):
         cfg = tiny_config(policy=policy, **{policy: {"gu_ratio": 0.5, "gu_period": "floor"}})
         assert run_experiment(cfg).records[-1]["test_acc"] is not None
+
+
+def test_a_stage_too_short_to_freeze_anything_is_one_warning():
+    """P*K <= 1 step (here 0.5 of 2 local steps): every unit trains from the first step, a
+    client's training is FedAvg's to the bit; one warning says so, once, naming P, K and the
+    way out."""
+    import warnings
+
+    short = BottomUp(0.5)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for client in range(3):
+            for k in (1, 2):
+                assert short.trainable_units(StepCtx(k, 2, 3, client=client)) == range(0, 3)
+        BottomUp(0.5).trainable_units(StepCtx(1, 20, 3))  # a stage of 10 steps: silent
+        TopDown(1.0).trainable_units(StepCtx(1, 2, 1))  # one unit: nothing to thaw
+    assert [str(w.message) for w in seen] == [
+        "bottom_up: a GU stage of 0.5 x 2 local steps thaws all 3 units at the first step, "
+        "so a client with 2 local steps trains as under policy: none; raise gu_ratio or the "
+        "local steps"
+    ]

@@ -74,6 +74,7 @@ class _Gradual(FreezePolicy):
                 raise ConfigError(f"gu_ratio must be in [0, 1] (the GU share P); got {params}")
             params = GradualParams(gu_ratio=params)
         super().__init__(params)
+        self._warned_short = False
         if self.gu_ratio == 0:
             warnings.warn(
                 f"{self.name} with gu_ratio 0 unfreezes every unit at the first step: it is "
@@ -87,7 +88,24 @@ class _Gradual(FreezePolicy):
 
     def count(self, ctx: StepCtx) -> int:
         p = self.params
-        return unfrozen_count(ctx.step, ctx.local_steps, ctx.num_units, p.gu_ratio, p.gu_period)
+        m = unfrozen_count(ctx.step, ctx.local_steps, ctx.num_units, p.gu_ratio, p.gu_period)
+        if ctx.step == 1 and m == ctx.num_units > 1 and p.gu_ratio > 0:
+            self._warn_short_stage(ctx)
+        return m
+
+    def _warn_short_stage(self, ctx: StepCtx) -> None:
+        """One warning a policy: a GU stage too short to keep any unit frozen (P*K <= 1 step,
+        or the floored period 0) leaves a client's training plain."""
+        if self._warned_short:
+            return
+        self._warned_short = True
+        warnings.warn(
+            f"{self.name}: a GU stage of {self.gu_ratio:g} x {ctx.local_steps} local steps thaws "
+            f"all {ctx.num_units} units at the first step, so a client with {ctx.local_steps} "
+            f"local step{'s' if ctx.local_steps != 1 else ''} trains as under policy: none; "
+            "raise gu_ratio or the local steps",
+            stacklevel=2,
+        )
 
 
 @POLICIES.register("bottom_up")
