@@ -72,13 +72,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedbug.results import check_writable
 
     cfg = load_config(args.config, [*data_dir_override(args), *args.set])
-    if cfg.grid:  # a sweep's config: its base runs, as the config validated it
-        cells = math.prod(len(values) for values in cfg.grid.values())
-        print(
-            f"fedbug: warning: grid: ({cells} cell{'s' * (cells != 1)}) is read by fedbug sweep; "
-            "fedbug run runs the config without it",
-            file=sys.stderr,
-        )
     out = Path(args.out)
     check_writable(out)
     run_dir = run_dir_for(cfg, out)
@@ -89,7 +82,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.quiet,
         f"{cfg.name} seed {cfg.seed}",
         lambda on_round, on_phase: _result(
-            run(cfg, run_dir, resume=args.resume, on_round=on_round, on_phase=on_phase)
+            run(
+                cfg,
+                run_dir,
+                resume=args.resume,
+                on_round=_grid_warning(cfg, on_round),
+                on_phase=on_phase,
+            )
         ),
     )
     took = time.perf_counter() - started  # the command's: summary.json's seconds are the rounds'
@@ -114,6 +113,27 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _grid_warning(cfg: Any, on_round: Callable[[dict[str, Any]], None]) -> Any:
+    """``on_round``, which first says, after the run's first round (a run refused before it
+    stays one line), that a sweep's config ran without its ``grid:``."""
+    if not cfg.grid:
+        return on_round
+    cells = math.prod(len(values) for values in cfg.grid.values())
+    said = []
+
+    def say_then(rec: dict[str, Any]) -> None:
+        if not said:
+            said.append(True)
+            print(
+                f"fedbug: warning: grid: ({cells} cell{'s' * (cells != 1)}) is read by fedbug "
+                "sweep; fedbug run runs the config without it",
+                file=sys.stderr,
+            )
+        on_round(rec)
+
+    return say_then
 
 
 def ran_for(took: float, rounds: float) -> str:
