@@ -230,3 +230,36 @@ def test_labels_show_only_where_a_group_departs_from_its_method():
         "freezefl (freezefl.probe=restart)",
         "freezefl (freezefl.importance=sqrt_l1)",
     ]
+
+
+@pytest.mark.parametrize(
+    "label, shown",
+    [
+        ("FedAvg (method=fedavg)", "| FedAvg (method=fedavg) | 2 |"),  # a sweep cell's full label
+        ("FedAvg", "| FedAvg | 2 |"),
+        ("baseline (lr=0.1)", "| baseline (lr=0.1) (FedAvg) | 2 |"),  # not named: tagged
+    ],
+)
+def test_the_baseline_row_is_tagged_fedavg_only_where_its_label_does_not_say_so(
+    tmp_path, label, shown
+):
+    """The FedAvg row of a sweep read 'FedAvg (method=fedavg) (FedAvg)' (the committed family
+    benchmark's report): the tag is for a label that does not name FedAvg already."""
+    from fedbug.report.freezefl import format_freezefl_table
+
+    table_runs(tmp_path / "runs")
+    res = freezefl_report(collect_runs([tmp_path / "runs"]))
+    rows = res["rows"]
+    next(r for r in rows if r["baseline"])["label"] = label
+    assert shown in format_freezefl_table(rows, res["facts"])
+
+
+def test_no_target_note_says_fedavgs_runs_lack_the_metric_where_a_fedavg_group_is_there(tmp_path):
+    """FedAvg's runs without the metric (acc_client_mean: another group's personalized runs
+    have it): the note said 'no FedAvg group here' beside the FedAvg row (the committed family
+    benchmark's report)."""
+    write_run(tmp_path / "runs", "fedavg", 0, [0.5, 0.7], [2, 2])
+    write_run(tmp_path / "runs", "freezing", 0, [0.6, 0.8], [1, 1], metric="acc_client_mean")
+    text = freezefl_report(collect_runs([tmp_path / "runs"]))["text"]
+    assert "no FedAvg group here" not in text, text
+    assert "no target: FedAvg's runs have no acc_client_mean to take one from" in text, text

@@ -301,6 +301,34 @@ def _cell(row: dict[str, Any], key: str, scale: float, fmt: str, counted: bool) 
     return text
 
 
+def _row_name(row: dict[str, Any]) -> str:
+    """A row's label, the baseline's tagged ``(FedAvg)`` where its label's name does not say
+    so already (``FedAvg (method=fedavg)``, a sweep cell's full label, does)."""
+    named = row["label"].split(" (")[0].strip().lower() == "fedavg"
+    return f"{row['label']} (FedAvg)" if row["baseline"] and not named else row["label"]
+
+
+def _target_note(facts: dict[str, Any], tgt: str) -> str:
+    """The line under Table III that says where its target came from, or why there is none
+    (no FedAvg group, or FedAvg's runs without the metric)."""
+    if facts["target_how"] == "auto":
+        return (
+            f"target {tgt}: auto, {AUTO_SHARE:g} x FedAvg's best {100 * facts['fedavg_best']:.2f}%."
+        )
+    if facts["target_how"] == "given":
+        return f"target {tgt}: given."
+    whose = (
+        "no FedAvg group here"
+        if facts["baseline"] is None
+        else f"FedAvg's runs have no {facts['metric']}"
+    )
+    return (
+        f"no target: {whose} to take one from ({AUTO_SHARE:g} x its best); "
+        "--target ACC (e.g. 0.8 or 80%) fills the rounds-to and time-to columns: the "
+        "rounds and the simulated time each method takes to first reach ACC."
+    )
+
+
 def format_freezefl_table(rows: list[dict[str, Any]], facts: dict[str, Any]) -> str:
     """Table III as Markdown, with what each group cost to train at its right
     (:mod:`fedbug.report.totals`) and the lines that say what its numbers are."""
@@ -311,9 +339,8 @@ def format_freezefl_table(rows: list[dict[str, Any]], facts: dict[str, Any]) -> 
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        tag = " (FedAvg)" if r["baseline"] and r["label"].lower() != "fedavg" else ""
         lines.append(
-            f"| {r['label']}{tag} "
+            f"| {_row_name(r)} "
             f"| {len(r['seeds'])} | {_cell(r, 'best_acc', 100, '.2f', False)} "
             f"| {_cell(r, 'mean_round_length', 1, '.3f', False)} "
             f"| {_cell(r, 'rounds_to_target', 1, '.1f', True)} "
@@ -321,18 +348,7 @@ def format_freezefl_table(rows: list[dict[str, Any]], facts: dict[str, Any]) -> 
         )
     table = with_columns("\n".join(lines), *cost_columns(rows))
     notes = [f"metric: {facts['metric']}, mean ± std over seeds; times in simulated units."]
-    if facts["target_how"] == "auto":
-        notes.append(
-            f"target {tgt}: auto, {AUTO_SHARE:g} x FedAvg's best {100 * facts['fedavg_best']:.2f}%."
-        )
-    elif facts["target_how"] == "given":
-        notes.append(f"target {tgt}: given.")
-    else:
-        notes.append(
-            f"no target: no FedAvg group here to take one from ({AUTO_SHARE:g} x its best); "
-            "--target ACC (e.g. 0.8 or 80%) fills the rounds-to and time-to columns: the "
-            "rounds and the simulated time each method takes to first reach ACC."
-        )
+    notes.append(_target_note(facts, tgt))
     if facts["baseline"] is not None:
         notes.append(
             f"(±x%): relative to FedAvg ({facts['baseline']}), 100 x (value / FedAvg's - 1); "
