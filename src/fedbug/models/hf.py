@@ -163,11 +163,17 @@ def _check_count(name: str, key: str, value: Any, fix: str = "fix it or remove t
         )
 
 
+def _with_sub_configs(config: Any) -> list[Any]:
+    """A transformers config object and the sub-configs it holds (an encoder's, a vision
+    tower's), those it has."""
+    subs = (getattr(config, k, None) for k in getattr(config, "sub_configs", {}))
+    return [config, *filter(None, subs)]
+
+
 def _check_config_counts(config: Any, where: str) -> None:
     """The counts of a transformers config object (and its sub-configs) read from a model
     folder's config.json, as :func:`_check_counts` checks ``hf_config``."""
-    configs = [config, *(getattr(config, k, None) for k in getattr(config, "sub_configs", {}))]
-    for c in filter(None, configs):
+    for c in _with_sub_configs(config):
         for key in (*LAYER_KEYS, *SIZE_KEYS):
             value = getattr(c, key, None)
             if value is not None:
@@ -178,8 +184,7 @@ def _check_config_counts(config: Any, where: str) -> None:
 
 def _check_attention(config: Any, where: str) -> None:
     """Refuse a saved config (and its sub-configs) whose attention names a kernel on the Hub."""
-    configs = [config, *(getattr(config, k, None) for k in getattr(config, "sub_configs", {}))]
-    values = [getattr(c, "_attn_implementation", None) for c in configs]
+    values = [getattr(c, "_attn_implementation", None) for c in _with_sub_configs(config)]
     kernel = next(filter(None, map(_hub_kernel, values)), None)
     if kernel is not None:
         raise ConfigError(
