@@ -126,10 +126,10 @@ def _grid_warning(cfg: Any, on_round: Callable[[dict[str, Any]], None]) -> Any:
     def say_then(rec: dict[str, Any]) -> None:
         if not said:
             said.append(True)
-            print(
-                f"fedbug: warning: grid: ({cells} cell{'s' * (cells != 1)}) is read by fedbug "
-                "sweep; fedbug run runs the config without it",
-                file=sys.stderr,
+            warnings.warn(
+                f"grid: ({cells} cell{'s' * (cells != 1)}) is read by fedbug sweep; fedbug run "
+                "runs the config without it",
+                stacklevel=2,
             )
         on_round(rec)
 
