@@ -457,6 +457,36 @@ def test_a_checkpoint_past_what_the_model_could_hold_is_refused(cut):
     assert "1,000,000,000,000 bytes" in str(err), str(err)
 
 
+def _printed(argv: list[str]) -> tuple[int, list[str]]:
+    """``fedbug ARGV``'s exit status and the lines it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    return code, out.getvalue().splitlines()
+
+
+def test_repair_rebuilds_a_checkpoint_past_what_the_model_could_hold_unread(received, finished_run):
+    """``fedbug repair``, which ``--resume``'s refusal of a 1 TB sparse checkpoint.pt points to,
+    read it whole (a ``MemoryError`` traceback). Now under the same limit (the digits MLP's
+    6,570 float32 weights, 6 clients: 2 * (26,280 * 25 + 6 * 16,384) + 64 MiB = 68,619,472
+    bytes): one damage line, the checkpoint rebuilt by the rerun byte for byte the original's,
+    the sparse file kept aside unread."""
+    path = sparse(received / "checkpoint.pt", 10**12)
+    assert limits.checkpoint_limit(4 * 6570, 6) == 68_619_472
+    outcome = in_child(lambda: _printed(["repair", str(received), "--quiet"]), seconds=90)
+    assert outcome[0] == "returned", outcome[:3]
+    code, lines = outcome[1]
+    assert code == 0, lines
+    assert [line for line in lines if ": damaged: " in line] == [
+        f"{received}: damaged: checkpoint.pt (1,000,000,000,000 bytes, more than this run "
+        "writes there (at most 68,619,472): not read)"
+    ], lines
+    assert f"{received}: rebuilt checkpoint.pt by running rounds 1-2 again" in lines[1], lines
+    assert path.read_bytes() == (finished_run / "checkpoint.pt").read_bytes()
+    (kept,) = received.glob("damaged-*")
+    assert (kept / "checkpoint.pt").stat().st_size == 10**12
+
+
 def test_the_readers_raise_their_own_classes(tmp_path):
     """A checkpoint's refusal is a CheckpointError, a recorded update's a ConfigError, a
     results file's a ResultsError: what each reader raised before for other damage."""

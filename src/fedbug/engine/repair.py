@@ -10,11 +10,14 @@ kept in ``damaged-<UTC time>/``. When the rerun does not reproduce the run (othe
 another machine), nothing is changed and the error says so. Lines after an unfinished run's
 checkpoint are cut, no round run again (``--resume`` does those rounds); damage in a run stopped
 before its first checkpoint is refused (there is no round to rebuild to: ``--resume`` runs it
-again from round 1).
+again from round 1). ``checkpoint.pt`` is read under the size limit ``--resume`` reads it under
+(:func:`~fedbug.results.limits.checkpoint_limit`, the model counted on the meta device): a
+larger file is damage, rebuilt without a byte of it read.
 """
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from collections.abc import Callable
@@ -23,15 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from fedbug.config import BaseConfig, config_class, config_hash, load_config, read_config_doc
 from fedbug.core.tasks import Task
-from fedbug.data import FederatedDataset
+from fedbug.data import FederatedDataset, load_dataset
 from fedbug.engine.experiment import ModelSource
 from fedbug.engine.rounds import run_experiment
 from fedbug.engine.run_folder import folder_disagreement
 from fedbug.errors import CheckpointError, ConfigError, ResultsError
+from fedbug.models import build_model, is_import_path, model_kwargs
+from fedbug.models.size import count_params, tensor_count
 from fedbug.results import RunDir
+from fedbug.results.limits import checkpoint_limit
 
 #: the wall-clock keys of a round record: the only ones a rerun may change
 TIMING = frozenset({"time_train", "time_eval", "wall_time"})
@@ -187,7 +194,7 @@ def _repair(
     """Find the damage; then nothing to do, or cut the lines after the checkpoint, or run the
     rounds again, check the rerun against the run, and put the rebuilt files in place."""
     cfg, chash = _config(rd, sources)
-    found = _survey(rd, cfg, chash)
+    found = _survey(rd, cfg, chash, sources)
     report = found.report
     if not report.damaged:
         return report
@@ -205,7 +212,7 @@ def _repair(
     return report
 
 
-def _survey(rd: RunDir, cfg: BaseConfig, chash: str) -> _Found:
+def _survey(rd: RunDir, cfg: BaseConfig, chash: str, sources: tuple[Any, Any, Any]) -> _Found:
     """Every damaged file or line (each noted in the report) and the round to rebuild; raises
     when there is nothing to rebuild from. Changes nothing."""
     lines, torn = rd.metrics_lines()
@@ -215,7 +222,7 @@ def _survey(rd: RunDir, cfg: BaseConfig, chash: str) -> _Found:
     if not (lines or rd.checkpoint_path.exists() or rd.summary_path.exists()):
         raise _never_wrote(rd)
     _note_damaged_lines(found)
-    found.ck, found.ck_bad = _checkpoint(rd, chash, found.report)
+    found.ck, found.ck_bad = _checkpoint(rd, cfg, chash, sources, found.report)
     found.report.finished = _finished(rd, cfg, found.ck)
     found.target = _target_round(cfg, found)
     _note_short(found)
@@ -262,13 +269,23 @@ def _note_torn_after(found: _Found) -> None:
         )
 
 
-def _checkpoint(rd: RunDir, chash: str, report: RepairReport) -> tuple[dict[str, Any] | None, bool]:
+def _checkpoint(
+    rd: RunDir, cfg: BaseConfig, chash: str, sources: tuple[Any, Any, Any], report: RepairReport
+) -> tuple[dict[str, Any] | None, bool]:
     """(the checkpoint, when whole and written by this config; whether it is damaged, as
-    noted in the report)."""
+    noted in the report). It is read under the limit ``--resume`` reads it under
+    (:func:`_checkpoint_limit`): a larger file, which no run of this config writes, is damage,
+    not read."""
     if not rd.checkpoint_path.exists():
         return None, False
+    limit = _checkpoint_limit(cfg, sources)
+    size = rd.checkpoint_path.stat().st_size
+    if size > limit:
+        more = f"more than this run writes there (at most {limit:,})"
+        report.damaged.append(f"checkpoint.pt ({size:,} bytes, {more}: not read)")
+        return None, True
     try:
-        ck = rd.load_checkpoint()
+        ck = rd.load_checkpoint(limit)
         if not isinstance(ck, dict) or not isinstance(ck.get("round"), int):
             raise CheckpointError("not a checkpoint of rounds")
         if ck.get("config_hash") != chash:
@@ -277,6 +294,40 @@ def _checkpoint(rd: RunDir, chash: str, report: RepairReport) -> tuple[dict[str,
         report.damaged.append(f"checkpoint.pt ({_what(e)})")
         return None, True
     return ck, False
+
+
+def _checkpoint_limit(cfg: BaseConfig, sources: tuple[Any, Any, Any]) -> int:
+    """The most bytes ``cfg``'s checkpoint.pt may take: :func:`~fedbug.results.limits.
+    checkpoint_limit` of its clients and its weights' bytes, 4 a value (the flat float32
+    vector ``--resume`` sizes it by), the values counted on the meta device as the model's
+    size limit counts them (:func:`~fedbug.models.size.count_params`): the data set is loaded
+    for its input shape and classes, no weight is made. The model is counted bare: the
+    algorithm's own parts (FedROD's personal head, a copy of the classifier) at most double
+    it, which the limit's factor 2 holds. A model of the user's own that cannot be built on
+    the meta device (trusted code) is counted built."""
+    dataset, model, _ = sources
+    if isinstance(model, nn.Module):
+        return checkpoint_limit(4 * tensor_count(model), cfg.num_clients)
+    if model is None:
+        if dataset is None:
+            folder = cfg.data_dir or None
+            dataset = load_dataset(cfg.dataset, folder, cfg.dataset_options, cfg.num_clients)
+        shape, classes, options = dataset.input_shape, dataset.num_classes, model_kwargs(cfg)
+        model = functools.partial(build_model, cfg.model, shape, classes, cfg.seed, **options)
+    values = _count(model, own=sources[1] is not None or is_import_path(cfg.model))
+    return checkpoint_limit(4 * values, cfg.num_clients)
+
+
+def _count(build: Callable[[], nn.Module], own: bool) -> int:
+    """The values the model ``build()`` makes holds, built on the meta device; built for
+    real where it is the user's own and cannot be built there."""
+    try:
+        return count_params(build)
+    except Exception:
+        if not own:
+            raise
+    with torch.random.fork_rng(devices=[]):
+        return tensor_count(build())
 
 
 def _note_missing_checkpoint(rd: RunDir, found: _Found) -> None:
