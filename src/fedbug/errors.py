@@ -4,6 +4,23 @@ a diverged run)."""
 from __future__ import annotations
 
 
+def first_line(
+    error_or_text: BaseException | str, *, drop_period: bool = False, empty: str | None = None
+) -> str:
+    """The first line of an error's message (or of a text), for a one-line message: torch's,
+    transformers' and YAML's messages run on over several lines. The text is stripped first,
+    so a message opening with a line break still gives its words; ``drop_period`` drops the
+    line's trailing ``.`` (for a message that goes on after it). An empty message gives
+    ``empty``, or by default the error's type name (``""`` for a text)."""
+    text = str(error_or_text).strip()
+    if not text:
+        if empty is not None:
+            return empty
+        return "" if isinstance(error_or_text, str) else type(error_or_text).__name__
+    line = text.splitlines()[0]
+    return line.rstrip(".") if drop_period else line
+
+
 class FedbugError(Exception):
     """Base class: a problem with the user's input that they can fix; the message says how.
 

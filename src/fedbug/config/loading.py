@@ -21,7 +21,7 @@ from fedbug.config.limits import MAX_CONFIG_BYTES, _check_size, check_yaml_size,
 from fedbug.config.presets import apply_method, grid_blocks, method_over_file
 from fedbug.config.schema import BaseConfig, all_keys, config_class
 from fedbug.core.registry import own_hint
-from fedbug.errors import ConfigError
+from fedbug.errors import ConfigError, first_line
 
 # PyYAML's tag constructors raise plain Python errors (``!!int x``), deep nesting RecursionError.
 YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, AttributeError, RecursionError)
@@ -234,7 +234,7 @@ def read_config_doc(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"config file {str(p)!r}: {e}") from None
         doc = yaml.safe_load(text)
     except (*YAML_ERRORS, UnicodeDecodeError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = first_line(e)
         if isinstance(e, yaml.MarkedYAMLError) and e.problem:  # where: line and column
             mark, opened = e.problem_mark, e.context_mark
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from fedbug.core.tasks import Task
 from fedbug.data import FederatedDataset
-from fedbug.errors import ConfigError, FedbugError
+from fedbug.errors import ConfigError, FedbugError, first_line
 
 
 def check_model_fits(
@@ -54,7 +54,7 @@ def check_model_fits(
         where = f"its layer {name} ({type(module).__name__})" if name else "its forward pass"
         got = inputs[0] if inputs and isinstance(inputs[0], Tensor) else None
         taking = f" (given inputs of shape {_dims(got.shape)})" if got is not None and name else ""
-        said = (str(e).strip().splitlines() or [""])[0]
+        said = first_line(e, empty="")
         raise ConfigError(
             f"{what}: {where} fails on a batch of {len(x)} samples of shape "
             f"{_dims(ds.input_shape)}{taking}: {type(e).__name__}: {said}; make the model take "

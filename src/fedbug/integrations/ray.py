@@ -34,7 +34,7 @@ from typing import Any
 
 from fedbug.config import BaseConfig
 from fedbug.core.user_modules import IMPORT_ENV, env_entries
-from fedbug.errors import ConfigError, FedbugError
+from fedbug.errors import ConfigError, FedbugError, first_line
 from fedbug.models import ALLOW_IMPORT_ENV, factories_allowed
 from fedbug.results import RunDir
 from fedbug.sweeps.jobs import OnJobRound, RunOne, job_result, run_pickled_job
@@ -114,8 +114,7 @@ def _outcome(ray: Any, ref: Any, run_dir: Path) -> tuple[str, Any, int]:
 
 
 def _first_sentence(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0].split(". ")[0] if text else ""
+    return first_line(e, empty="").split(". ")[0]
 
 
 def run_ray_jobs(

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fedbug.errors import ConfigError, FedbugError
+from fedbug.errors import ConfigError, FedbugError, first_line
 from fedbug.results import atomic_write_text
 from fedbug.results.files import read_regular
 from fedbug.results.limits import MAX_TRACKING_BYTES
@@ -137,7 +137,7 @@ def _reason(e: BaseException) -> str:
     found = re.search(r"\[Errno -?\d+\] [^'\")\]]+|Read timed out|timed out", text)
     if found:
         return found.group(0).strip()
-    first = text.strip().splitlines()[0].rstrip(".") if text.strip() else type(e).__name__
+    first = first_line(e, drop_period=True)
     return first if len(first) <= 200 else first[:197] + "..."
 
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from fedbug.core.registry import Registry
 from fedbug.core.seeding import derive_seed
-from fedbug.errors import ConfigError
+from fedbug.errors import ConfigError, first_line
 from fedbug.models.cnn import DigitsCNN, StandardCNN
 from fedbug.models.hf import build_hf, is_hf
 from fedbug.models.leaf_cnn import FreezeFLCNN, LeafFemnistCNN
@@ -171,13 +171,7 @@ def build_model(
                 raise TypeError(f"it returned a {type(model).__name__}, not a torch module")
             return model
         except (TypeError, ValueError, RuntimeError, ArithmeticError, AssertionError) as e:
-            raise ConfigError(f"model {name!r} cannot be built: {_first_line(e)}") from None
-
-
-def _first_line(e: Exception) -> str:
-    """An error's message up to its first line break (torch's and transformers' run on)."""
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
+            raise ConfigError(f"model {name!r} cannot be built: {first_line(e)}") from None
 
 
 __all__ = [

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedbug.errors import ConfigError
+from fedbug.errors import ConfigError, first_line
 from fedbug.models.adapters import add_adapters
 from fedbug.models.size import MAX_LAYERS
 
@@ -295,7 +295,8 @@ def _pretrained(transformers: Any, head: Any, where: str, keys: dict[str, Any]) 
     except OSError as e:
         if not Path(where).is_dir():
             raise ConfigError(not_found(where)) from None
-        raise ConfigError(f"model hf:{where}: {_first_line(e)}; {REFETCH}") from None
+        why = first_line(e, drop_period=True)
+        raise ConfigError(f"model hf:{where}: {why}; {REFETCH}") from None
     except pickle.UnpicklingError:  # torch's refusal (weights_only) of a pickle's other objects
         raise ConfigError(
             f"model hf:{where}: its weights file holds objects other than tensors, refused "
@@ -303,13 +304,8 @@ def _pretrained(transformers: Any, head: Any, where: str, keys: dict[str, Any]) 
         ) from None
     except SafetensorError as e:
         raise ConfigError(
-            f"model hf:{where}: model.safetensors: {_first_line(e)}; {REFETCH}"
+            f"model hf:{where}: model.safetensors: {first_line(e, drop_period=True)}; {REFETCH}"
         ) from None
-
-
-def _first_line(e: Exception) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0].rstrip(".") if lines else type(e).__name__
 
 
 def not_found(where: str) -> str:

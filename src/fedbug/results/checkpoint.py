@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from fedbug.errors import CheckpointError
+from fedbug.errors import CheckpointError, first_line
 from fedbug.results.files import atomic_write_bytes, read_regular
 
 CHECKPOINT_MAGIC = b"FEDBUG-CHECKPOINT-1 "
@@ -56,8 +56,7 @@ def load_checkpoint_file(path: Path, limit: int | None = None) -> dict[str, Any]
             "the config again with another --out"
         ) from None
     except Exception as e:  # noqa: BLE001 - any other loading failure is a bad file
-        lines = str(e).strip().splitlines()
-        why = lines[0] if lines and "weights_only" not in str(e) else type(e).__name__
+        why = type(e).__name__ if "weights_only" in str(e) else first_line(e)
         raise CheckpointError(
             f"checkpoint {str(path)!r} cannot be loaded ({_printable(why)[:160]}); delete it and "
             "run the config again with another --out"

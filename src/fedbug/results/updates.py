@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedbug.errors import ConfigError
+from fedbug.errors import ConfigError, first_line
 from fedbug.results.files import atomic_write_bytes, check_no_links, read_regular
 from fedbug.results.limits import MAX_UPDATE_META_BYTES, recorded_tensors_limit
 
@@ -103,8 +103,7 @@ def load_tensors(run: Path, path: Path, limit: int | None = None) -> dict[str, T
     try:
         out = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{path} is not a recorded update (tensors only): {first}") from e
+        raise ConfigError(f"{path} is not a recorded update (tensors only): {first_line(e)}") from e
     if not isinstance(out, dict) or not all(isinstance(v, Tensor) for v in out.values()):
         raise ConfigError(f"{path} is not a recorded update: expected a mapping of tensors")
     return out

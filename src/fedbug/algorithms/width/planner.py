@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 from torch.func import functional_call
 
-from fedbug.errors import ConfigError
+from fedbug.errors import ConfigError, first_line
 
 Kind = Literal["conv", "linear", "norm"]
 Rounding = Literal["ceil", "floor"]
@@ -202,7 +202,7 @@ def plan(model: nn.Module, who: str = "width") -> WidthPlan:
     except Exception as e:  # noqa: BLE001 - any tracing failure is the same refusal
         raise ConfigError(
             f"{who}: cannot trace the forward pass of {type(model).__name__} with torch.fx "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); width "
+            f"({type(e).__name__}: {first_line(e, empty='')}); width "
             "sub-models need a forward pass without data-dependent control flow"
         ) from None
     tr = _Tracer(who, model)

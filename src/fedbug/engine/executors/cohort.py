@@ -40,7 +40,7 @@ from fedbug.engine.client import (
     unit_regions,
 )
 from fedbug.engine.executors.base import Executor
-from fedbug.errors import ConfigError
+from fedbug.errors import ConfigError, first_line
 
 Step = tuple[tuple[int, ...], Tensor, Tensor]
 
@@ -231,11 +231,10 @@ class CohortExecutor(Executor):
         try:
             g, (_, value) = vmap(grad_and_value(client_loss, has_aux=True))(trained, fixed, x, y)
         except RuntimeError as e:  # an impure loss or model: in-place updates, .item(), draws
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(
                 f"executor: cohort maps the loss and the model over the clients with "
-                f"torch.func.vmap, which refused them ({first[:200]}); make the loss a pure "
-                "function of the output and labels (no in-place updates of captured tensors, "
+                f"torch.func.vmap, which refused them ({first_line(e)[:200]}); make the loss a "
+                "pure function of the output and labels (no in-place updates of captured tensors, "
                 "no .item()), or use executor: sequential"
             ) from None
         finally:
