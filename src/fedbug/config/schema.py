@@ -4,7 +4,6 @@ method that has a ``params_cls``."""
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
@@ -13,7 +12,7 @@ from fedbug.algorithms import ALGORITHMS
 from fedbug.config.cohort import CohortParams
 from fedbug.config.compat import check_compatible
 from fedbug.config.dp import DPParams, DPSGDParams
-from fedbug.core.registry import own_hint
+from fedbug.core.registry import unknown_name_message as _unknown  # presets.py imports it
 from fedbug.core.tasks import TASKS
 from fedbug.data import DATASETS
 from fedbug.data.augment import AUGMENTATIONS
@@ -333,13 +332,6 @@ def _unpickle_config(state: dict[str, Any]) -> BaseConfig:
     cfg = cls.__new__(cls)
     cfg.__setstate__(state)
     return cfg
-
-
-def _unknown(kind: str, name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    own = own_hint(kind)  # a method, model or data set of the user's: how to make it known
-    return f"unknown {kind} {name!r}{hint}; known: {', '.join(known)}" + (f"; {own}" if own else "")
 
 
 def _build_config_class() -> type[BaseConfig]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from fedbug.errors import ConfigError
@@ -31,7 +31,7 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            raise ConfigError(unknown_name_message(self.kind, name, self._items)) from None
+            raise ConfigError(unknown_name_message(self.kind, name, self.names())) from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._items
@@ -46,14 +46,15 @@ class Registry(Generic[T]):
         return sorted(self._items)
 
 
-def unknown_name_message(kind: str, name: str, known: object) -> str:
-    names = sorted(str(k) for k in known)  # type: ignore[attr-defined]
+def unknown_name_message(kind: str, name: str, known: Iterable[str]) -> str:
+    """``unknown KIND 'x' (did you mean 'y'?); known: a, b`` in one line (``known`` in the
+    order given), then how a name of the user's own becomes known (:func:`own_hint`) where a
+    user registers that kind: the registries' misses and the config's validation say it so."""
+    names = [str(k) for k in known]
     close = difflib.get_close_matches(str(name), names, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
     own = own_hint(kind)
-    return f"unknown {kind} {name!r}.{hint} Known: {', '.join(names)}" + (
-        f"; {own}." if own else "."
-    )
+    return f"unknown {kind} {name!r}{hint}; known: {', '.join(names)}" + (f"; {own}" if own else "")
 
 
 #: the kinds of name a user may register in a module of their own, as the hint names them
@@ -64,7 +65,7 @@ _OWN = {
     "selection": "a selection",
     "model": "a model",
     "dataset": "a data set",
-    "method": "a method",
+    "method": "an algorithm",  # no method registry: a registered algorithm is a method: name
 }
 
 
