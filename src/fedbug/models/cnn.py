@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 
-def _flat_size(features: Callable[[Tensor], Tensor], input_shape: tuple[int, ...]) -> int:
+def flat_size(features: Callable[[Tensor], Tensor], input_shape: tuple[int, ...]) -> int:
     """Entries of one sample's output of ``features`` (a model's own feature extractor)."""
     with torch.no_grad():
         return int(features(torch.zeros(1, *input_shape)).numel())
@@ -31,7 +31,7 @@ class StandardCNN(nn.Module):
         self.conv2 = nn.Conv2d(64, 64, 5)
         self.pool = nn.MaxPool2d(2)
         self.act = nn.ReLU()
-        flat = _flat_size(self._features, input_shape)
+        flat = flat_size(self._features, input_shape)
         self.fc1 = nn.Linear(flat, 384)
         self.fc2 = nn.Linear(384, 192)
         self.fc3 = nn.Linear(192, num_classes)
@@ -60,7 +60,7 @@ class DigitsCNN(nn.Module):
         self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
         self.pool = nn.MaxPool2d(2)
         self.act = nn.ReLU()
-        flat = _flat_size(self._features, input_shape)
+        flat = flat_size(self._features, input_shape)
         self.fc1 = nn.Linear(flat, 64)
         self.fc2 = nn.Linear(64, 64)
         self.fc3 = nn.Linear(64, num_classes)

@@ -5,16 +5,9 @@ Both leave their units to fedbug's tracing: one unit per conv / linear layer, in
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import torch
 from torch import Tensor, nn
 
-
-def _flat_size(features: Callable[[Tensor], Tensor], input_shape: tuple[int, ...]) -> int:
-    """Entries of one sample's output of ``features`` (a model's own feature extractor)."""
-    with torch.no_grad():
-        return int(features(torch.zeros(1, *input_shape)).numel())
+from fedbug.models.cnn import flat_size
 
 
 def _conv_out(size: int, kernel: int = 5) -> int:
@@ -47,7 +40,7 @@ class TinyImageNetCNN(nn.Module):
         self.conv3 = nn.Conv2d(64, 64, 5)
         self.pool = nn.MaxPool2d(2)
         self.act = nn.ReLU()
-        flat = _flat_size(self._features, input_shape)
+        flat = flat_size(self._features, input_shape)
         self.fc1 = nn.Linear(flat, 256)
         self.fc2 = nn.Linear(256, 128)
         self.fc3 = nn.Linear(128, num_classes)
@@ -83,7 +76,7 @@ class FedSeqCNN(nn.Module):
         self.conv2 = nn.Conv2d(32, 64, 5)
         self.pool = nn.MaxPool2d(2)
         self.act = nn.ReLU()
-        flat = _flat_size(self._features, input_shape)
+        flat = flat_size(self._features, input_shape)
         self.fc1 = nn.Linear(flat, 512)
         self.fc2 = nn.Linear(512, num_classes)
 
