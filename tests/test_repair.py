@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from damage import damage_line, metrics_lines
 from tiny import tiny_config, without_timing
 
 import fedbug
@@ -34,16 +35,6 @@ def run(original, tmp_path) -> Path:
     return tmp_path / "run"
 
 
-def _lines(run: Path) -> list[bytes]:
-    return (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
-
-
-def _damage_line(run: Path, n: int) -> None:
-    lines = _lines(run)
-    lines[n - 1] = lines[n - 1].replace(b'"round"', b'"rounx"', 1)
-    (run / "metrics.jsonl").write_bytes(b"".join(lines))
-
-
 def test_a_whole_run_needs_no_repair(run, capsys):
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     assert main(["repair", str(run), "--quiet"]) == 0
@@ -52,7 +43,7 @@ def test_a_whole_run_needs_no_repair(run, capsys):
 
 
 def test_a_damaged_line_in_a_finished_run_is_rebuilt(run, original, capsys):
-    _damage_line(run, 2)
+    damage_line(run, 2)
     with pytest.raises(ResultsError, match="fedbug repair"):
         RunDir(run).read_run()
     assert main(["repair", str(run), "--quiet"]) == 0
@@ -63,8 +54,8 @@ def test_a_damaged_line_in_a_finished_run_is_rebuilt(run, original, capsys):
     assert without_timing(rebuilt["records"]) == without_timing(
         RunDir(original).read_run()["records"]
     )
-    assert [x for i, x in enumerate(_lines(run)) if i != 1] == [
-        x for i, x in enumerate(_lines(original)) if i != 1
+    assert [x for i, x in enumerate(metrics_lines(run)) if i != 1] == [
+        x for i, x in enumerate(metrics_lines(original)) if i != 1
     ]
     (kept,) = run.glob("damaged-*")
     assert b"rounx" in (kept / "metrics.jsonl").read_bytes()
@@ -96,20 +87,20 @@ def test_an_unfinished_run_is_rebuilt_to_its_checkpoint_then_resumes_exactly(
     cfg = tiny_config(rounds=ROUNDS, checkpoint_every=2, count_flops=False)
     run = tmp_path / "run"
     fedbug.run(cfg, run_dir=run, stop_after=3)  # killed after round 3; checkpoint at round 2
-    _damage_line(run, 1)
+    damage_line(run, 1)
     with pytest.raises(ResultsError, match="line 1"):
         fedbug.run(cfg, run_dir=run, resume=True)
     assert main(["repair", str(run), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "rounds 1-2" in out and "after round 2" in out and "--resume" in out
-    assert len(_lines(run)) == 2
+    assert len(metrics_lines(run)) == 2
     done = fedbug.run(cfg, run_dir=run, resume=True)
     assert without_timing(done.records) == without_timing(RunDir(original).read_run()["records"])
 
 
 def test_a_run_the_rerun_does_not_reproduce_is_left_unchanged(run, capsys):
-    _damage_line(run, 3)
-    lines = _lines(run)
+    damage_line(run, 3)
+    lines = metrics_lines(run)
     record = json.loads(lines[0])
     record["test_acc"] = 0.123  # another machine's numbers, with a valid checksum
     from fedbug.results import with_crc
@@ -139,7 +130,7 @@ def test_a_run_of_your_own_data_needs_it_again(tmp_path, capsys):
     cfg = tiny_config(rounds=2, model="logreg", count_flops=False)
     fedbug.run(cfg, run_dir=tmp_path / "run", dataset=ds)
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["dataset"] == "user:blobs"
-    _damage_line(tmp_path / "run", 1)
+    damage_line(tmp_path / "run", 1)
     assert main(["repair", str(tmp_path / "run")]) == 2
     assert "fedbug.repair(RUN, dataset=" in capsys.readouterr().err
     report = fedbug.repair(tmp_path / "run", dataset=ds)

@@ -4,17 +4,15 @@ received config may hold. Each case failed on the code before its fix."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import yaml
+from guards import at_most
 
 from fedbug.cli import main
 from fedbug.errors import ConfigError, FedbugError
@@ -166,26 +164,6 @@ def test_a_model_folders_config_cannot_name_a_kernel_on_the_hub(tmp_path):
 # ---------------------------------------------------------------- a FIFO in a file's place
 
 
-class Blocked(BaseException):
-    """A read that blocked (no ``except OSError`` or ``except Exception`` takes it)."""
-
-
-@contextlib.contextmanager
-def _at_most(seconds: int) -> Iterator[None]:
-    """Fail (not hang) where a read blocks: SIGALRM interrupts it."""
-
-    def late(signum: int, frame: Any) -> None:
-        raise Blocked(f"blocked for {seconds} s")
-
-    before = signal.signal(signal.SIGALRM, late)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, before)
-
-
 @pytest.mark.parametrize("name", ["summary.json", "metrics.jsonl", "metrics.thin.jsonl"])
 def test_report_on_a_received_folder_with_a_fifo_in_a_files_place(tmp_path, capsys, name):
     """A received run folder (a tar archive holds FIFOs and links) whose summary.json,
@@ -198,7 +176,7 @@ def test_report_on_a_received_folder_with_a_fifo_in_a_files_place(tmp_path, caps
         (run / "metrics.jsonl").write_text("")
     (run / name).unlink()
     os.mkfifo(run / name)
-    with _at_most(5):
+    with at_most(5):
         assert main(["report", str(tmp_path / "received")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and str(run / name) in err[0] and "not a regular file" in err[0], err
@@ -212,7 +190,7 @@ def test_recorded_updates_and_checkpoints_that_are_fifos_are_one_line(tmp_path):
 
     for name in ("client-0.json", "client-0.pt", "checkpoint.pt"):
         os.mkfifo(tmp_path / name)
-    with _at_most(5):
+    with at_most(5):
         for read in (
             lambda: read_meta(tmp_path / "client-0.json"),
             lambda: load_tensors(tmp_path, tmp_path / "client-0.pt"),
@@ -232,7 +210,7 @@ def test_a_fifo_beside_a_received_run_is_not_waited_on(tmp_path, capsys):
 
     run = _lying_thinned_run(tmp_path / "received", 0)
     os.mkfifo(tmp_path / "received" / "sweep.json")
-    with _at_most(5):
+    with at_most(5):
         assert main(["report", str(tmp_path / "received")]) == 0
         assert capsys.readouterr().err == ""
         os.mkfifo(run / "metrics.jsonl")

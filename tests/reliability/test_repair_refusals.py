@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from damage import damage_line, metrics_lines
 from tiny import tiny_config, without_timing
 
 import fedbug
@@ -158,24 +159,14 @@ def stopped_after_3(tmp_path_factory) -> Path:
     return root / "run"
 
 
-def _lines(run: Path) -> list[bytes]:
-    return (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
-
-
-def _damage_line(run: Path, n: int) -> None:
-    lines = _lines(run)
-    lines[n - 1] = lines[n - 1].replace(b'"round"', b'"rounx"', 1)
-    (run / "metrics.jsonl").write_bytes(b"".join(lines))
-
-
 def test_lines_cut_after_the_checkpoint_are_reported_as_cut(
     stopped_after_3, finished, tmp_path, capsys
 ):
     # before: "rebuilt metrics.jsonl by running rounds 1-0 again (every undamaged round
     # reproduced)" where nothing had run; the report now says what was done
     run = _copy(stopped_after_3, tmp_path)
-    _damage_line(run, 3)
-    whole = _lines(run)[:2]
+    damage_line(run, 3)
+    whole = metrics_lines(run)[:2]
     report = fedbug.repair(run)
     out = "\n".join(report.lines())
     assert "running rounds" not in out and "1-0" not in out, out
@@ -185,7 +176,7 @@ def test_lines_cut_after_the_checkpoint_are_reported_as_cut(
     assert f"{run}: unfinished: continue it with --resume (it runs rounds 3-4)" in out
     assert report.rebuilt == [] and report.rounds_rerun == 0
     assert report.cut and report.last_round == 2
-    assert _lines(run) == whole  # the two lines before it kept byte for byte
+    assert metrics_lines(run) == whole  # the two lines before it kept byte for byte
     (kept,) = run.glob("damaged-*")
     assert b"rounx" in (kept / "metrics.jsonl").read_bytes()
     done = fedbug.run(
@@ -210,7 +201,7 @@ def test_a_damaged_line_before_the_first_checkpoint_is_refused(
     # again", exit 0; the refusal came only with a damaged checkpoint or summary too. Nothing
     # whole is left to rebuild to: refused in one line, the folder as it was
     run = _copy(stopped_after_1, tmp_path)
-    _damage_line(run, 1)
+    damage_line(run, 1)
     before = _files(run)
     assert main(["repair", str(run), "--quiet"]) == 2
     err = capsys.readouterr().err
@@ -231,7 +222,7 @@ def test_a_damaged_checkpoint_before_any_whole_round_names_the_way_out(
     # the refusal said "run it again with --resume" where --resume refuses the damaged
     # checkpoint ("is corrupt"); it now says to move it away first
     run = _copy(stopped_after_3, tmp_path)
-    (run / "metrics.jsonl").write_bytes(_lines(run)[0])
+    (run / "metrics.jsonl").write_bytes(metrics_lines(run)[0])
     ck = bytearray((run / "checkpoint.pt").read_bytes())
     ck[-10] ^= 0xFF
     (run / "checkpoint.pt").write_bytes(bytes(ck))
@@ -269,7 +260,7 @@ def test_a_torn_line_after_a_finished_runs_last_round_is_cut(finished, tmp_path,
     # agrees with the 4 whole lines: the torn line is cut, nothing run again
     run = _copy(finished, tmp_path)
     whole = (run / "metrics.jsonl").read_bytes()
-    torn = whole + _lines(run)[-1][:30]
+    torn = whole + metrics_lines(run)[-1][:30]
     (run / "metrics.jsonl").write_bytes(torn)
     assert main(["repair", str(run), "--quiet"]) == 0
     out = capsys.readouterr().out
@@ -293,7 +284,7 @@ def test_a_finished_runs_torn_last_round_is_rebuilt_not_dropped(
     # metrics.jsonl's 1 line(s) after round 4" (it was round 4, rebuilt); with the checkpoint
     # damaged too, the torn round was not named at all
     run = _copy(finished, tmp_path)
-    lines = _lines(run)
+    lines = metrics_lines(run)
     (run / "metrics.jsonl").write_bytes(b"".join(lines)[:-1])
     if checkpoint == "damaged":
         ck = bytearray((run / "checkpoint.pt").read_bytes())
@@ -305,7 +296,7 @@ def test_a_finished_runs_torn_last_round_is_rebuilt_not_dropped(
     assert f"damaged: {torn} is 4" in out
     assert "rebuilt metrics.jsonl" in out and "running rounds 1-4 again" in out
     assert "dropped" not in out, out
-    assert _lines(run)[:3] == lines[:3]
+    assert metrics_lines(run)[:3] == lines[:3]
     assert without_timing(RunDir(run).read_run()["records"]) == without_timing(
         RunDir(finished).read_run()["records"]
     )
