@@ -22,11 +22,12 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from guards import at_most
 from tiny import tiny_config
 
 import fedbug.engine.rounds as engine
@@ -90,26 +91,6 @@ def in_child(fn: Callable[[], Any], seconds: float = 20) -> tuple[Any, ...]:
         os.close(r)
         os.waitpid(pid, 0)
     return pickle.loads(data)
-
-
-class Blocked(BaseException):
-    """A read that blocked (no ``except Exception`` takes it)."""
-
-
-@contextlib.contextmanager
-def at_most(seconds: int) -> Iterator[None]:
-    """Fail (not hang) where an in-process read blocks: SIGALRM interrupts it."""
-
-    def late(signum: int, frame: Any) -> None:
-        raise Blocked(f"blocked for {seconds} s")
-
-    before = signal.signal(signal.SIGALRM, late)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, before)
 
 
 def sparse(path: Path, size: int, head: bytes = b"", tail: bytes = b"") -> Path:
@@ -300,21 +281,6 @@ def test_a_recorded_updates_json_side_past_its_limit_is_one_line(tmp_path):
     refused(in_child(lambda: read_meta(path)), "ConfigError", str(path), "268,435,456")
     path = sparse(tmp_path / "client-1.json", 200_000_000, head=b'{"client": 1')
     refused(in_child(lambda: read_meta(path)), "ConfigError", str(path), "zero byte")
-
-
-@pytest.fixture(scope="module")
-def recorded_run(tmp_path_factory) -> Path:
-    """A one-round digits/mlp run that recorded round 1's two updates."""
-    from fedbug.api import run
-    from fedbug.config import load_config
-
-    sets = ["dataset=digits", "model=mlp", "num_clients=4", "clients_per_round=2", "rounds=1",
-            "local_steps=1", "batch_size=2", "count_flops=false", "threads=1",
-            "record_updates=[1]"]  # fmt: skip
-    with pytest.MonkeyPatch.context() as mp:  # no per-run plots (most of a tiny run's time)
-        for name in ("plot_run", "plot_partition"):
-            mp.setattr(f"fedbug.engine.run_folder.{name}", lambda *a, **k: None)
-        return run(load_config(None, sets), tmp_path_factory.mktemp("att") / "run").run_dir
 
 
 @pytest.mark.parametrize("name", ["client-K.pt", "global.pt"])

@@ -7,7 +7,7 @@ from typing import Any
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.config.compat import owners
-from fedbug.config.schema import _unknown
+from fedbug.core.registry import unknown_name_message
 from fedbug.errors import ConfigError
 
 # ``method:`` presets: a name -> the keys it sets. Keys the config sets itself win. A method that
@@ -65,7 +65,9 @@ def apply_method(doc: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"method must be a name; got {method!r}")
     preset = preset_of(method)
     if preset is None:
-        raise ConfigError(_unknown("method", method, sorted({*PRESETS, *ALGORITHMS.names()})))
+        raise ConfigError(
+            unknown_name_message("method", method, sorted({*PRESETS, *ALGORITHMS.names()}))
+        )
     for key in DEFINING:
         if key in preset and doc.get(key) is not None and doc[key] != preset[key]:
             raise ConfigError(

@@ -12,7 +12,7 @@ from fedbug.algorithms import ALGORITHMS
 from fedbug.config.cohort import CohortParams
 from fedbug.config.compat import check_compatible
 from fedbug.config.dp import DPParams, DPSGDParams
-from fedbug.core.registry import unknown_name_message as _unknown  # presets.py imports it
+from fedbug.core.registry import unknown_name_message as _unknown
 from fedbug.core.tasks import TASKS
 from fedbug.data import DATASETS
 from fedbug.data.augment import AUGMENTATIONS
