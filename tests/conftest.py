@@ -72,3 +72,20 @@ def _node_cache_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory):
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def recorded_run(tmp_path_factory: pytest.TempPathFactory):
+    """A one-round digits/mlp run that recorded round 1's two updates (about a second); the
+    reliability drills share it (here, not in a tests/reliability/conftest.py: a second module
+    named conftest would shadow this one where a test imports it, as test_device does)."""
+    from fedbug.api import run
+    from fedbug.config import load_config
+
+    sets = ["dataset=digits", "model=mlp", "num_clients=4", "clients_per_round=2", "rounds=1",
+            "local_steps=1", "batch_size=2", "count_flops=false", "threads=1",
+            "record_updates=[1]"]  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:  # no per-run plots (most of a tiny run's time)
+        for name in ("plot_run", "plot_partition"):
+            mp.setattr(f"fedbug.engine.run_folder.{name}", lambda *a, **k: None)
+        return run(load_config(None, sets), tmp_path_factory.mktemp("att") / "run").run_dir
