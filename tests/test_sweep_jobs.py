@@ -114,7 +114,9 @@ def test_ctrl_c_is_one_line_without_the_workers_tracebacks(tmp_path):
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 130
-    assert err.strip() == "fedbug: interrupted; rerun with --resume to continue", err
+    said = [line for line in err.strip().splitlines() if not line.startswith("fedbug: warning: ")]
+    assert said == ["fedbug: interrupted; rerun with --resume to continue"], err  # (a worker's
+    # warnings about the config, shown where they come before the Ctrl-C, are not tracebacks)
 
 
 @pytest.mark.slow
