@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator
 from importlib.machinery import PathFinder
 from pathlib import Path
 
+from fedbug.core.process import environment_variable
 from fedbug.errors import ConfigError
 
 #: the modules the processes a command starts import (``os.pathsep``-separated entries)
@@ -64,16 +65,9 @@ def imported(given: list[str]) -> Iterator[None]:
     The environment is as it was after the block (the registrations stay: they are the
     process's)."""
     entries = [*import_from_env(), *import_modules(given)]
-    before = os.environ.get(IMPORT_ENV)
-    if entries:
-        os.environ[IMPORT_ENV] = os.pathsep.join(dict.fromkeys(entries))
-    try:
+    value = os.pathsep.join(dict.fromkeys(entries)) if entries else None
+    with environment_variable(IMPORT_ENV, value):
         yield
-    finally:
-        if before is None:
-            os.environ.pop(IMPORT_ENV, None)
-        else:
-            os.environ[IMPORT_ENV] = before
 
 
 def _import_one(given: str, option: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedbug.core.process import environment_variable
 from fedbug.core.registry import Registry
 from fedbug.core.seeding import derive_seed
 from fedbug.errors import ConfigError, first_line
@@ -86,15 +87,8 @@ def allow_import() -> Iterator[None]:
     """Let configs built and run inside this block name a model factory function by import path
     (and the worker processes and Flower nodes started meanwhile, which inherit the
     environment). Use it only for configs you trust: a config can name any function."""
-    before = os.environ.get(ALLOW_IMPORT_ENV)
-    os.environ[ALLOW_IMPORT_ENV] = "1"
-    try:
+    with environment_variable(ALLOW_IMPORT_ENV, "1"):
         yield
-    finally:
-        if before is None:
-            os.environ.pop(ALLOW_IMPORT_ENV, None)
-        else:
-            os.environ[ALLOW_IMPORT_ENV] = before
 
 
 def _is_module_class(target: object) -> bool:
