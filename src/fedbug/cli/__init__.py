@@ -65,27 +65,35 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(
         dest="command", required=True, help="what to do; fedbug COMMAND --help for its options"
     )
+    _add_run_parser(sub)
+    _add_sweep_parser(sub)
+    _add_repair_parser(sub)
+    _add_report_parser(sub)
+    _add_theory_parser(sub)
+    _add_data_parser(sub)
+    _add_cost_parser(sub)
+    add_attack_parser(sub)
+    _import_flag(sub.choices["attack"])
+    _add_flower_parser(sub)
+    return p
 
+
+def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run one experiment from a YAML config")
-    r.add_argument("config", help=_CONFIG_HELP)
-    r.add_argument(*_SET_FLAGS, **_SET_KW)
+    _config_args(r, _CONFIG_HELP)
     r.add_argument("--out", default="runs", help="folder for run folders (default: runs)")
-    r.add_argument("--data-dir", default=None, help="look for data files here first")
+    _data_dir_flag(r)
     r.add_argument("--resume", action="store_true", help="continue the run from its checkpoint")
-    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    r.add_argument(
-        "--track",
-        default=None,
-        metavar="TRACKERS",
-        help="also write each round to tensorboard and/or mlflow (comma-separated; "
-        "pip install 'fedbug[track]')",
-    )
+    _quiet_flag(r, "no progress bar")
+    _track_flag(r)
     _allow_import_flag(r)
+    _import_flag(r)
     r.set_defaults(func=cmd_run)
 
+
+def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("sweep", help="run a grid of experiments over seeds; table and plot")
-    s.add_argument("config", help=_CONFIG_HELP + "; its grid: block, if any, is the grid")
-    s.add_argument(*_SET_FLAGS, **_SET_KW)
+    _config_args(s, _CONFIG_HELP + "; its grid: block, if any, is the grid")
     s.add_argument(
         "-g",
         "--grid",
@@ -96,21 +104,25 @@ def build_parser() -> argparse.ArgumentParser:
         "entry for KEY), e.g. -g bottom_up.gu_ratio=0,0.5; repeatable",
     )
     s.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: config)")
-    s.add_argument(
-        "--track",
-        default=None,
-        metavar="TRACKERS",
-        help="also write each round to tensorboard and/or mlflow (comma-separated; "
-        "pip install 'fedbug[track]')",
-    )
+    _track_flag(s)
     s.add_argument(
         "--out",
         default="runs",
         help="folder for the sweep folder OUT/NAME-sweep/, which holds a run folder per cell "
         "and seed (default: runs)",
     )
-    s.add_argument("--data-dir", default=None, help="look for data files here first")
+    _data_dir_flag(s)
     s.add_argument("--resume", action="store_true", help="continue unfinished runs")
+    _sweep_placement_flags(s)
+    _quiet_flag(s, "no progress bars")
+    _ft_flag(s)
+    _allow_import_flag(s)
+    _import_flag(s)
+    s.set_defaults(func=cmd_sweep)
+
+
+def _sweep_placement_flags(s: argparse.ArgumentParser) -> None:
+    """Where a sweep's runs go: ``--jobs`` local processes or ``--ray`` cluster tasks."""
     s.add_argument(
         "-j",
         "--jobs",
@@ -129,24 +141,22 @@ def build_parser() -> argparse.ArgumentParser:
         "ray://HOST:PORT; default auto), retried and resumed if its worker dies; --out must be "
         "storage every node sees (pip install 'fedbug[ray]')",
     )
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    s.add_argument(
-        "--ft",
-        choices=["paper", "both"],
-        default="paper",
-        help="personalized runs: FedSeq Table 4's cells (paper) or before / after FT for all",
-    )
-    s.set_defaults(func=cmd_sweep)
 
+
+def _add_repair_parser(sub: argparse._SubParsersAction) -> None:
     rr = sub.add_parser(
         "repair",
         help="rebuild a run folder's damaged metrics.jsonl, summary.json or checkpoint by "
         "running its rounds again (the damaged files kept in damaged-TIME/)",
     )
     rr.add_argument("runs", nargs="+", help="run folders")
-    rr.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _quiet_flag(rr, "no progress bar")
+    _allow_import_flag(rr)
+    _import_flag(rr)
     rr.set_defaults(func=cmd_repair)
 
+
+def _add_report_parser(sub: argparse._SubParsersAction) -> None:
     rp = sub.add_parser("report", help="re-print the comparison table of finished runs")
     rp.add_argument("dirs", nargs="+", help="run or sweep folders")
     rp.add_argument("--out", default=None, help="write report.md, report.json and the figures")
@@ -158,13 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the figures' format(s) under --out: png (the default), pdf, svg; repeatable or "
         "a comma list (--format png,pdf)",
     )
-    rp.add_argument("--json", action="store_true", help="print the table's rows as JSON")
-    rp.add_argument(
-        "--ft",
-        choices=["paper", "both"],
-        default="paper",
-        help="personalized runs: FedSeq Table 4's cells (paper) or before / after FT for all",
-    )
+    _json_flag(rp, "print the table's rows as JSON")
+    _ft_flag(rp)
     rp.add_argument(
         "--target", default=None, help="simulated runs: accuracy to reach (0.75, 75%%) or auto"
     )
@@ -178,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.set_defaults(func=cmd_report)
 
+
+def _add_theory_parser(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("theory", help="the two-client analysis of FedBug Sec. 4, computed")
     t.add_argument(
         "--eta",
@@ -199,9 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help="global rounds measured; a ratio is their mean (1 to 1000, default: 5)",
     )
-    t.add_argument("--json", action="store_true", help="print the report as JSON")
+    _json_flag(t, "print the report as JSON")
     t.set_defaults(func=cmd_theory)
 
+
+def _add_data_parser(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser(
         "data", help="which data sets are found where; `data download NAME` fetches one"
     )
@@ -217,21 +226,24 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dest", default=None, help="write into DEST/<name> (~/.cache/fedbug)")
     d.add_argument("--min-samples", type=int, default=64, help="build: drop smaller clients")
     d.add_argument("--train-fraction", type=float, default=0.8, help="build: train share")
-    d.add_argument("--data-dir", default=None, help="list: look for data files here first")
-    d.add_argument("--json", action="store_true", help="list, build: print JSON")
+    _data_dir_flag(d, "list: look for data files here first")
+    _json_flag(d, "list, build: print JSON")
     d.set_defaults(func=cmd_data)
 
+
+def _add_cost_parser(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("cost", help="training FLOPs and upload of freezing (FreezeFL, FedSeq)")
-    c.add_argument("config", help=_CONFIG_HELP)
-    c.add_argument(*_SET_FLAGS, **_SET_KW)
-    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    _config_args(c, _CONFIG_HELP)
+    _json_flag(c, "print the report as JSON")
     c.add_argument("--participants", action="store_true", help="count r*N clients a round")
     c.add_argument("--samples-per-client", type=int, default=None, help="default: 500")
     c.add_argument("--out", default=None, help="write DIR/cost.png and DIR/cost.json")
+    _allow_import_flag(c)
+    _import_flag(c)
     c.set_defaults(func=cmd_cost)
 
-    add_attack_parser(sub)
 
+def _add_flower_parser(sub: argparse._SubParsersAction) -> None:
     f = sub.add_parser("flower", help="Flower helpers (pip install 'fedbug[flower]')")
     fsub = f.add_subparsers(dest="flower_command", required=True, help="which helper")
     fa = fsub.add_parser("app", help="write the Flower app (for `flwr run DIR CONNECTION`)")
@@ -248,12 +260,47 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument("--insecure", action="store_true", help="the Runtime API is plain HTTP")
     tls.add_argument("--root-certificates", metavar="PEM", help="CA of a TLS Runtime API")
     _allow_import_flag(fw, "a run's config names (the server sends it)")
+    _import_flag(fw)
     fw.set_defaults(func=cmd_flower_worker)
-    for parser in (s, rr, c):
-        _allow_import_flag(parser)
-    for parser in (r, s, rr, c, sub.choices["attack"], fw):
-        _import_flag(parser)
-    return p
+
+
+def _config_args(parser: argparse.ArgumentParser, config_help: str) -> None:
+    """The experiment's config file and the ``-s KEY=VALUE`` settings over it."""
+    parser.add_argument("config", help=config_help)
+    parser.add_argument(*_SET_FLAGS, **_SET_KW)
+
+
+def _data_dir_flag(
+    parser: argparse.ArgumentParser, help: str = "look for data files here first"
+) -> None:
+    parser.add_argument("--data-dir", default=None, help=help)
+
+
+def _quiet_flag(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", help=help)
+
+
+def _json_flag(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--json", action="store_true", help=help)
+
+
+def _track_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--track",
+        default=None,
+        metavar="TRACKERS",
+        help="also write each round to tensorboard and/or mlflow (comma-separated; "
+        "pip install 'fedbug[track]')",
+    )
+
+
+def _ft_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ft",
+        choices=["paper", "both"],
+        default="paper",
+        help="personalized runs: FedSeq Table 4's cells (paper) or before / after FT for all",
+    )
 
 
 def _allow_import_flag(parser: argparse.ArgumentParser, whose: str = "the config names") -> None:
