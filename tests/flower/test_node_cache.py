@@ -116,3 +116,39 @@ def test_a_new_process_loads_the_node_s_client_side_and_trains_the_same(tmp_path
     again = _train(loaded, runtime2)
     assert torch.equal(fresh.delta, again.delta)
     assert all(torch.equal(fresh.state[k], again.state[k]) for k in fresh.state)
+
+
+def test_an_edited_imported_module_is_another_key(tmp_path, monkeypatch):
+    """A user module named with --import (a file, and a package by name): editing it changes
+    the entry, so a node never loads a client side the old code built."""
+    import os
+    import sys
+
+    from fedbug.core.user_modules import IMPORT_ENV
+
+    single = tmp_path / "solo_policy_nc.py"
+    single.write_text("X = 1\n")
+    pkg = tmp_path / "lab_nc" / "methods"
+    pkg.mkdir(parents=True)
+    (tmp_path / "lab_nc" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "policy.py").write_text("Y = 1\n")
+    helper = tmp_path / "lab_nc" / "helpers.py"  # another file of the same package
+    helper.write_text("Z = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import lab_nc.methods.policy  # noqa: F401  (imported, as --import would)
+
+    monkeypatch.setenv(IMPORT_ENV, os.pathsep.join([str(single), "lab_nc.methods.policy"]))
+    base = ("{config}", "/data", "")
+    before = entry_path(tmp_path, base)
+    assert entry_path(tmp_path, base) == before
+    for edited in (single, helper):
+        st = edited.stat()
+        os.utime(edited, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+        after = entry_path(tmp_path, base)
+        assert after != before, edited.name
+        before = after
+    monkeypatch.delenv(IMPORT_ENV)
+    assert entry_path(tmp_path, base) != before  # without the modules: another key again
+    for name in [m for m in sys.modules if m.startswith("lab_nc")]:
+        monkeypatch.delitem(sys.modules, name)

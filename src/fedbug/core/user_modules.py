@@ -70,6 +70,29 @@ def imported(given: list[str]) -> Iterator[None]:
         yield
 
 
+def code_roots(entries: Iterable[str]) -> list[Path]:
+    """Where the code of each imported entry (as :data:`IMPORT_ENV` holds it) lives: its
+    outermost package's folder, else its own file; an entry not imported in this process is
+    left out. What a cache of things built by that code keys on (the Flower node cache)."""
+    roots: list[Path] = []
+    for entry in entries:
+        if entry.endswith(".py"):
+            file = Path(entry)
+        else:
+            module = sys.modules.get(entry.split(".")[0])
+            if module is None or not getattr(module, "__file__", None):
+                continue
+            file = Path(module.__file__ or "")
+        folder = file.parent
+        if file.name == "__init__.py" or (folder / "__init__.py").is_file():
+            while (folder.parent / "__init__.py").is_file():
+                folder = folder.parent
+            roots.append(folder)
+        else:
+            roots.append(file)
+    return roots
+
+
 def _import_one(given: str, option: str) -> str:
     where = f"{option} {given}"
     importlib.invalidate_caches()  # a file written since the last import (a test's, a user's)

@@ -10,10 +10,11 @@ and torch start-up plus the training.
 
 The key is everything the build depends on: the run's config text, the node's data folder and
 device, and the code (fedbug's version and a fingerprint of its source files, torch's and
-Python's versions), so an edited fedbug, another data folder or another config never reads a
-stale entry. Entries are written atomically (a reader sees a whole file or none; two nodes on
-one machine writing the same entry is harmless). A file that cannot be read back is rebuilt and
-replaced; a client side that cannot be saved (a user's task holding a lambda) is used unsaved.
+Python's versions, and of the files of the modules ``--import`` named), so an edited fedbug or
+user module, another data folder or another config never reads a stale entry. Entries are
+written atomically (a reader sees a whole file or none; two nodes on one machine writing the
+same entry is harmless). A file that cannot be read back is rebuilt and replaced; a client side
+that cannot be saved (a user's task holding a lambda) is used unsaved.
 
 The cache folder is the node config's ``cache-dir``, else ``$FEDBUG_NODE_CACHE``, else
 ``$XDG_CACHE_HOME/fedbug/flower-nodes`` (``~/.cache/...``); ``cache-dir=off`` turns it off.
@@ -47,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from fedbug.core.user_modules import code_roots, env_entries
 
 OFF = "off"
 SUFFIX = ".clientside.pt"
@@ -193,9 +196,25 @@ def source_fingerprint(root: Path, versions: str) -> str:
     return h.hexdigest()
 
 
+def user_code_fingerprint() -> str:
+    """A hash of the path, size and modification time of the ``.py`` files of the modules
+    ``--import`` named (:data:`~fedbug.core.user_modules.IMPORT_ENV`): an edited user policy
+    or model makes another key, as an edited fedbug does."""
+    h = hashlib.sha256()
+    for root in code_roots(env_entries()):
+        if root.is_dir():
+            h.update(f"{root} {source_fingerprint(root, '')}\n".encode())
+        elif root.is_file():
+            st = root.stat()
+            h.update(f"{root} {st.st_size} {st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
 def entry_path(folder: Path, parts: tuple[str, ...]) -> Path:
-    """The cache file for a build described by ``parts`` (config text, data folder, device)."""
+    """The cache file for a build described by ``parts`` (config text, data folder, device),
+    under this fedbug's code and the user's imported modules."""
     h = hashlib.sha256(code_fingerprint().encode())
+    h.update(b"\0" + user_code_fingerprint().encode())
     for p in parts:
         h.update(b"\0" + p.encode())
     return folder / f"{h.hexdigest()[:32]}{SUFFIX}"
