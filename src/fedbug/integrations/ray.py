@@ -132,54 +132,82 @@ def run_ray_jobs(
     ray = require_ray()
     connect(ray, address)
     try:
-        task = ray.remote(run_pickled_job)
-        # --allow-import and --import are the caller's: the cluster's workers get them here
-        env = {ALLOW_IMPORT_ENV: "1"} if factories_allowed() else {}
-        if env_entries():
-            env[IMPORT_ENV] = os.environ[IMPORT_ENV]
-        refs = []
-        for i, (cfg, run_dir) in enumerate(jobs):
-            cfg = task_config(cfg)
-            opts = task.options(
-                num_cpus=cfg.threads,
-                max_retries=RETRIES,
-                retry_exceptions=False,
-                name=run_dir.name,
-                **({"runtime_env": {"env_vars": env}} if env else {}),
-            )
-            pickled = pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL)
-            refs.append(opts.remote(run_one, i, pickled, run_dir.absolute()))
-        index = {ref: i for i, ref in enumerate(refs)}
-        results: list[dict[str, Any]] = [{} for _ in jobs]
-        sizes: dict[int, int] = {}
-        pending = list(refs)
-        try:
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
-                for ref in ready:
-                    i = index[ref]
-                    run_dir = jobs[i][1]
-                    done = job_result(_outcome(ray, ref, run_dir), run_dir)
-                    # the folder as the caller named it (the task wrote it by absolute path)
-                    results[i] = {**done, "run_dir": run_dir}
-                    if on_round is not None and done["records"]:
-                        on_round(i, done["records"][-1])
-                    if on_done is not None:
-                        on_done(i)
-                if on_round is None:
-                    continue
+        refs = _submit(ray, run_one, jobs)
+        return _gather(ray, refs, jobs, on_round, on_done)
+    finally:
+        ray.shutdown()
+
+
+def _submit(ray: Any, run_one: RunOne, jobs: list[tuple[BaseConfig, Path]]) -> list[Any]:
+    """One Ray task a job, asking for its config's ``threads`` CPUs (:func:`task_config`) and
+    retried :data:`RETRIES` times if its worker dies; their refs in the order of ``jobs``."""
+    task = ray.remote(run_pickled_job)
+    env = _worker_env()
+    refs = []
+    for i, (cfg, run_dir) in enumerate(jobs):
+        cfg = task_config(cfg)
+        opts = task.options(
+            num_cpus=cfg.threads,
+            max_retries=RETRIES,
+            retry_exceptions=False,
+            name=run_dir.name,
+            **({"runtime_env": {"env_vars": env}} if env else {}),
+        )
+        pickled = pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL)
+        refs.append(opts.remote(run_one, i, pickled, run_dir.absolute()))
+    return refs
+
+
+def _worker_env() -> dict[str, str]:
+    """The caller's ``--allow-import`` and ``--import``, as the cluster's workers get them."""
+    env = {ALLOW_IMPORT_ENV: "1"} if factories_allowed() else {}
+    if env_entries():
+        env[IMPORT_ENV] = os.environ[IMPORT_ENV]
+    return env
+
+
+def _gather(
+    ray: Any,
+    refs: list[Any],
+    jobs: list[tuple[BaseConfig, Path]],
+    on_round: OnJobRound | None,
+    on_done: Callable[[int], None] | None,
+) -> list[dict[str, Any]]:
+    """Each task's result as it finishes, in the order of ``jobs``; meanwhile the rounds the
+    unfinished runs wrote to ``on_round``. Any exception (a failed run, Ctrl-C) cancels the
+    tasks still running."""
+    index = {ref: i for i, ref in enumerate(refs)}
+    results: list[dict[str, Any]] = [{} for _ in jobs]
+    sizes: dict[int, int] = {}
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            for ref in ready:
+                i = index[ref]
+                results[i] = _finished(ray, ref, jobs[i][1])
+                if on_round is not None and results[i]["records"]:
+                    on_round(i, results[i]["records"][-1])
+                if on_done is not None:
+                    on_done(i)
+            if on_round is not None:
                 for ref in pending:
                     i = index[ref]
                     rec = _new_round(jobs[i][1], sizes, i)
                     if rec is not None:
                         on_round(i, rec)
-        except BaseException:
-            for ref in pending:  # Ctrl-C or a failed run: checkpoints stay for --resume
-                ray.cancel(ref, force=True)
-            raise
-        return results
-    finally:
-        ray.shutdown()
+    except BaseException:
+        for ref in pending:  # Ctrl-C or a failed run: checkpoints stay for --resume
+            ray.cancel(ref, force=True)
+        raise
+    return results
+
+
+def _finished(ray: Any, ref: Any, run_dir: Path) -> dict[str, Any]:
+    """A finished task's result, its folder as the caller named it (the task wrote it by its
+    absolute path)."""
+    done = job_result(_outcome(ray, ref, run_dir), run_dir)
+    return {**done, "run_dir": run_dir}
 
 
 def _new_round(run_dir: Path, sizes: dict[int, int], i: int) -> dict[str, Any] | None:
