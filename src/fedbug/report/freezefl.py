@@ -215,34 +215,10 @@ def table_rows(
     """Table III rows, one per group, and the header facts (metric, target, baseline);
     ``names``: ``--labels`` (:func:`group_labels`)."""
     methods, labels = group_labels(groups, names)
-    base_idx = next(
-        (i for i, (_, runs) in enumerate(groups) if is_fedavg(runs[0]["summary"]["config"])),
-        None,
-    )
-    base_best = None
-    if base_idx is not None:
-        bests = [run_figures(r, metric, None)["best_acc"] for r in groups[base_idx][1]]
-        base_best = _nan_to_none(mean_std([b for b in bests if b is not None])[0])
-    if target_arg == "auto" and base_best is None:
-        what = "no FedAvg group" if base_idx is None else "FedAvg's runs have no accuracy"
-        raise ConfigError(
-            f"--target auto needs FedAvg's best accuracy, but there is {what} (algorithm "
-            f"fedavg, policy none, selection uniform or bernoulli); give --target ACC"
-        )
-    if isinstance(target_arg, float):
-        target, how = target_arg, "given"
-    elif base_best is not None:
-        target, how = AUTO_SHARE * base_best, "auto"
-    else:
-        target, how = None, "none"
-    betas = {}
-    for i, (_, runs) in enumerate(groups):
-        c = runs[0]["summary"]["config"]
-        block = c.get(str(c.get("policy")))  # the chosen policy's options (FreezeFL's beta)
-        if isinstance(block, dict) and "beta" in block:
-            betas[i] = block["beta"]
+    base_idx, base_best = _baseline(groups, metric)
+    target, how = _target(target_arg, base_idx, base_best)
+    betas = _betas(groups)
     beta_varies = len(set(betas.values())) > 1
-
     rows = []
     for i, ((_, runs), method, label) in enumerate(zip(groups, methods, labels)):
         per_seed = [run_figures(r, metric, target) for r in runs]
@@ -254,16 +230,10 @@ def table_rows(
             "metric": metric,
             "target": target,
         }
-        for key in FIGURES:
-            m, s = mean_std([p[key] for p in per_seed if p[key] is not None])
-            row[key], row[f"{key}_std"] = _nan_to_none(m), _nan_to_none(s)
-        row["reached"] = sum(p["rounds_to_target"] is not None for p in per_seed)
+        row.update(_seed_means(per_seed))
         row["freezefl_beta"] = betas.get(i)
         row["beta_varies"] = beta_varies and i in betas
-        counts = [participation_groups(r) for r in runs]
-        counts = [c for c in counts if c]
-        if counts and all(len(c) == len(counts[0]) for c in counts):
-            row["participation_groups"] = [statistics.fmean(x) for x in zip(*counts)]
+        row.update(_participation(runs))
         row.update(total_fields(runs))
         row["per_seed"] = per_seed
         row["runs"] = [p["run"] for p in per_seed]
@@ -280,6 +250,70 @@ def table_rows(
         "baseline": base["label"] if base else None,
     }
     return rows, facts
+
+
+def _baseline(groups: list[Group], metric: str) -> tuple[int | None, float | None]:
+    """The FedAvg group's index (:func:`is_fedavg`, the first such) and its best ``metric``,
+    mean over its seeds; None for either where there is none."""
+    base_idx = next(
+        (i for i, (_, runs) in enumerate(groups) if is_fedavg(runs[0]["summary"]["config"])),
+        None,
+    )
+    base_best = None
+    if base_idx is not None:
+        bests = [run_figures(r, metric, None)["best_acc"] for r in groups[base_idx][1]]
+        base_best = _nan_to_none(mean_std([b for b in bests if b is not None])[0])
+    return base_idx, base_best
+
+
+def _target(
+    target_arg: float | str | None, base_idx: int | None, base_best: float | None
+) -> tuple[float | None, str]:
+    """The target accuracy and how it came (given, auto: :data:`AUTO_SHARE` x FedAvg's best,
+    none); ``--target auto`` without FedAvg's best accuracy refused in one line."""
+    if target_arg == "auto" and base_best is None:
+        what = "no FedAvg group" if base_idx is None else "FedAvg's runs have no accuracy"
+        raise ConfigError(
+            f"--target auto needs FedAvg's best accuracy, but there is {what} (algorithm "
+            f"fedavg, policy none, selection uniform or bernoulli); give --target ACC"
+        )
+    if isinstance(target_arg, float):
+        return target_arg, "given"
+    if base_best is not None:
+        return AUTO_SHARE * base_best, "auto"
+    return None, "none"
+
+
+def _betas(groups: list[Group]) -> dict[int, Any]:
+    """Each group's ``beta`` (FreezeFL's), by group index, where its policy's block has one."""
+    betas = {}
+    for i, (_, runs) in enumerate(groups):
+        c = runs[0]["summary"]["config"]
+        block = c.get(str(c.get("policy")))  # the chosen policy's options (FreezeFL's beta)
+        if isinstance(block, dict) and "beta" in block:
+            betas[i] = block["beta"]
+    return betas
+
+
+def _seed_means(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's mean and std over the seeds that have it, and how many seeds reached the
+    target."""
+    out: dict[str, Any] = {}
+    for key in FIGURES:
+        m, s = mean_std([p[key] for p in per_seed if p[key] is not None])
+        out[key], out[f"{key}_std"] = _nan_to_none(m), _nan_to_none(s)
+    out["reached"] = sum(p["rounds_to_target"] is not None for p in per_seed)
+    return out
+
+
+def _participation(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``participation_groups``: :func:`participation_groups` mean over the seeds, where every
+    seed has them, of one length; else nothing."""
+    counts = [participation_groups(r) for r in runs]
+    counts = [c for c in counts if c]
+    if counts and all(len(c) == len(counts[0]) for c in counts):
+        return {"participation_groups": [statistics.fmean(x) for x in zip(*counts)]}
+    return {}
 
 
 # ---------------------------------------------------------------- text
