@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 from fedbug.config import BaseConfig
 from fedbug.config.cohort import unused_cohort_block
@@ -39,27 +40,11 @@ def run(
     unused = unused_cohort_block(cfg)
     if unused is not None:
         warnings.warn(unused, stacklevel=2)
-    if stop_after is not None and (
-        isinstance(stop_after, bool) or not hasattr(stop_after, "__index__") or stop_after < 1
-    ):
-        raise ConfigError(
-            f"stop_after={stop_after!r}; give the round to stop after as a whole number (at "
-            "least 1), or leave it out to run every round"
-        )
+    _check_stop_after(stop_after)
     if str(cfg.executor).startswith("flower"):
-        from fedbug.integrations.flower.launch import run_flower_experiment
-
-        named = task if isinstance(task, str) else None  # a task object cannot travel
-        objects = {"dataset": dataset, "model": model, "loss": loss, "metrics": metrics}
-        objects.update(stop_after=stop_after, task=None if named else task)
-        return run_flower_experiment(
-            cfg,
-            run_dir,
-            resume=resume,
-            on_round=on_round,
-            task=named,
-            unsupported=[k for k, v in objects.items() if v is not None],
-        )
+        in_process_only = {"dataset": dataset, "model": model, "loss": loss, "metrics": metrics}
+        in_process_only.update(stop_after=stop_after)
+        return _run_on_flower(cfg, run_dir, resume, on_round, task, in_process_only)
     return run_experiment(
         cfg,
         run_dir,
@@ -72,6 +57,42 @@ def run(
         on_round=on_round,
         stop_after=stop_after,
         on_phase=on_phase,
+    )
+
+
+def _check_stop_after(stop_after: int | None) -> None:
+    """Refuse, in one line, a ``stop_after`` that is not a whole number of rounds, at least 1."""
+    if stop_after is not None and (
+        isinstance(stop_after, bool) or not hasattr(stop_after, "__index__") or stop_after < 1
+    ):
+        raise ConfigError(
+            f"stop_after={stop_after!r}; give the round to stop after as a whole number (at "
+            "least 1), or leave it out to run every round"
+        )
+
+
+def _run_on_flower(
+    cfg: BaseConfig,
+    run_dir: Path | str | None,
+    resume: bool,
+    on_round: RoundCallback | None,
+    task: Task | str | None,
+    in_process_only: dict[str, Any],
+) -> RunResult:
+    """The run on Flower's nodes, which build the data, model and task from the config: a task
+    travels by its name only; the arguments given of ``in_process_only`` (and a task object)
+    are named to be refused (:func:`~fedbug.integrations.flower.launch.run_flower_experiment`)."""
+    from fedbug.integrations.flower.launch import run_flower_experiment
+
+    named = task if isinstance(task, str) else None  # a task object cannot travel
+    objects = {**in_process_only, "task": None if named else task}
+    return run_flower_experiment(
+        cfg,
+        run_dir,
+        resume=resume,
+        on_round=on_round,
+        task=named,
+        unsupported=[k for k, v in objects.items() if v is not None],
     )
 
 
