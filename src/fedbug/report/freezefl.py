@@ -1,7 +1,7 @@
 """FreezeFL's Table III and Figs. 3-4 from simulated run folders (``fedbug report``, see
 :mod:`fedbug.report.runs`, where every run is simulated).
 
-Runs are grouped with :func:`fedbug.sweeps.sweep.group_runs` (by the config keys that vary,
+Runs are grouped with :func:`fedbug.report.groups.group_runs` (by the config keys that vary,
 seeds pooled); a group is named by its ``method`` (else its ``algorithm``) plus any varied key
 the method does not explain (``freezefl (freezefl.beta=2.0)``).
 
@@ -42,14 +42,16 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ConfigError
+from fedbug.report.cell import Cell
+from fedbug.report.collect import RunList
 from fedbug.report.figures import DEFAULT_FORMATS, markdown_figures, save_figure
+from fedbug.report.groups import group_runs
 from fedbug.report.naming import group_names, report_title
 from fedbug.report.out_folder import prepare_out
 from fedbug.report.spread import mean_std, pm
 from fedbug.report.totals import cost_columns, cost_note, total_fields, with_columns
 from fedbug.results import atomic_write_text
 from fedbug.results.plot import metric_axis
-from fedbug.sweeps.sweep import Cell, RunList, group_runs
 
 AUTO_SHARE = 0.95  # target auto = 0.95 x FedAvg's best accuracy
 PARTICIPATION_GROUPS = 40  # FreezeFL Fig. 4

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.config import BaseConfig
-from fedbug.sweeps.sweep import LABEL, Cell, is_variant_group
+from fedbug.report.cell import LABEL, Cell, is_variant_group
 
 #: the name a config has when it gives none: it names no experiment
 DEFAULT_NAME = BaseConfig.model_fields["name"].default

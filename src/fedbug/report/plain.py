@@ -2,7 +2,7 @@
 :mod:`fedbug.report.runs`), and a sweep's own output (``fedbug sweep``,
 :func:`fedbug.sweeps.sweep.run_sweep`), so that a sweep's table, title and figure are what
 ``fedbug report`` of its folder shows: the sweep's table of each group of runs (final and best
-accuracy, seconds; personalized runs FedSeq's Table 4, :func:`fedbug.sweeps.sweep.format_table`)
+accuracy, seconds; personalized runs FedSeq's Table 4, :func:`fedbug.report.table.format_table`)
 with what each group cost to train (mean training FLOPs, bytes up and down a run:
 :mod:`fedbug.report.totals`) and, with ``--out`` (a sweep: its folder), report.md and
 report.json (a sweep: sweep.md and sweep.json) and the figures: ``accuracy.png`` (accuracy vs
@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.report.figures import DEFAULT_FORMATS, markdown_figures, save_figure
+from fedbug.report.groups import group_runs
 from fedbug.report.naming import Group, group_names, report_title
 from fedbug.report.spread import mean_std
+from fedbug.report.table import format_table, headline, summarise
 from fedbug.report.table4 import write_figures
 from fedbug.report.totals import cost_columns, cost_note, total_fields, with_columns
 from fedbug.results import atomic_write_text
 from fedbug.results.plot import metric_axis
-from fedbug.sweeps.sweep import format_table, group_runs, headline, summarise
 
 
 def plain_report(
@@ -39,7 +40,7 @@ def plain_report(
     labels: str = "full",
 ) -> dict[str, Any]:
     """:func:`report_groups` of ``runs`` grouped (one group per config, seeds pooled:
-    :func:`~fedbug.sweeps.sweep.group_runs`)."""
+    :func:`~fedbug.report.groups.group_runs`)."""
     return report_groups(group_runs(runs), out, ft, notes, formats, labels)
 
 
@@ -72,7 +73,7 @@ def report_groups(
 
 
 def plain_rows(groups: list[Group], labels: str = "full") -> list[dict[str, Any]]:
-    """The table's row of each group (:func:`~fedbug.sweeps.sweep.summarise`), named as
+    """The table's row of each group (:func:`~fedbug.report.table.summarise`), named as
     ``labels`` says, with the group's totals (:func:`~fedbug.report.totals.total_fields` of its
     runs that did not diverge)."""
     rows = summarise(groups)
@@ -111,7 +112,7 @@ def write_plain(
 
 
 def format_plain_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
-    """The sweep's table of ``rows`` (:func:`~fedbug.sweeps.sweep.format_table`), its table of
+    """The sweep's table of ``rows`` (:func:`~fedbug.report.table.format_table`), its table of
     groups with the cost columns of :func:`~fedbug.report.totals.cost_columns` at the right."""
     return with_columns(format_table(rows, ft), *cost_columns(rows))
 

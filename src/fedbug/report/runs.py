@@ -1,7 +1,7 @@
 """``fedbug report``: the comparison table of finished runs, from their run folders.
 
-Runs are found with :func:`fedbug.sweeps.sweep.collect_runs` and grouped with
-:func:`fedbug.sweeps.sweep.group_runs` (by what the config hash covers, seeds pooled). A run
+Runs are found with :func:`fedbug.report.collect.collect_runs` and grouped with
+:func:`fedbug.report.groups.group_runs` (by what the config hash covers, seeds pooled). A run
 folder is counted once per config hash and seed (a standalone run and a sweep's cell of the
 same config and seed are one run), and a damaged one (see
 :meth:`fedbug.results.RunDir.read_run`) is skipped with a warning; both are said in a line
@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.errors import ConfigError
+from fedbug.report.collect import RunList, collect_runs
 from fedbug.report.figures import parse_formats
 from fedbug.report.freezefl import freezefl_report
 from fedbug.report.out_folder import prepare_out
 from fedbug.report.plain import format_plain_table, plain_report
-from fedbug.sweeps.sweep import RunList, collect_runs
 
 # ---------------------------------------------------------------- inputs
 

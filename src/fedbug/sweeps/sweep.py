@@ -1,110 +1,43 @@
 """Grids of runs: every cell of a key -> values grid, over several seeds; the table and the
-figures of the plain report (:mod:`fedbug.report.plain`), as ``fedbug report`` shows them."""
+figures of the plain report (:mod:`fedbug.report.plain`), as ``fedbug report`` shows them.
+
+The cell type, the table and the reading and grouping of finished runs are the reports' own
+(:mod:`fedbug.report.cell`, :mod:`~fedbug.report.table`, :mod:`~fedbug.report.collect`,
+:mod:`~fedbug.report.groups`), imported here: a sweep is above its report, which never imports
+this module. Their names are kept importable from here (``from fedbug.sweeps.sweep import
+Cell``)."""
 
 from __future__ import annotations
 
 import copy
 import itertools
-import json
 import math
-import statistics
-import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedbug.config import BaseConfig, config_class, set_dotted, validate
+from fedbug.config import BaseConfig, set_dotted, validate
 from fedbug.config.cohort import unused_cohort_block
 from fedbug.config.compat import blocks_used_elsewhere, owners, used_blocks
-from fedbug.config.hashing import hashed_view, is_hashed
-from fedbug.engine.run_folder import folder_disagreement
-from fedbug.errors import ConfigError, ResultsError
-from fedbug.report.spread import mean_std, row_pm
-from fedbug.report.table4 import cell_text, format_pfl_table
+from fedbug.engine.run_folder import folder_disagreement as folder_disagreement
+from fedbug.errors import ConfigError
+from fedbug.report.cell import LABEL as LABEL
+from fedbug.report.cell import Cell
+from fedbug.report.cell import is_variant_group as is_variant_group
+from fedbug.report.collect import RunList, collect_runs
+from fedbug.report.groups import flatten_blocks as flatten_blocks
+from fedbug.report.groups import group_runs as group_runs
+from fedbug.report.groups import method_name as method_name
+from fedbug.report.groups import read_sweep_cells as read_sweep_cells
+from fedbug.report.groups import sweep_order as sweep_order
+from fedbug.report.plain import plain_report, report_groups
+from fedbug.report.table import diverged_label as diverged_label
+from fedbug.report.table import format_table as format_table
+from fedbug.report.table import headline as headline
+from fedbug.report.table import headline_value as headline_value
+from fedbug.report.table import summarise as summarise
 from fedbug.results import check_no_links
-from fedbug.results.files import read_regular
-from fedbug.results.limits import MAX_SWEEP_JSON_BYTES
-
-
-@dataclass
-class Cell:
-    """One point of the grid: its overrides and a short label. A report's group of runs is a
-    cell too: ``given`` is the sweep cell its runs came from, whose label it takes (read back
-    from the sweep's sweep.json, :func:`sweep_order`), ``method`` what its runs ran
-    (:func:`method_name`), its name where no key varies."""
-
-    values: dict[str, Any]
-    given: Cell | None = None
-    method: str = ""
-
-    def pairs(self) -> list[tuple[str, Any]]:
-        """(key, value) pairs, a variant group's keys in place of the group (its ``label``, a
-        name for the reader, left out), as given: a key may come twice."""
-        out: list[tuple[str, Any]] = []
-        for k, v in self.values.items():
-            if is_variant_group(k, v):
-                out += [(kk, vv) for kk, vv in v.items() if kk != LABEL]
-            else:
-                out.append((k, v))
-        return out
-
-    def items(self) -> list[tuple[str, Any]]:
-        """:meth:`pairs` as they apply (:func:`merge_dotted`, in order): a key given again
-        drops its earlier value (``-g bottom_up.gu_ratio=0`` over a variant group's 0.5), unless
-        the later value is a mapping, merged into the earlier key by key."""
-        out: list[tuple[str, Any]] = []
-        for k, v in self.pairs():
-            if not (isinstance(v, dict) and v):
-                out = [(kk, vv) for kk, vv in out if kk != k]
-            out.append((k, v))
-        return out
-
-    @property
-    def names(self) -> list[str]:
-        """The ``label`` of each variant group entry that has one (``FedBug 50%``)."""
-        return [
-            str(v[LABEL]) for k, v in self.values.items() if is_variant_group(k, v) and LABEL in v
-        ]
-
-    @property
-    def label(self) -> str:
-        """The one name of a cell, in a sweep's table and a report's: ``FedBug 50% (policy=
-        bottom_up, bottom_up.gu_ratio=0.5)`` (a variant group's ``label``, then its keys), else
-        ``key=value, ...``; with no key, the runs' method, else ``base``."""
-        if self.given is not None:
-            return self.given.label
-        keys = ", ".join(f"{k}={v}" for k, v in self.items())
-        names = ", ".join(self.names)
-        if names:
-            return f"{names} ({keys})" if keys else names
-        return keys or self.method or "base"
-
-    @property
-    def slug(self) -> str:
-        return _slug(self.items())
-
-    @property
-    def old_slug(self) -> str:
-        """The slug fedbug gave before a key given twice named only the value that runs (both
-        values): an existing sweep folder's run may have this name (:func:`run_folder`)."""
-        return _slug(self.pairs())
-
-
-def _slug(items: list[tuple[str, Any]]) -> str:
-    text = "_".join(f"{k.split('.')[-1]}-{v}" for k, v in items) or "base"
-    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:100]
-
-
-#: A variant group entry's name for the reader (not a config key): ``{label: FedAvg, ...}``.
-LABEL = "label"
-
-
-def is_variant_group(key: str, value: Any) -> bool:
-    """A grid key that is not a config key and whose value is a mapping sets several keys at
-    once: ``grid: {data: [{dataset: digits}, {dataset: fashion_mnist, subsample: 0.1}]}``."""
-    return isinstance(value, dict) and key.split(".")[0] not in config_class().model_fields
 
 
 def parse_grid_arg(text: str) -> tuple[str, list[Any]]:
@@ -267,118 +200,6 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
     return cells
 
 
-def summarise(cell_runs: list[tuple[Cell, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
-    """Per cell: mean +- std over seeds of final and best accuracy and of run time. A diverged
-    run (``"status": "diverged"``) is left out of the accuracies and named in
-    ``diverged_runs``: its last accuracy is not where training ended."""
-    rows = []
-    for cell, runs in cell_runs:
-        metric = headline(runs)
-        diverged = [r for r in runs if r["summary"].get("status") == "diverged"]
-        kept = [r for r in runs if r["summary"].get("status") != "diverged"]
-        final = [x for r in kept if (x := headline_value(r["summary"], "final")) is not None]
-        best = [x for r in kept if (x := headline_value(r["summary"], "best")) is not None]
-        secs = [r["summary"]["seconds"] for r in runs]
-        fm, fs = mean_std(final)
-        bm, bs = mean_std(best)
-        row = {
-            "cell": cell.values,
-            "label": cell.label,
-            **({"method": cell.method} if cell.method else {}),  # a report's group
-            "seeds": [r["summary"]["seed"] for r in runs],
-            "metric": metric,
-            "final_acc_mean": fm,
-            "final_acc_std": fs,
-            "final_acc_n": len(final),
-            "best_acc_mean": bm,
-            "best_acc_std": bs,
-            "best_acc_n": len(best),
-            "seconds_mean": statistics.fmean(secs) if secs else math.nan,
-            "runs": [str(r["run_dir"]) for r in runs],
-            "diverged_runs": [str(r["run_dir"]) for r in diverged],
-        }
-        pfl = [r["summary"]["pfl"] for r in kept if "pfl" in r["summary"]]
-        for key in ("before_ft", "after_ft") if pfl else ():
-            # over seeds: the client mean (as FedSeq Table 4), and the spread over clients
-            means = [p[key]["mean"] for p in pfl if p[key]["mean"] is not None]
-            spreads = [p[key]["std"] for p in pfl if p[key]["std"] is not None]
-            m, sd = mean_std(means)
-            row[f"{key}_mean"], row[f"{key}_std"], row[f"{key}_n"] = m, sd, len(means)
-            row[f"{key}_client_std"] = statistics.fmean(spreads) if spreads else math.nan
-        rows.append(row)
-    return rows
-
-
-def format_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
-    """A Markdown table: cell, final accuracy mean +- std, best accuracy, seconds per run; for
-    personalized runs the client-mean accuracy before and after fine-tuning, mean +- std over
-    seeds with the std over clients in brackets, under FedSeq's Table 4 (methods x data sets,
-    see :func:`format_pfl_table`; ``ft`` picks its cells)."""
-    if any("before_ft_mean" in r for r in rows):
-        return format_pfl_table(rows, ft) + "\n\n" + _per_cell_pfl(rows)
-    return _per_cell(rows)
-
-
-def _per_cell_pfl(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| cell | seeds | before FT (%) | after FT (%) | s/run |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        cols = [
-            cell_text(r, k)
-            if f"{k}_mean" in r
-            else (
-                "-"
-                if r.get("diverged_runs") and not r["final_acc_n"]
-                else f"global {row_pm(r, 'final_acc', scale=100)}"
-            )
-            for k in ("before_ft", "after_ft")
-        ]
-        lines.append(
-            f"| {diverged_label(r)} | {len(r['seeds'])} | {cols[0]} | {cols[1]} | "
-            f"{r['seconds_mean']:.1f} |"
-        )
-    return "\n".join(lines)
-
-
-def diverged_label(row: dict[str, Any]) -> str:
-    """The cell's label, with how many of its seeds diverged (left out of its numbers)."""
-    n = len(row.get("diverged_runs", ()))
-    return f"{row['label']} ({n} of {len(row['seeds'])} diverged)" if n else row["label"]
-
-
-def _per_cell(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| cell | seeds | final {m} | best {m} | s/run |".format(m=_unit(rows)),
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        acc = r.get("metric", "acc") == "acc"
-        how = (".2f", 100.0, "") if acc else (".4g", 1.0, ".2g")  # fmt, scale, std_fmt
-        final, best = (row_pm(r, key, *how) for key in ("final_acc", "best_acc"))
-        lines.append(
-            f"| {diverged_label(r)} | {len(r['seeds'])} | {final} | {best} | "
-            f"{r['seconds_mean']:.1f} |"
-        )
-    return "\n".join(lines)
-
-
-def headline(runs: list[dict[str, Any]]) -> str:
-    """The task's headline metric of these runs (``acc`` for classification and older runs)."""
-    return str(runs[0]["summary"].get("metric", "acc")) if runs else "acc"
-
-
-def headline_value(summary: dict[str, Any], which: str) -> float | None:
-    """A run's final or best headline figure (older summaries: final_acc / best_acc)."""
-    return summary.get(which, summary.get(f"{which}_acc"))
-
-
-def _unit(rows: list[dict[str, Any]]) -> str:
-    metric = rows[0].get("metric", "acc") if rows else "acc"
-    return "acc (%)" if metric == "acc" else metric
-
-
 def run_sweep(
     base_doc: dict[str, Any],
     grid: dict[str, list[Any]],
@@ -394,8 +215,6 @@ def run_sweep(
     (:func:`fedbug.report.plain.report_groups`: what ``fedbug report`` of the folder shows);
     the table's rows. ``cohort:`` options that no cell's executor reads are one warning for the
     sweep (its runs do not repeat it: :func:`fedbug.cli.run.sweep_job`)."""
-    from fedbug.report.plain import report_groups  # it reads runs with this module's functions
-
     check_seeds(seeds)
     check_sweep_size(grid, seeds)
     cells = expand(base_doc, grid)
@@ -421,197 +240,6 @@ def run_sweep(
     return list(report_groups(cell_runs, out, ft, sweep=name)["rows"])
 
 
-class RunList(list[dict[str, Any]]):
-    """Finished runs read back for a report, with what was left out of them: ``damaged`` run
-    folders (each with why) and ``duplicates`` (a run ignored, the run kept in its place); and
-    the runs read from a thinned curve are named in :meth:`notes`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.damaged: list[tuple[Path, str]] = []
-        self.duplicates: list[tuple[Path, Path]] = []
-
-    def notes(self) -> list[str]:
-        """One line for the damaged runs skipped, one for the duplicates ignored and one for
-        the runs read from thinned curves, where there are any (printed under a report's
-        table)."""
-        lines = []
-        if self.damaged:
-            names = ", ".join(str(p) for p, _ in self.damaged)
-            lines.append(f"skipped: {len(self.damaged)} damaged run(s): {names}")
-        if self.duplicates:
-            pairs = ", ".join(f"{dup} (same as {kept})" for dup, kept in self.duplicates)
-            lines.append(
-                f"ignored: {len(self.duplicates)} duplicate run(s) (config hash and seed of a run "
-                f"already counted): {pairs}"
-            )
-        thinned = sorted({r["thinned"]["every"] for r in self if r.get("thinned")})
-        if thinned:
-            n = sum(bool(r.get("thinned")) for r in self)
-            lines.append(
-                f"thinned: {n} run(s) read from metrics.thin.jsonl (one round in "
-                f"{' or '.join(map(str, thinned))} and the last; final and best figures are "
-                "their summaries')"
-            )
-        return lines
-
-
-def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
-    """Every finished run folder (with summary.json) under the given folders, each counted once
-    per config hash and seed (a standalone run and a sweep's cell of the same config and seed
-    are one run: the first found is kept). A damaged run is skipped, with one warning line on
-    stderr naming it (``warn``); both are listed on the result (:class:`RunList`). Damaged
-    includes a summary.json that disagrees with its own folder (:func:`folder_disagreement`: a
-    summary copied from another run, checksum and all), checked before it is pooled, so the
-    run it was copied from is not taken for its duplicate."""
-    from fedbug.errors import ResultsError
-    from fedbug.results import RunDir
-
-    runs = RunList()
-    seen: dict[tuple[str, Any], Path] = {}
-    visited: set[Path] = set()
-    for d in dirs:
-        if not d.exists():
-            raise ConfigError(f"{str(d)!r} does not exist; give run or sweep folders")
-        for summary_path in sorted(d.rglob("summary.json")):
-            rd = RunDir(summary_path.parent)
-            if rd.path.resolve() in visited:
-                continue  # given twice (a folder and a folder inside it)
-            if rd.path.name.startswith("damaged-") and (rd.path.parent / "config.yaml").is_file():
-                continue  # what `fedbug repair` replaced, kept in RUN/damaged-TIME/: no run
-            visited.add(rd.path.resolve())
-            try:
-                run = rd.read_run()
-                what = folder_disagreement(run)
-                if what is not None:
-                    raise ResultsError(
-                        f"{str(rd.summary_path)!r} disagrees with its folder: {what}; run the "
-                        "config again, or restore the run's own summary.json from a copy"
-                    )
-            except ResultsError as e:
-                runs.damaged.append((rd.path, str(e)))
-                if warn:
-                    print(
-                        f"fedbug: warning: skipped damaged run {str(rd.path)!r}: {e}",
-                        file=sys.stderr,
-                    )
-                continue
-            summary = run["summary"]
-            chash = summary.get("config_hash")
-            if isinstance(chash, str):  # hand-made summaries may have none: never pooled
-                key = (chash, json.dumps(summary.get("seed")))
-                if key in seen:
-                    runs.duplicates.append((rd.path, seen[key]))
-                    continue
-                seen[key] = rd.path
-            runs.append(run)
-    if not runs:
-        damaged = f" ({len(runs.damaged)} damaged run(s) skipped)" if runs.damaged else ""
-        raise ConfigError(
-            f"no finished runs (summary.json) under {', '.join(map(str, dirs))}{damaged}"
-        )
-    return runs
-
-
-def flatten_blocks(config: dict[str, Any]) -> dict[str, Any]:
-    """A config with the options blocks of methods (``bottom_up: {gu_ratio: 0.5}``) as dotted
-    keys (``bottom_up.gu_ratio: 0.5``), only those of the methods it chooses (a resolved config
-    holds every block at its defaults: FedAvg's ``bottom_up.gu_ratio: 0.4`` is read by nothing);
-    other values as they are."""
-    blocks = owners()
-    chosen = {config.get("algorithm"), config.get("policy"), config.get("selection")}
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        if k in blocks and isinstance(v, dict):
-            if k in chosen:
-                out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
-        else:
-            out[k] = v
-    return out
-
-
-def group_runs(runs: list[dict[str, Any]]) -> list[tuple[Cell, list[dict[str, Any]]]]:
-    """Runs grouped by what their config hash covers (:func:`fedbug.config.hashing.hashed_view`:
-    seeds pooled; a key the hash leaves out, such as ``record_updates``, parts no runs, as it
-    makes no run another's duplicate), each group named by the hashed keys that vary."""
-    # options blocks compared key by key: a group reads bottom_up.gu_ratio=0.5, not the block
-    views = [hashed_view(r["summary"]["config"]) for r in runs]
-    configs = [
-        {k: v for k, v in flatten_blocks(r["summary"]["config"]).items() if is_hashed(k)}
-        | {"secagg": view.get("secagg")}  # the one option of an unhashed block that counts
-        for r, view in zip(runs, views)
-    ]
-    # a key varies where the runs that hold it disagree (a block's keys: the runs that read it)
-    keys = sorted(
-        k
-        for k in set().union(*configs)
-        if k != "seed" and len({json.dumps(c[k], sort_keys=True) for c in configs if k in c}) > 1
-    )
-    groups: dict[str, tuple[Cell, list[dict[str, Any]]]] = {}
-    for run, c, view in zip(runs, configs, views):
-        values = {k: c[k] for k in keys if k in c}
-        key = json.dumps({k: v for k, v in view.items() if k != "seed"}, sort_keys=True)
-        cell = Cell(values, method=method_name(run["summary"]["config"]))
-        groups.setdefault(key, (cell, []))[1].append(run)
-    return sweep_order(list(groups.values()))
-
-
-def method_name(config: dict[str, Any]) -> str:
-    """What a run ran: its ``method`` preset (``fedseq-vanilla``), else its algorithm with its
-    freezing policy and FedSeq schedule where they are not none (``fedavg+bottom_up``)."""
-    if isinstance(config.get("method"), str) and config["method"]:
-        return str(config["method"])
-    parts = [config.get("algorithm") or "fedavg", config.get("policy"), config.get("schedule")]
-    return "+".join(str(p) for p in parts if p and p != "none")
-
-
-def read_sweep_cells(folder: Path) -> list[tuple[Cell, set[str]]] | None:
-    """A sweep folder's cells in its grid's order, each with the names of its run folders,
-    from its sweep.json (each cell's values and runs); None where there is no readable
-    sweep.json (a run of no sweep, an unfinished or older sweep)."""
-    try:
-        raw = read_regular(folder / "sweep.json", MAX_SWEEP_JSON_BYTES, json_text=True)
-        rows = json.loads(raw.decode("utf-8"))["rows"]
-        return [(Cell(dict(r["cell"])), {Path(p).name for p in r["runs"]}) for r in rows]
-    except (OSError, ResultsError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def sweep_order(
-    groups: list[tuple[Cell, list[dict[str, Any]]]],
-) -> list[tuple[Cell, list[dict[str, Any]]]]:
-    """Report groups named and ordered as the sweep that ran them: a group whose runs of sweeps
-    are all one cell of a sweep (read back by :func:`read_sweep_cells`; the group's runs of no
-    sweep have that cell's config) takes that cell's label, and
-    the groups come in the sweeps' grid order (sweeps in the order found), the groups of no
-    sweep after them as found. Where two groups would get one label (cells of two sweeps), the
-    varied keys name them all."""
-    sweeps: dict[Path, list[tuple[Cell, set[str]]]] = {}
-
-    def place(run: dict[str, Any]) -> tuple[int, int] | None:
-        """(sweep rank, cell index) of the sweep cell ``run`` was run as, else None."""
-        run_dir = Path(run.get("run_dir", ""))
-        if run_dir.parent not in sweeps:
-            sweeps[run_dir.parent] = read_sweep_cells(run_dir.parent) or []
-        cells = sweeps[run_dir.parent]
-        index = next((i for i, (_, names) in enumerate(cells) if run_dir.name in names), None)
-        return None if index is None else (list(sweeps).index(run_dir.parent), index)
-
-    places = []
-    for _, runs in groups:  # runs of no sweep beside a cell's are of its config: its group
-        found = {place(run) for run in runs} - {None}
-        places.append(found.pop() if len(found) == 1 else None)
-    folders = list(sweeps)
-    given = [sweeps[folders[p[0]]][p[1]][0] if p is not None else None for p in places]
-    labels = [(g or cell).label for (cell, _), g in zip(groups, given)]
-    if len(set(labels)) == len(labels):
-        for (cell, _), g in zip(groups, given):
-            cell.given = g
-    last = (len(folders), 0)  # groups of no sweep: after the sweeps' cells, as found
-    order = sorted(range(len(groups)), key=lambda g: (places[g] or last, g))
-    return [groups[g] for g in order]
-
-
 def report(
     dirs: list[Path],
     out: Path | None = None,
@@ -622,9 +250,7 @@ def report(
     """The plain report's rows (:func:`fedbug.report.plain.plain_report`, as ``fedbug
     report``) of finished runs (``runs``, else those under ``dirs``); with ``out``, write
     report.md, report.json and accuracy.png there, ``notes`` under the table after the runs'
-    own (:meth:`RunList.notes`)."""
-    from fedbug.report.plain import plain_report  # it groups runs with this module's group_runs
-
+    own (:meth:`~fedbug.report.collect.RunList.notes`)."""
     runs = runs if runs is not None else collect_runs(dirs)
     notes = [*(runs.notes() if isinstance(runs, RunList) else []), *(notes or [])]
     return list(plain_report(runs, out, ft, notes)["rows"])
