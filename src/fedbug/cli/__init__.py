@@ -116,6 +116,8 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     _sweep_placement_flags(s)
     _quiet_flag(s, "no progress bars")
     _ft_flag(s)
+    _format_flag(s)
+    _labels_flag(s)
     _allow_import_flag(s)
     _import_flag(s)
     s.set_defaults(func=cmd_sweep)
@@ -160,27 +162,14 @@ def _add_report_parser(sub: argparse._SubParsersAction) -> None:
     rp = sub.add_parser("report", help="re-print the comparison table of finished runs")
     rp.add_argument("dirs", nargs="+", help="run or sweep folders")
     rp.add_argument("--out", default=None, help="write report.md, report.json and the figures")
-    rp.add_argument(
-        "--format",
-        action="append",
-        default=None,
-        metavar="png|pdf|svg",
-        help="the figures' format(s) under --out: png (the default), pdf, svg; repeatable or "
-        "a comma list (--format png,pdf)",
-    )
+    _format_flag(rp)
     _json_flag(rp, "print the table's rows as JSON")
     _ft_flag(rp)
     rp.add_argument(
         "--target", default=None, help="simulated runs: accuracy to reach (0.75, 75%%) or auto"
     )
     rp.add_argument("--metric", default=None, help="record key (acc_client_mean, else test_acc)")
-    rp.add_argument(
-        "--labels",
-        choices=["full", "short"],
-        default="full",
-        help="a sweep cell with a label: its label and settings, as the sweep names it (full), "
-        "or its label and only the grid's other keys (short: 'FedBug 50%%')",
-    )
+    _labels_flag(rp)
     rp.set_defaults(func=cmd_report)
 
 
@@ -300,6 +289,29 @@ def _ft_flag(parser: argparse.ArgumentParser) -> None:
         choices=["paper", "both"],
         default="paper",
         help="personalized runs: FedSeq Table 4's cells (paper) or before / after FT for all",
+    )
+
+
+def _format_flag(parser: argparse.ArgumentParser) -> None:
+    """``--format``: the formats of the figures a report (or a sweep's report) writes."""
+    parser.add_argument(
+        "--format",
+        action="append",
+        default=None,
+        metavar="png|pdf|svg",
+        help="the figures' format(s): png (the default), pdf, svg; repeatable or a comma list "
+        "(--format png,pdf)",
+    )
+
+
+def _labels_flag(parser: argparse.ArgumentParser) -> None:
+    """``--labels``: how a report (or a sweep's report) names a labelled sweep cell."""
+    parser.add_argument(
+        "--labels",
+        choices=["full", "short"],
+        default="full",
+        help="a sweep cell with a label: its label and settings, as the sweep names it (full), "
+        "or its label and only the grid's other keys (short: 'FedBug 50%%')",
     )
 
 
