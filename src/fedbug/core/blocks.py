@@ -56,7 +56,7 @@ def _numbered_siblings(model: nn.Module) -> list[list[str]]:
                 groups.setdefault(match[1], {})[int(match[2])] = m
         for prefix, found in groups.items():
             first = min(found)
-            run = []
+            run: list[int] = []
             while first + len(run) in found:
                 run.append(first + len(run))
             if len(run) >= 2 and len({type(found[i]) for i in run}) == 1:

@@ -64,6 +64,7 @@ def build_layout(
         )
     base = tuple(model[: len(model) - head_units])
     head = tuple(model[len(model) - head_units :])
+    groups: tuple[tuple[int, ...], ...]
     if sublayers is None:
         groups = tuple((u,) for u in base)
     elif isinstance(sublayers, int):

@@ -115,8 +115,9 @@ def find_units(
     entry may itself be a list of names grouped into one unit). Otherwise the units are found by
     tracing a forward pass on ``example_input``. Every parameter must fall in exactly one unit.
     """
-    if names is None and hasattr(model, "fedbug_units"):
-        names = model.fedbug_units()
+    if names is None:  # the model's own list, where it declares one
+        declared = getattr(model, "fedbug_units", None)
+        names = declared() if declared is not None else None
     if names is not None:
         units = []
         for entry in names:
@@ -145,13 +146,13 @@ def find_units(
             else:
                 groups.append([name])
         units = []
-        for group in groups:
+        for traced in groups:
             params = [
                 f"{n}.{p}" if n else p
-                for n in group
+                for n in traced
                 for p, _ in model.get_submodule(n).named_parameters(recurse=False)
             ]
-            units.append(Unit(group[0] or "root", tuple(group), tuple(params)))
+            units.append(Unit(traced[0] or "root", tuple(traced), tuple(params)))
     units = _tied_once(model, units)
     _check_cover(model, units)
     return units

@@ -96,6 +96,8 @@ def code_roots(entries: Iterable[str]) -> list[Path]:
 def _import_one(given: str, option: str) -> str:
     where = f"{option} {given}"
     importlib.invalidate_caches()  # a file written since the last import (a test's, a user's)
+    file: Path | None
+    root: Path | None
     if given.endswith(".py"):
         name, file, root = _from_file(given, where)
     elif _NAME.fullmatch(given):
@@ -204,5 +206,5 @@ def _last_line(e: BaseException, file: Path | None) -> str:
         return f"{last} ({e.filename}, line {e.lineno})"
     frames = traceback.extract_tb(e.__traceback__)
     own = [f for f in frames if file is not None and Path(f.filename).resolve() == file]
-    frame = (own or frames or [None])[-1]
+    frame = (own or frames)[-1] if own or frames else None
     return last if frame is None else f"{last} ({frame.filename}, line {frame.lineno})"
