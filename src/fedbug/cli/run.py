@@ -10,7 +10,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +148,7 @@ def ran_for(took: float, rounds: float) -> str:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedbug.config import load_config, read_config_doc, with_overrides
     from fedbug.data import check_present
-    from fedbug.report.plain import format_plain_table, plain_notes
+    from fedbug.report.figures import parse_formats
     from fedbug.results import check_writable
     from fedbug.sweeps.sweep import (
         check_seeds,
@@ -158,18 +158,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         run_sweep,
     )
 
-    workers = 1 if args.jobs is None else args.jobs
-    if workers < 1:
-        raise FedbugError(f"--jobs must be at least 1; got {args.jobs}")
-    if args.ray is not None:
-        from fedbug.integrations.ray import require_ray
-
-        if args.jobs is not None:
-            raise FedbugError(
-                "--ray and --jobs do not go together: on Ray each run asks for its threads' "
-                "CPUs (the config's threads, else 1) and the cluster runs as many as fit"
-            )
-        require_ray()
+    formats = parse_formats(args.format)  # an unknown one: one line, before anything is read
+    workers = _sweep_workers(args)
     doc = with_overrides(read_config_doc(args.config), [*data_dir_override(args), *args.set])
     given = doc.get("grid") or {}
     if args.grid and isinstance(given, dict):  # -g joins the grid before the base is checked
@@ -204,11 +194,40 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         def run_all(jobs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
             return _run_parallel(jobs, workers, args.resume, args.quiet)
 
-    rows = run_sweep(doc, grid, seeds, out, run_one, ft=args.ft, run_all=run_all)
-    print(format_plain_table(rows, args.ft))  # as fedbug report of the folder prints it
+    rows = run_sweep(
+        doc, grid, seeds, out, run_one, args.ft, run_all, formats=formats, labels=args.labels
+    )
+    return _sweep_end(rows, out, args.ft, formats)
+
+
+def _sweep_workers(args: argparse.Namespace) -> int:
+    """The local processes a sweep runs on (``--jobs``, 1 by default), ``--ray`` checked
+    against it and against the installed packages, before the config is read."""
+    workers = 1 if args.jobs is None else args.jobs
+    if workers < 1:
+        raise FedbugError(f"--jobs must be at least 1; got {args.jobs}")
+    if args.ray is not None:
+        from fedbug.integrations.ray import require_ray
+
+        if args.jobs is not None:
+            raise FedbugError(
+                "--ray and --jobs do not go together: on Ray each run asks for its threads' "
+                "CPUs (the config's threads, else 1) and the cluster runs as many as fit"
+            )
+        require_ray()
+    return workers
+
+
+def _sweep_end(rows: list[dict[str, Any]], out: Path, ft: str, formats: Sequence[str]) -> int:
+    """The sweep's table and notes as ``fedbug report`` of its folder prints them, where its
+    files are, and the exit code: :data:`SWEEP_DIVERGED` where a run diverged, else 0."""
+    from fedbug.report.plain import format_plain_table, plain_notes
+
+    print(format_plain_table(rows, ft))  # as fedbug report of the folder prints it
     for line in plain_notes(rows):
         print(line)
-    print(f"sweep folder: {out} (sweep.md, sweep.json, accuracy.png)")
+    figures = ", ".join(f"accuracy.{fmt}" for fmt in formats)
+    print(f"sweep folder: {out} (sweep.md, sweep.json, {figures})")
     diverged = [run for r in rows for run in r.get("diverged_runs", [])]
     if diverged:  # every run ended; the exit code tells a script some diverged
         names = ", ".join(Path(d).name for d in diverged)

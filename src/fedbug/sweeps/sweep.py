@@ -13,7 +13,7 @@ import copy
 import itertools
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from fedbug.report.cell import LABEL as LABEL
 from fedbug.report.cell import Cell
 from fedbug.report.cell import is_variant_group as is_variant_group
 from fedbug.report.collect import RunList, collect_runs
+from fedbug.report.figures import DEFAULT_FORMATS
 from fedbug.report.groups import flatten_blocks as flatten_blocks
 from fedbug.report.groups import group_runs as group_runs
 from fedbug.report.groups import method_name as method_name
@@ -208,13 +209,16 @@ def run_sweep(
     run_one: Callable[[BaseConfig, Path], dict[str, Any]] | None = None,
     ft: str = "paper",
     run_all: Callable[[list[tuple[BaseConfig, Path]]], list[dict[str, Any]]] | None = None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
+    labels: str = "full",
 ) -> list[dict[str, Any]]:
     """Run every cell x seed, one after another through ``run_one(cfg, run_dir)`` or all at
     once through ``run_all([(cfg, run_dir), ...])`` (in order: ``fedbug sweep --jobs``); write
     sweep.json/.md and the figures, the plain report of the cells
-    (:func:`fedbug.report.plain.report_groups`: what ``fedbug report`` of the folder shows);
-    the table's rows. ``cohort:`` options that no cell's executor reads are one warning for the
-    sweep (its runs do not repeat it: :func:`fedbug.cli.run.sweep_job`)."""
+    (:func:`fedbug.report.plain.report_groups`: what ``fedbug report`` of the folder shows),
+    its figures in each of ``formats`` and its rows named as ``labels`` says (``--format``,
+    ``--labels``); the table's rows. ``cohort:`` options that no cell's executor reads are one
+    warning for the sweep (its runs do not repeat it: :func:`fedbug.cli.run.sweep_job`)."""
     check_seeds(seeds)
     check_sweep_size(grid, seeds)
     cells = expand(base_doc, grid)
@@ -237,7 +241,8 @@ def run_sweep(
         raise TypeError("run_sweep needs run_one or run_all")
     cell_runs = [(cell, done[i * seeds : (i + 1) * seeds]) for i, (cell, _) in enumerate(cells)]
     name = str(base_doc.get("name", "sweep"))
-    return list(report_groups(cell_runs, out, ft, sweep=name)["rows"])
+    result = report_groups(cell_runs, out, ft, formats=formats, labels=labels, sweep=name)
+    return list(result["rows"])
 
 
 def report(
