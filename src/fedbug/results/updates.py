@@ -147,7 +147,7 @@ def _meta_problem(meta: Any) -> str | None:
     if not isinstance(meta, dict):
         return "not a JSON object"
     for key, (kind, what) in _META.items():
-        v = meta.get(key)
+        v: Any = meta.get(key)  # JSON: whatever the file holds
         bad = not isinstance(v, kind) or isinstance(v, bool)
         if not bad and what == "a positive count":
             bad = v < 1
@@ -172,6 +172,7 @@ def read_meta(path: Path) -> dict[str, Any]:
     """A recorded update's JSON side (``client-<K>.json``), checked; damage is one
     :class:`ConfigError` naming the file and the problem."""
     fix = "record the round again (record_updates: [round, ...])"
+    problem: str | None
     try:
         raw = read_regular(path, MAX_UPDATE_META_BYTES, error=ConfigError, json_text=True, fix=fix)
         meta = json.loads(raw.decode("utf-8"))
@@ -181,7 +182,7 @@ def read_meta(path: Path) -> dict[str, Any]:
         problem = _meta_problem(meta)
     if problem is not None:
         raise ConfigError(f"{path} is not a recorded update: {problem}; {fix}")
-    return meta  # type: ignore[return-value]
+    return meta
 
 
 def load_weights(run: Path, path: Path, limit: int | None = None) -> Tensor:
