@@ -72,8 +72,8 @@ class FederatedDataset:
     augmentation: str = "none"
     meta: dict[str, Any] = field(default_factory=dict)
     labels: Literal["classes", "values"] = "classes"
-    _mean_t: Tensor | None = field(default=None, init=False, repr=False)
-    _std_t: Tensor | None = field(default=None, init=False, repr=False)
+    _mean_t: Tensor = field(init=False, repr=False)  # set by __post_init__
+    _std_t: Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         name = self.name
@@ -587,7 +587,7 @@ def _concat(
     return torch.cat([x for _, x, _ in kept]), torch.cat([y for _, _, y in kept]), ranges
 
 
-def _default_num_classes(name: str, ys: list[Tensor | None], labels: str) -> int:
+def _default_num_classes(name: str, ys: Sequence[Tensor | None], labels: str) -> int:
     if labels == "values":
         raise DataError(
             f"data set {name!r}: with labels='values' give num_classes= (the model's number of "

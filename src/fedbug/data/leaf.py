@@ -308,7 +308,9 @@ def _labels(path: Path, user: str, y: list[Any], num_classes: int) -> np.ndarray
     return arr.astype(np.int64)
 
 
-def femnist_convert(path: Path, user: str, x: list[Any], y: list[Any]) -> tuple[np.ndarray, ...]:
+def femnist_convert(
+    path: Path, user: str, x: list[Any], y: list[Any]
+) -> tuple[np.ndarray, np.ndarray]:
     """LEAF's FEMNIST lists -> uint8 [n,1,28,28] images (``round(x * 255)``) and int64 labels."""
     try:
         arr = np.asarray(x, dtype=np.float32)
@@ -389,7 +391,9 @@ class _TextConverter:
         self.seq_len: int | None = None
         self.unknown = 0
 
-    def __call__(self, path: Path, user: str, x: list[Any], y: list[Any]) -> tuple[np.ndarray, ...]:
+    def __call__(
+        self, path: Path, user: str, x: list[Any], y: list[Any]
+    ) -> tuple[np.ndarray, np.ndarray]:
         n = len(x)
         if n == 0:
             return np.zeros((0, self.seq_len or 0), dtype=np.uint8), np.zeros(0, dtype=np.int64)

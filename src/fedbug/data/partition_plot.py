@@ -54,7 +54,7 @@ def plot_partition(
     num_clients = len(parts)
     shown = min(num_clients, MAX_PLOTTED_CLIENTS)
     panels = [("train", _counts(parts[:shown], labels, num_classes))]
-    if test_parts is not None:
+    if test_parts is not None and test_labels is not None:  # (test_parts alone: refused above)
         panels.append(("test", _counts(test_parts[:shown], test_labels, num_classes)))
     width = min(max(4.0, 0.12 * shown + 1.5), 20.0)
     height = min(max(3.0, 0.12 * num_classes + 1.2), 14.0)

@@ -104,7 +104,9 @@ def generate(
     shared = _shared_model(seed)
     for first in range(0, num_clients, BLOCK):
         last = min(num_clients, first + BLOCK)
-        rng = numpy_rng(seed, "synthetic", float(alpha), float(beta), int(iid), first // BLOCK)
+        rng = numpy_rng(
+            seed, "synthetic", str(float(alpha)), str(float(beta)), int(iid), first // BLOCK
+        )
         v, w, b = _client_models(rng, last - first, alpha, beta, shared if iid else None)
         x, y, is_train = _block_samples(rng, v, w, b, sizes[first:last], n_train[first:last])
         mask = torch.from_numpy(is_train)
