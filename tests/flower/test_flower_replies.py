@@ -69,6 +69,9 @@ def test_unknown_key_wrong_shape_and_wrong_client_are_refused(space):
         decode_reply(content, space, 3)
     with pytest.raises(ReplyError, match="client"):
         decode_reply(encode_reply(result(space), space, [False, True]), space, 4)
+    # a unit it says it uploaded without sending: the server would average in a zero
+    with pytest.raises(ReplyError, match="uploaded flags differ"):
+        decode_reply(encode_reply(result(space), space, [True, True]), space, 3)
 
 
 def test_non_finite_values_pass_decoding_and_fail_the_update_check(space):

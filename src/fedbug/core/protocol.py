@@ -40,6 +40,7 @@ class TrainSettings:
     clip_grad_norm: float | None = None
     count_flops: bool = True
     dp_sgd: SampleDP | None = None
+    upload: str = "partial"  # partial: the trained shared units are sent; full: every shared unit
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,11 @@ class ClientResult:
 
     ``delta`` is the full-length change of the local weights (entries of units not sent are
     ignored); ``trained[u]`` says unit u trained at least one step, ``uploaded[u]`` that its delta
-    is sent. Costs: ``flops`` of local training, of which ``probe_flops`` a policy's discarded
-    probe did (not charged); ``bytes_up`` sent and ``bytes_down`` received (None: the round's
-    download); ``charged_time`` a policy's own figure of the client's simulated time (None: from
-    the costs). ``entries`` (bool, full-length) the entries of its units it holds, None: all.
+    is sent (the trained shared units; every shared unit under ``upload: full``). Costs:
+    ``flops`` of local training, of which ``probe_flops`` a policy's discarded probe did (not
+    charged); ``bytes_up`` sent and ``bytes_down`` received (None: the round's download);
+    ``charged_time`` a policy's own figure of the client's simulated time (None: from the
+    costs). ``entries`` (bool, full-length) the entries of its units it holds, None: all.
     Memory (counted where FLOPs are, 0 where not): its costliest local step's bytes of saved
     activations, gradients and optimiser state for the trained parameters (``mem_activations``,
     ``mem_gradients``, ``mem_optimizer``; :class:`fedbug.core.flops.StepMemory`), summed as

@@ -454,7 +454,9 @@ class LocalRound:
         )
         finished = alg.finish_client(whole, delta)
         extras = alg.client_extras(whole, self.state, finished)
-        uploaded = [t and s for t, s in zip(self.trained, alg.shared_mask(space.num_units))]
+        full = rt.settings.upload == "full"
+        shared = alg.shared_mask(space.num_units)
+        uploaded = [s and (t or full) for t, s in zip(self.trained, shared)]
         result = ClientResult(
             client=self.task.client,
             num_samples=self.n,

@@ -383,6 +383,7 @@ def train_settings(cfg: BaseConfig) -> TrainSettings:
         clip_grad_norm=cfg.clip_grad_norm,
         count_flops=cfg.count_flops,
         dp_sgd=sample_dp(cfg),
+        upload=cfg.upload,
     )
 
 

@@ -17,11 +17,11 @@ class RoundRecord:
     ``results`` are the valid updates (in client order), ``dropped`` each client left out with
     why (``{"client", "reason"}``), ``aggregated`` False for a short round skipped under
     ``on_short_round: skip``. ``bytes_down`` is a client's download where its result does not
-    count its own; ``bytes_up`` each client's upload, or None where each sent only the units it
-    trained (``upload: partial``). ``evaluated`` holds the test figures (None each in a round
-    not evaluated), ``server`` the algorithm's server-side figures, ``simulated`` the simulated
-    system's (empty without one). ``count_memory`` (``count_flops``): the record gives the
-    round's costliest client's memory (:func:`peak_mem_fields`)."""
+    count its own (a client's upload is its result's ``bytes_up``). ``evaluated`` holds the
+    test figures (None each in a round not evaluated), ``server`` the algorithm's server-side
+    figures, ``simulated`` the simulated system's (empty without one). ``count_memory``
+    (``count_flops``): the record gives the round's costliest client's memory
+    (:func:`peak_mem_fields`)."""
 
     round: int
     evaluated: dict[str, Any]
@@ -29,7 +29,6 @@ class RoundRecord:
     lr: float
     bytes_down: int
     trained_sublayers: list[int]
-    bytes_up: int | None
     client_drift: float
     server: dict[str, Any]
     simulated: dict[str, Any]
@@ -56,9 +55,7 @@ class RoundRecord:
                 x.bytes_down if x.bytes_down is not None else self.bytes_down for x in results
             ),
             "trained_sublayers": self.trained_sublayers,
-            "bytes_up": sum(
-                x.bytes_up if self.bytes_up is None else self.bytes_up for x in results
-            ),
+            "bytes_up": sum(x.bytes_up for x in results),
             "flops": sum(x.flops for x in results),
             **(peak_mem_fields(results) if self.count_memory else {}),
             "client_drift": self.client_drift,

@@ -22,10 +22,9 @@ from fedbug.engine.client import shuffle_generator
 from fedbug.results.updates import write_global, write_update
 
 
-def sent_units(exp: Any, res: ClientResult) -> list[int]:
+def sent_units(res: ClientResult) -> list[int]:
     """The units whose delta the server takes from ``res`` (as the aggregation does)."""
-    sent = res.uploaded if exp.cfg.upload == "partial" else exp.shared_mask
-    return [u for u, s in enumerate(sent) if s]
+    return [u for u, s in enumerate(res.uploaded) if s]
 
 
 def true_inputs(exp: Any, task: ClientTask, steps: int) -> tuple[Tensor, Tensor]:
@@ -43,7 +42,7 @@ def true_inputs(exp: Any, task: ClientTask, steps: int) -> tuple[Tensor, Tensor]
 def record_one(run: Path, exp: Any, task: ClientTask, res: ClientResult) -> None:
     """Write client ``res.client``'s received update and its truth."""
     space, cfg = exp.space, exp.cfg
-    units = sent_units(exp, res)
+    units = sent_units(res)
     delta = res.delta.detach().cpu()
     deltas = {
         name: delta[off : off + n].view(shape)

@@ -338,7 +338,6 @@ class RoundLoop:
             lr=exp.lr_at(r),
             bytes_down=bytes_down,
             trained_sublayers=trained_sublayers(exp, r),
-            bytes_up=None if cfg.upload == "partial" else self.model_bytes,
             client_drift=agg.client_drift(),
             server=step.metrics,
             simulated=simulated,
@@ -544,10 +543,9 @@ def aggregate_stream(
         if reason is not None:
             dropped.append({"client": res.client, "reason": reason})
             return
-        sent = res.uploaded if cfg.upload == "partial" else shared_mask
         agg.add(
             res.delta,
-            sent,
+            res.uploaded,
             res.num_samples,
             res.entries,
             res.extras,

@@ -133,8 +133,7 @@ def train(msg: Message, context: Context) -> Message:
         result.state_reset = True
     if result.state:
         _save_state(context, exp, task.client, task.round, result.state)
-    mask = exp.algorithm.shared_mask(exp.space.num_units)
-    sent = sent_units(result, mask, exp.cfg.upload)
+    sent = sent_units(result)
     if is_secure(msg):  # flower.secagg: the reply secaggplus_mod masks
         return Message(secure_reply(result, exp, task, sent), reply_to=msg)
     return Message(encode_reply(result, exp.space, sent), reply_to=msg)

@@ -85,9 +85,10 @@ def decode_task(content: RecordDict, space: ParamSpace) -> tuple[Tensor, ClientT
     return weights, task, dict(cfg)
 
 
-def sent_units(result: ClientResult, shared: list[bool], upload: str) -> list[bool]:
-    """The units whose deltas a reply carries."""
-    return list(result.uploaded) if upload == "partial" else list(shared)
+def sent_units(result: ClientResult) -> list[bool]:
+    """The units whose deltas a reply carries (the client's ``uploaded``, as the aggregation
+    takes them)."""
+    return list(result.uploaded)
 
 
 #: The result's scalar fields a reply carries as JSON (the rest: arrays and flags).
@@ -192,6 +193,8 @@ def decode_reply(content: RecordDict, space: ParamSpace, client: int) -> ClientR
     sent = _flags(info.get("sent"), space, "sent")
     trained = _flags(info.get("trained"), space, "trained")
     uploaded = _flags(info.get("uploaded"), space, "uploaded")
+    if uploaded != sent:  # the server aggregates the units a result says it uploaded
+        raise ReplyError("reply's uploaded flags differ from the units it sent")
     delta = flat_from(update, space, {u for u, s in enumerate(sent) if s})
     try:
         fields = json.loads(str(info.get("fields", "{}")))
