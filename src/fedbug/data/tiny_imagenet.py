@@ -40,6 +40,10 @@ FILES: dict[str, tuple[str, ...]] = {
 NO_SUFFIX: tuple[str, ...] = ("",)
 JPEG_SUFFIXES = (".jpeg", ".jpg")
 IMAGE_SIZE = (64, 64)
+#: the most bytes one image file may take: a 64x64 JPEG is a few kilobytes (quality 100 with
+#: no chroma subsampling: under 20 KB); the rest is room for metadata (EXIF, an ICC profile),
+#: which Pillow reads into memory when it opens the file
+MAX_JPEG_BYTES = 4 * 1024 * 1024
 MEAN = (0.4802, 0.4481, 0.3975)
 STD = (0.2302, 0.2265, 0.2262)
 CACHE_NAME = "tiny-imagenet-200.decoded.pt"
@@ -164,18 +168,43 @@ def cache_key(root: Path, files: Sequence[Path]) -> str:
 
 
 def decode_image(path: Path) -> np.ndarray:
-    """One JPEG -> uint8 [64,64,3] RGB; ``DataError`` naming the file if unreadable or not 64x64."""
-    from PIL import Image  # imported lazily: only needed when decoding
+    """One JPEG -> uint8 [64,64,3] RGB; ``DataError`` naming the file if unreadable, not a
+    JPEG, over :data:`MAX_JPEG_BYTES`, or not 64x64. Only Pillow's JPEG reader opens it (a PNG
+    or GIF named ``.JPEG`` is refused), and its size is read from its header and checked before
+    a pixel is decoded: a small file that declares a huge image (a decompression bomb) is
+    refused unread, not decoded into gigabytes."""
+    from PIL import Image, UnidentifiedImageError  # imported lazily: only when decoding
 
     try:
-        with Image.open(path) as im:
-            rgb = im.convert("RGB")
-    except Exception as e:  # UnidentifiedImageError, truncated data, decoder errors, ...
-        raise DataError(f"Tiny-ImageNet image {path} cannot be decoded ({e}).") from None
-    if rgb.size != IMAGE_SIZE:
+        size = path.stat().st_size
+    except OSError as e:
+        raise DataError(f"Tiny-ImageNet image {path} cannot be read: {e.strerror or e}.") from None
+    if size > MAX_JPEG_BYTES:
         raise DataError(
-            f"Tiny-ImageNet image {path} is {rgb.size[0]}x{rgb.size[1]} where 64x64 is expected."
+            f"Tiny-ImageNet image {path} is {size:,} bytes, more than the {MAX_JPEG_BYTES:,} a "
+            "64x64 JPEG takes: not read."
         )
+    try:
+        with warnings.catch_warnings():  # a size past Pillow's limit is refused below, unread
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path, formats=["JPEG"]) as im:
+                if im.size != IMAGE_SIZE:
+                    raise DataError(
+                        f"Tiny-ImageNet image {path} is {im.size[0]}x{im.size[1]} where 64x64 "
+                        "is expected."
+                    )
+                rgb = im.convert("RGB")
+    except DataError:
+        raise
+    except Image.DecompressionBombError as e:  # over twice Pillow's limit: refused at open
+        why = str(e).rstrip(".")
+        raise DataError(f"Tiny-ImageNet image {path} is not 64x64: {why}; not decoded.") from None
+    except UnidentifiedImageError:  # no JPEG header (a PNG or GIF named .JPEG, or no image)
+        raise DataError(
+            f"Tiny-ImageNet image {path} cannot be decoded (not a JPEG file)."
+        ) from None
+    except Exception as e:  # truncated data, decoder errors, ...
+        raise DataError(f"Tiny-ImageNet image {path} cannot be decoded ({e}).") from None
     return np.asarray(rgb, dtype=np.uint8)
 
 
