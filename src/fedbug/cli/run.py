@@ -340,9 +340,11 @@ def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
     """A completed or diverged run of this config in ``run_dir`` (its summary says so and its
     config hash matches), read back instead of run again (a diverged one would diverge again:
     the same config and seed give the same numbers); None otherwise. A damaged one (summary.json or
-    metrics.jsonl) is a :class:`~fedbug.errors.ResultsError` naming the file, not a shorter
-    history."""
+    metrics.jsonl), or one whose summary disagrees with its folder as ``fedbug report`` checks it
+    (:func:`~fedbug.engine.run_folder.checked_run`: its figures edited, checksum and all), is a
+    :class:`~fedbug.errors.ResultsError` naming the file, not a shorter history or a wrong row."""
     from fedbug.config import config_hash
+    from fedbug.engine.run_folder import checked_run
     from fedbug.results import RunDir
 
     rd = RunDir(run_dir)
@@ -352,4 +354,5 @@ def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
     ended = summary.get("status") in ("completed", "diverged")
     if not ended or summary.get("config_hash") != config_hash(cfg):
         return None
-    return rd.read_run()
+    fix = "move the folder away and run the sweep again with --resume (it runs that one again)"
+    return checked_run(rd, f"{fix}, or restore the run's own summary.json from a copy")

@@ -14,7 +14,13 @@ from fedbug.config import BaseConfig, config_hash, read_config_doc, validate
 from fedbug.data import partition_summary
 from fedbug.data.partition_plot import plot_partition
 from fedbug.engine.experiment import class_labels
-from fedbug.errors import CheckpointError, ConfigError, FedbugError, RunFolderHoldsRun
+from fedbug.errors import (
+    CheckpointError,
+    ConfigError,
+    FedbugError,
+    ResultsError,
+    RunFolderHoldsRun,
+)
 from fedbug.models import is_import_path
 from fedbug.results import RunDir, plot_run
 from fedbug.results.limits import checkpoint_limit
@@ -273,6 +279,22 @@ def folder_disagreement(run: dict[str, Any], source: str = "summary.json") -> st
                     "(a summary copied from another run?)"
                 )
     return _figures_disagreement(summary, records, source)
+
+
+#: the way out of a summary that disagrees with its folder, as ``fedbug report`` says it
+DISAGREES_FIX = "run the config again, or restore the run's own summary.json from a copy"
+
+
+def checked_run(rd: RunDir, fix: str = DISAGREES_FIX) -> dict[str, Any]:
+    """``rd``'s run read back (:meth:`~fedbug.results.RunDir.read_run`: checksums, schema) and
+    checked against its own folder (:func:`folder_disagreement`): what ``fedbug report``, the
+    sweep's collect and ``sweep --resume`` read. A summary that disagrees is a
+    :class:`~fedbug.errors.ResultsError` naming it, what disagrees and ``fix``."""
+    run = rd.read_run()
+    what = folder_disagreement(run)
+    if what is not None:
+        raise ResultsError(f"{str(rd.summary_path)!r} disagrees with its folder: {what}; {fix}")
+    return run
 
 
 def _figures_disagreement(

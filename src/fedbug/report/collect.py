@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedbug.engine.run_folder import folder_disagreement
+from fedbug.engine.run_folder import checked_run
 from fedbug.errors import ConfigError, ResultsError
 from fedbug.results import RunDir
 
@@ -71,13 +71,7 @@ def collect_runs(dirs: list[Path], warn: bool = True) -> RunList:
                 continue  # what `fedbug repair` replaced, kept in RUN/damaged-TIME/: no run
             visited.add(rd.path.resolve())
             try:
-                run = rd.read_run()
-                what = folder_disagreement(run)
-                if what is not None:
-                    raise ResultsError(
-                        f"{str(rd.summary_path)!r} disagrees with its folder: {what}; run the "
-                        "config again, or restore the run's own summary.json from a copy"
-                    )
+                run = checked_run(rd)
             except ResultsError as e:
                 runs.damaged.append((rd.path, str(e)))
                 if warn:
