@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedbug.attack.counts import check_counts, check_unrolled
 from fedbug.attack.inversion import INITS, Observation, dlg, idlg_labels, inverting_gradients
 from fedbug.attack.replay import (
     NOT_FROM_CONFIG,
@@ -192,6 +193,19 @@ def unrolled(
     return obs, err, found
 
 
+def meta_file(run: Path, round: int, client: int) -> Path:
+    """A recorded update's JSON side (``updates/round-R/client-K.json``)."""
+    return round_dir(run, round) / f"client-{int(client)}.json"
+
+
+def checked_update(run: Path, r: int, k: int, cfg: Any) -> RecordedUpdate:
+    """Client ``k``'s recorded update of round ``r``, its numbers checked against the run's
+    config ``cfg`` (:func:`~fedbug.attack.counts.check_counts`) before anything is built."""
+    up = load_update(run, r, k)
+    check_counts(cfg, up.meta, meta_file(run, r, k))
+    return up
+
+
 def run_config(run: Path) -> Any:
     """The run's own config (``config.yaml``), validated."""
     from fedbug.config import load_config
@@ -210,7 +224,7 @@ def released_update(run: Path, r: int, cfg: Any) -> tuple[RecordedUpdate, list[F
             f"--released: round {r + 1}'s received weights are not recorded; rerun with "
             f"record_updates: [{r}, {r + 1}]"
         )
-    ups = [load_update(run, r, k) for k in recorded(run)[r]]
+    ups = [checked_update(run, r, k, cfg) for k in recorded(run)[r]]
     first = ups[0]
     delta = load_weights(run, nxt, tensors_limit(first.meta)) - first.received
     offsets, shapes = first.meta["received_names"], {}
@@ -303,7 +317,7 @@ def attack(
         raise ConfigError(f"--init {init}: choose one of {', '.join(INITS)}")
     r, k = pick(run, round, client)
     cfg = run_config(run)
-    up, found = released_update(run, r, cfg) if released else (load_update(run, r, k), [])
+    up, found = released_update(run, r, cfg) if released else (checked_update(run, r, k, cfg), [])
     model = build_attacked_model(up)
     found += attack_mode(model)
     obs = observation(up, model)
@@ -317,6 +331,7 @@ def attack(
             "replays none; use --method ig-unrolled (auto takes it for several local steps)"
         )
     if chosen == "ig-unrolled":
+        check_unrolled(cfg, up.meta, meta_file(run, r, up.meta.get("first_client", k)))
         obs, unrolled_err, found_unrolled = unrolled(cfg, up, model, known_order)
         more += found_unrolled
     refuse(more, allow_inexact)

@@ -57,35 +57,55 @@ class Schedule:
     found: list[Finding] = field(default_factory=list)
 
 
+def run_algorithm(cfg: Any) -> Any:
+    """The run's algorithm, built from its config as a run builds it."""
+    from fedbug.algorithms.base import build_algorithm
+
+    blocks = {name: cfg.options(name) for name in type(cfg).model_fields}
+    return build_algorithm(cfg.algorithm, cfg.global_lr, blocks)
+
+
+def settings_of(cfg: Any) -> Any:
+    """The local-training settings that count a client's steps (:class:`TrainSettings`)."""
+    from fedbug.core.protocol import TrainSettings
+
+    return TrainSettings(
+        local_epochs=cfg.local_epochs, local_steps=cfg.local_steps, batch_size=cfg.batch_size
+    )
+
+
+def open_session(cfg: Any, alg: Any, task: Any, n: int) -> tuple[Any, list[Finding]]:
+    """The algorithm's client session of ``task`` for a client of ``n`` samples (their labels
+    unknown: zeros), or, where it cannot open without the client's runtime, the plain session,
+    with a warning saying so."""
+    from fedbug.algorithms.base import ClientSession
+
+    labels = torch.zeros(n, dtype=torch.long)
+    try:
+        return alg.start_client(task, labels), []
+    except (AttributeError, TypeError, ValueError, KeyError):  # needs the client's runtime
+        why = "needs the client's runtime: the replay asks the plain session which units train"
+        session = ClientSession(alg, task, labels)
+        return session, [_warn("algorithm", f"{cfg.algorithm}'s client session {why}")]
+
+
 def step_schedule(cfg: Any, model: nn.Module, meta: dict[str, Any]) -> Schedule:
     """The client's steps from the run's own policy (with its round schedule) and algorithm,
     as the client's loop asks them (its algorithm session counting the steps: FedRep's head
     epochs come first)."""
-    from fedbug.algorithms.base import ClientSession, build_algorithm
-    from fedbug.core.protocol import ClientTask, TrainSettings
+    from fedbug.core.protocol import ClientTask
     from fedbug.engine.build import build_parts
     from fedbug.engine.client import step_units
     from fedbug.policies.base import PolicySession, StepCtx
 
-    blocks = {name: cfg.options(name) for name in type(cfg).model_fields}
-    alg = build_algorithm(cfg.algorithm, cfg.global_lr, blocks)
+    alg = run_algorithm(cfg)
     example = torch.zeros(2, *meta["input_shape"])
     parts = build_parts(cfg, alg, copy.deepcopy(model), example)
     n, steps = int(meta["num_samples"]), int(meta["steps"])
     r, client, lr = trainer(meta)
     task = ClientTask(r, client, cfg.seed, lr, n, rounds=cfg.rounds)
-    found: list[Finding] = []
-    labels = torch.zeros(n, dtype=torch.long)
-    try:
-        session = alg.start_client(task, labels)
-    except (AttributeError, TypeError, ValueError, KeyError):  # needs the client's runtime
-        session = ClientSession(alg, task, labels)
-        why = "needs the client's runtime: the replay asks the plain session which units train"
-        found.append(_warn("algorithm", f"{cfg.algorithm}'s client session {why}"))
-    settings = TrainSettings(
-        local_epochs=cfg.local_epochs, local_steps=cfg.local_steps, batch_size=cfg.batch_size
-    )
-    k_all, pe = session.local_step_count(n, settings)
+    session, found = open_session(cfg, alg, task, n)
+    k_all, pe = session.local_step_count(n, settings_of(cfg))
     if k_all != steps:
         why = f"the config gives {k_all} local steps and the client took {steps}"
         found.append(_warn("local_steps", f"{why}: the replay takes the client's"))
