@@ -27,7 +27,8 @@ class Aggregate:
         self._wsum = torch.zeros(space.total)
         self._raw = torch.zeros(space.total)
         self._unit_w = [0.0] * space.num_units
-        self._unit_n = [0] * space.num_units
+        # a count per unit (a secure sum's may be fractional: SecureAggregate.set_sum)
+        self._unit_n: list[float] = [0] * space.num_units
         self.sq_norm_sum = 0.0
         self.count = 0
         self.num_samples = 0

@@ -125,11 +125,13 @@ class PerSampleGradients:
         """Forget activations a forward pass without a backward left (and any stale samples)."""
         for m in self.modules:
             if hasattr(m, "activations"):
-                m.activations.clear()
+                # Opacus's list of captured inputs (torch types an unknown module attribute as
+                # Tensor | Module)
+                m.activations.clear()  # type: ignore[union-attr, operator]
             if hasattr(m, "max_batch_len"):
                 del m.max_batch_len
             for p in m.parameters(False):
-                p.grad_sample = None
+                p.grad_sample = None  # type: ignore[attr-defined]  # Opacus's, as below
 
     def privatize(
         self,
@@ -142,7 +144,9 @@ class PerSampleGradients:
         the clipped per-sample gradients plus noise, over ``batch_size`` (the expected batch:
         the noise's scale must not depend on the draw). An empty batch gives noise alone."""
         clip, std = self.params.clip, self.params.noise_multiplier * self.params.clip
-        samples = [p.grad_sample for p, _ in trainable]
+        # grad_sample: Opacus's hooks add it to each parameter at run time (torch's stub has no
+        # such attribute)
+        samples = [p.grad_sample for p, _ in trainable]  # type: ignore[attr-defined]
         if key not in self.checked and all(s is not None for s in samples):
             _check_against_batch_gradient(trainable, samples)
             self.checked.add(key)
@@ -151,7 +155,7 @@ class PerSampleGradients:
             summed = torch.zeros_like(view) if s is None else torch.einsum("i,i...->...", factor, s)
             noise = torch.randn(view.shape, generator=generator) * std
             view.copy_((summed + noise.to(view.device)) / batch_size)
-            p.grad_sample = None
+            p.grad_sample = None  # type: ignore[attr-defined]  # Opacus's, as above
 
 
 def _clip_factors(samples: list[Tensor | None], clip: float) -> Tensor | None:

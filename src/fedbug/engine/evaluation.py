@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from fedbug.engine.pfl import (
+    ClientScore,
     FinetuneSettings,
+    PersonalizedEvaluator,
     clients_csv,
     pfl_summary,
     plot_clients,
@@ -60,12 +62,19 @@ def client_figures(
 ) -> dict[str, Any]:
     """Mean, std (over clients) and weighted accuracy of every client on its own test set
     (``generic``: the global model's own output, without any personal part)."""
-    figures = summarise_scores(exp.personal.evaluate(weights, states, generic=generic))
+    figures = summarise_scores(_personal(exp).evaluate(weights, states, generic=generic))
     return {
         "acc_client_mean": figures["mean"],
         "acc_client_std": figures["std"],
         "acc_client_weighted": figures["weighted"],
     }
+
+
+def _personal(exp: Experiment) -> PersonalizedEvaluator:
+    """The run's evaluator of each client on its own test set (there is one under
+    ``evaluation: personalized`` and where the clients have test sets)."""
+    assert exp.personal is not None, "the clients have no test sets to evaluate on"
+    return exp.personal
 
 
 def personalize(
@@ -78,13 +87,13 @@ def personalize(
     """After the last round: every client's accuracy before and after fine-tuning on its own
     data (FedSeq Algorithm 1, lines 20-26); writes clients.csv and clients.png.
     ``on_phase(what, done, total)`` hears how far each step is (client by client)."""
-    cfg = exp.cfg
+    cfg, personal = exp.cfg, _personal(exp)
     phase = on_phase or (lambda what, done, total: None)
-    n = len(exp.personal.train_parts)
+    n = len(personal.train_parts)
     phase(EVALUATING, 0, n)
-    before = []
+    before: list[ClientScore] = []
     for i in range(n):  # as evaluate does over all clients, one at a time to tell the progress
-        before += exp.personal.evaluate(weights, states.get, [i])
+        before += personal.evaluate(weights, states.get, [i])
         phase(EVALUATING, i + 1, n)
     settings = FinetuneSettings(
         epochs=cfg.finetune_epochs,
@@ -96,7 +105,7 @@ def personalize(
         clip_grad_norm=cfg.clip_grad_norm,
     )
     phase(FINETUNING, 0, n)
-    after = exp.personal.finetune(
+    after = personal.finetune(
         weights, states.get, settings, cfg.seed, on_client=lambda done: phase(FINETUNING, done, n)
     )
     block = pfl_summary(before, after)

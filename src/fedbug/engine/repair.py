@@ -447,8 +447,10 @@ def _check_rerun(rd: RunDir, found: _Found, records: list[dict[str, Any]], fresh
         if before is not None:
             _check_round(rd, n, before, new)
     ck = found.ck
-    same = ck is None or ck["round"] != found.target
-    if not same and not torch.equal(ck["weights"], fresh.load_checkpoint()["weights"]):
+    rebuilt = ck if ck is not None and ck["round"] == found.target else None  # its checkpoint
+    if rebuilt is not None and not torch.equal(
+        rebuilt["weights"], fresh.load_checkpoint()["weights"]
+    ):
         raise ResultsError(
             f"running {str(rd.config_path)!r} again does not reproduce checkpoint.pt's "
             "weights: the run was made with other versions or on another machine; nothing "
@@ -456,7 +458,7 @@ def _check_rerun(rd: RunDir, found: _Found, records: list[dict[str, Any]], fresh
         )
     _check_final_weights(rd, found, fresh)
     compared = [n for n, (before, _) in enumerate(old, 1) if before is not None]
-    found.report.checked = _CHECKED[bool(compared), not same]
+    found.report.checked = _CHECKED[bool(compared), rebuilt is not None]
 
 
 def _check_final_weights(rd: RunDir, found: _Found, fresh: RunDir) -> None:

@@ -40,11 +40,13 @@ class Simulation:
 
     def charged_time(self, res: ClientResult, bytes_down: int) -> float:
         """What client ``res.client`` is charged: the policy's own figure, else its counted
-        FLOPs and bytes (or its full-model time when costs are measured)."""
+        FLOPs and bytes (or its full-model time when costs are measured). Only on a simulated
+        system (:meth:`finish` asks where there is one)."""
         system = self.exp.system
+        assert system is not None, "charged_time needs a simulated system"
         if res.charged_time is not None:
             return float(res.charged_time)
-        if self.exp.cfg.system.cost == "measured":
+        if system.params.cost == "measured":
             return system.full_time(res.client)
         work = res.flops - res.probe_flops
         down = res.bytes_down if res.bytes_down is not None else bytes_down

@@ -50,7 +50,8 @@ class ClientStates:
     def put(self, client: int, state: dict[str, Tensor]) -> None:
         if not state:
             return
-        if self.store is None and self.store_dir is not None:
+        # (a store folder is kept only with num_clients: __init__)
+        if self.store is None and self.store_dir is not None and self.num_clients is not None:
             self.store = StateStore.create(self.store_dir, self.num_clients, state)
         if self.store is not None and self.store.accepts(state):
             self.store.put(client, state)

@@ -35,7 +35,9 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
 
         dataset, model, task = exp.sources
         spec = WorkerSpec(exp.cfg, dataset, model, task)
-        return ProcessExecutor(spec, exp.cfg.workers, exp.cfg.threads)
+        threads = exp.cfg.threads
+        assert threads is not None, "an experiment's config has its threads resolved"
+        return ProcessExecutor(spec, exp.cfg.workers, threads)
     raise ConfigError(
         f"executor {name!r} starts Flower: run it with fedbug.run (or `fedbug run`), which "
         "launches it; run_experiment runs clients in this process only"

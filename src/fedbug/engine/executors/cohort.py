@@ -55,10 +55,13 @@ def refuse_model(model: nn.Module, space: ParamSpace, augmented: bool) -> None:
             f"executor: cohort cannot update buffers inside a vectorised step ({buffers[0]}, "
             f"...: BatchNorm's running statistics); use a GroupNorm model {fix}"
         )
-    drop = [n for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
-    if any(model.get_submodule(n).p > 0 for n in drop):
+    drop = [
+        (n, m.p) for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)
+    ]
+    if any(p > 0 for _, p in drop):
+        first = drop[0][0]
         raise ConfigError(
-            f"executor: cohort cannot draw the sequential executor's dropout masks ({drop[0]}); "
+            f"executor: cohort cannot draw the sequential executor's dropout masks ({first}); "
             f"set the dropout to 0 {fix}"
         )
     if augmented:

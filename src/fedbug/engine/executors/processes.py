@@ -99,6 +99,7 @@ def _worker_main(spec: WorkerSpec, threads: int, conn: Connection) -> None:
             continue
         task, state = body
         try:
+            assert weights is not None, "a task came before the round's weights"
             result = train_client(weights, task, exp.client_data(task.client), state, runtime)
             _send(conn, ("ok", result))
         except BaseException:
@@ -144,7 +145,9 @@ class ProcessExecutor(Executor):
         try:
             for k in range(workers):
                 here, there = ctx.Pipe(duplex=True)
-                p = ctx.Process(
+                # typeshed types get_context(str) as BaseContext, which declares no Process;
+                # every context it returns (spawn, fork, forkserver) has one
+                p = ctx.Process(  # type: ignore[attr-defined]
                     target=_worker_main,
                     args=(spec, threads, there),
                     name=f"fedbug-worker-{k}",
