@@ -172,14 +172,15 @@ def test_refusals(over, message):
         {"fedrolex": {"bn_linear_weights": "code_counts"}},
     ],
 )
-def test_extras_sent_by_a_session_are_refused_when_they_arrive(over):
+def test_extras_sent_by_a_session_are_refused_by_the_config(over):
     """SLT's sessions send their stage, FedRoLex's under code_counts pieces of the update, as
-    extras, which no config flag shows: the DP aggregate refuses the first update carrying any
-    (FedRoLex's default sends one delta and runs)."""
-    pytest.importorskip("dp_accounting")
+    extras: each declares it (``sends_extras``), so the config is refused before any data loads
+    (it used to be refused by the DP aggregate in round 1); FedRoLex's default sends one delta
+    and is accepted."""
     over = {"algorithm": "fedrolex", **method_needs("fedrolex"), **over}
-    with pytest.raises(ConfigError, match="also sends extra tensors"):
-        run_experiment(dp_config(rounds=1, **over))
+    with pytest.raises(ConfigError, match=r"also sends extra tensors beside it \(sends_extras\)"):
+        dp_config(rounds=1, **over)
+    dp_config(rounds=1, algorithm="fedrolex")
 
 
 def test_refusal_exits_2_from_the_cli(tmp_path, capsys):

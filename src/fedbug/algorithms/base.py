@@ -199,6 +199,16 @@ class Algorithm:
         """Why ``cfg`` cannot run this algorithm (one sentence naming the fix), or None."""
         return None
 
+    @classmethod
+    def sends_extras(cls, cfg: BaseConfig) -> bool:
+        """Whether a client's result under ``cfg`` carries tensors beside its delta
+        (``ClientResult.extras``, which the server reads as they are: ``dp:`` refuses them):
+        True where the class overrides ``client_extras``. A class whose session writes
+        ``result.extras`` in ``finish`` overrides this too (SLT's stage); tests/
+        test_compat_refusals.py runs every registered algorithm, each option of its block, and
+        holds it to what its clients send."""
+        return cls.overrides("client_extras")
+
     def __init__(
         self, global_lr: float = 1.0, params: Params | None = None, task: Task | None = None
     ) -> None:

@@ -110,12 +110,11 @@ def dp_incompatibility(cfg: Any) -> str | None:
             "dp: DP-FedAvg weighs every clipped update 1 (its fixed-denominator estimator); "
             "set weighting: uniform"
         )
-    alg = ALGORITHMS.get(cfg.algorithm)
-    if alg.overrides("client_extras"):
+    if ALGORITHMS.get(cfg.algorithm).sends_extras(cfg):
         return (
             f"dp: clips and noises the update delta only, and algorithm {cfg.algorithm} also "
-            "sends extra tensors (client_extras) the server would read unprotected; use an "
-            "algorithm that sends one delta (fedavg, fedprox, ...)"
+            "sends extra tensors beside it (sends_extras) the server would read unprotected; "
+            "remove dp:, or use an algorithm that sends one delta (fedavg, fedprox, ...)"
         )
     if dp.adaptive is not None and dp.noise_multiplier > 0:
         z, sb = dp.noise_multiplier, count_noise(cfg)

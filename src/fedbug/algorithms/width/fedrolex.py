@@ -144,6 +144,13 @@ class FedRolex(HeteroFL):
             )
         return None
 
+    @classmethod
+    def sends_extras(cls, cfg: Any) -> bool:
+        """Under ``bn_linear_weights: code_counts``: each client's update and held entries of
+        the counted entries (:meth:`FedRolexClient.finish`)."""
+        p = cfg.options("fedrolex") or FedRolexParams()
+        return super().sends_extras(cfg) or p.bn_linear_weights == "code_counts"
+
     # -- sub-models: a key is a rate (a prefix: round 1, or every channel kept) or (rate, starts)
     def window_key(self, rate: float, round: int) -> Hashable:
         """Sub-model key of rate ``rate`` in round ``round``: the rate where every group keeps

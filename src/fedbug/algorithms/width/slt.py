@@ -387,6 +387,11 @@ class SLT(WidthAlgorithm):
             return "slt charges each client its sub-model's FLOPs; use system.cost: flops"
         return None
 
+    @classmethod
+    def sends_extras(cls, cfg: Any) -> bool:
+        """Always: each client tells the server its stage (:meth:`stage_code`, in ``extras``)."""
+        return True
+
     # -- the model and its configurations -----------------------------------------------
     def wrap_model(
         self, model: nn.Module, classifier: str, order: Sequence[str] | None = None
