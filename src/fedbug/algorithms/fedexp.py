@@ -47,6 +47,8 @@ class FedExp(FedAvg):
 
     @classmethod
     def check_config(cls, cfg: Any) -> str | None:
+        if cfg.global_lr != 1.0:
+            return f"fedexp sets the global learning rate itself; remove global_lr={cfg.global_lr}"
         if getattr(cfg, "dp", None) is not None:
             return (
                 "fedexp's step size reads the sum of the clients' squared update norms, which "

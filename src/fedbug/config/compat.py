@@ -11,7 +11,7 @@ sweep's base: it may hold the blocks of every method its cells use (the sweep ch
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -21,6 +21,7 @@ from fedbug.config.dp import dp_incompatibility, dp_sgd_incompatibility
 from fedbug.config.secagg import secagg_incompatibility
 from fedbug.models.adapters import adapter_head_incompatibility
 from fedbug.policies import POLICIES
+from fedbug.policies.schedule import unfreeze_rounds_problem
 from fedbug.selection import SELECTIONS
 
 #: Blocks other runs of the same sweep use: set while a sweep validates its cells, so a base
@@ -58,14 +59,45 @@ def used_blocks(cfg: Any) -> set[str]:
 
 
 def incompatibility(cfg: Any) -> str | None:
-    """Why ``cfg`` cannot run, or None: the first reason found."""
+    """Why ``cfg`` cannot run, or None: the first reason found, the checks asked in order
+    (looked up when called, so a test may stand one in)."""
+    checks: tuple[Callable[[Any], str | None], ...] = (
+        _flower_evaluation,
+        _system_flops,
+        _pieces,
+        _personalized_task,
+        targets_incompatibility,
+        _adapter_head,
+        dp_incompatibility,
+        dp_sgd_incompatibility,
+        cohort_incompatibility,
+        secagg_incompatibility,
+        global_model_incompatibility,
+        device_incompatibility,
+        _schedule,
+        unused_block_incompatibility,
+        _participation,
+    )
+    return next((r for r in (check(cfg) for check in checks) if r is not None), None)
+
+
+def _flower_evaluation(cfg: Any) -> str | None:
     if cfg.executor.startswith("flower") and cfg.evaluation == "personalized":
         return (
             f"executor {cfg.executor} keeps personal model parts on the nodes, so the server "
             "cannot run evaluation: personalized; use executor: sequential"
         )
+    return None
+
+
+def _system_flops(cfg: Any) -> str | None:
     if cfg.system is not None and not cfg.count_flops:
         return "a system: block times clients from their FLOPs; keep count_flops"
+    return None
+
+
+def _pieces(cfg: Any) -> str | None:
+    """The chosen algorithm's, freeze policy's and selection's own ``check_config``."""
     for piece in (
         ALGORITHMS.get(cfg.algorithm),
         POLICIES.get(cfg.policy),
@@ -74,24 +106,55 @@ def incompatibility(cfg: Any) -> str | None:
         reason = piece.check_config(cfg)
         if reason is not None:
             return reason
+    return None
+
+
+def _personalized_task(cfg: Any) -> str | None:
     if cfg.evaluation == "personalized" and cfg.task != "classification":
         return (
             f"evaluation: personalized scores each client's accuracy on class labels, which task "
             f"{cfg.task} does not give; use evaluation: global (or mean_of_local_models)"
         )
-    targets_reason = targets_incompatibility(cfg)
-    if targets_reason is not None:
-        return targets_reason
-    head_reason = adapter_head_incompatibility(cfg, ALGORITHMS.get(cfg.algorithm))
-    if head_reason is not None:
-        return head_reason
-    dp_reason = dp_incompatibility(cfg) or dp_sgd_incompatibility(cfg)
-    dp_reason = dp_reason or cohort_incompatibility(cfg)
-    if dp_reason is not None:
-        return dp_reason
-    sa_reason = secagg_incompatibility(cfg)
-    if sa_reason is not None:
-        return sa_reason
+    return None
+
+
+def _adapter_head(cfg: Any) -> str | None:
+    return adapter_head_incompatibility(cfg, ALGORITHMS.get(cfg.algorithm))
+
+
+def global_model_incompatibility(cfg: Any) -> str | None:
+    """An evaluation of the server's model under an algorithm that keeps part of every model on
+    its clients (``has_global_model`` False: the server's weights are no model)."""
+    if cfg.evaluation == "personalized" or ALGORITHMS.get(cfg.algorithm).has_global_model:
+        return None
+    return (
+        f"evaluation: {cfg.evaluation} needs a global model, and algorithm {cfg.algorithm} keeps "
+        "part of every model on its client, so there is no global model to evaluate; use "
+        "evaluation: personalized"
+    )
+
+
+def device_incompatibility(cfg: Any) -> str | None:
+    """A device named for ``executor: processes``, whose workers train on the CPU (``auto``
+    means the CPU there)."""
+    if cfg.executor == "processes" and cfg.device not in ("auto", "cpu"):
+        return (
+            f"executor: processes runs its workers on the CPU, not device: {cfg.device}; use "
+            "device: cpu (or auto), or executor: sequential (one process drives the device)"
+        )
+    return None
+
+
+def _schedule(cfg: Any) -> str | None:
+    """FedSeq's unfreeze rounds, as far as the config decides them (their count: the model)."""
+    if cfg.schedule == "none" or cfg.unfreeze_rounds is None:
+        return None
+    return unfreeze_rounds_problem(cfg.unfreeze_rounds, cfg.rounds)
+
+
+def unused_block_incompatibility(cfg: Any) -> str | None:
+    """An options block, off its defaults, of a method neither ``cfg`` nor (in a sweep) another
+    cell uses."""
     used = used_blocks(cfg) | _USED_ELSEWHERE.get()
     chosen = {"algorithm": cfg.algorithm, "policy": cfg.policy}
     chosen["selection"] = cfg.resolved_selection()
@@ -103,6 +166,10 @@ def incompatibility(cfg: Any) -> str | None:
                 f"{kind} {method} (remove the block, set {kind}: {method}, or compare methods "
                 f"with fedbug sweep -g {kind}=...)"
             )
+    return None
+
+
+def _participation(cfg: Any) -> str | None:
     fixed_count = cfg.clients_per_round is not None and cfg.resolved_selection() != "bernoulli"
     if fixed_count and cfg.participation != type(cfg).model_fields["participation"].default:
         return (

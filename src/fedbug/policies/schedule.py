@@ -31,6 +31,24 @@ def default_unfreeze_rounds(num_sublayers: int, rounds: int) -> tuple[int, ...]:
     return tuple((k - 1) * rounds // num_sublayers for k in range(1, num_sublayers + 1))
 
 
+def unfreeze_rounds_problem(ts: Sequence[int], rounds: int | None) -> str | None:
+    """What is wrong with t_1..t_K whatever the model (the config refuses it before the data
+    loads; their count, one per base sub-layer, needs the model): None if nothing."""
+    if ts and ts[0] != 0:
+        return (
+            f"unfreeze_rounds must start at 0 (the first sub-layer trains from round 1); "
+            f"got {list(ts)}"
+        )
+    if any(b < a for a, b in zip(ts, ts[1:])):
+        return f"unfreeze_rounds must be non-decreasing; got {list(ts)}"
+    if ts and rounds is not None and ts[-1] >= rounds:
+        return (
+            f"unfreeze_rounds {list(ts)}: the last sub-layer unfreezes after round "
+            f"{ts[-1]}, but there are only {rounds} rounds; use values below {rounds}"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class RoundSchedule(FreezePolicy):
     """Which base sub-layers train in a round (a policy the engine intersects with the
@@ -60,19 +78,9 @@ class RoundSchedule(FreezePolicy):
                 f"give one round per sub-layer, e.g. "
                 f"{list(default_unfreeze_rounds(k, self.rounds or k))}"
             )
-        if ts[0] != 0:
-            raise ConfigError(
-                f"unfreeze_rounds must start at 0 (the first sub-layer trains from round 1); "
-                f"got {list(ts)}"
-            )
-        if any(b < a for a, b in zip(ts, ts[1:])):
-            raise ConfigError(f"unfreeze_rounds must be non-decreasing; got {list(ts)}")
-        if self.rounds is not None and ts[-1] >= self.rounds:
-            raise ConfigError(
-                f"unfreeze_rounds {list(ts)}: the last sub-layer unfreezes after round "
-                f"{ts[-1]}, but there are only {self.rounds} rounds; use values below "
-                f"{self.rounds}"
-            )
+        problem = unfreeze_rounds_problem(ts, self.rounds)
+        if problem is not None:
+            raise ConfigError(problem)
 
     @classmethod
     def build(
