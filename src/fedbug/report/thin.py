@@ -103,7 +103,7 @@ def thinned_curve(run_dir: Path, every: int = DEFAULT_EVERY) -> bytes:
     checked as fedbug reads any run (and its summary against its folder, as a report does).
     :class:`~fedbug.errors.ResultsError` where there is none, where it is damaged or carries no
     checksums, or where thinning would change a figure a report draws from it."""
-    from fedbug.engine.run_folder import folder_disagreement
+    from fedbug.engine.run_folder import checked_run
 
     if type(every) is not int or every < 1:
         raise ConfigError(f"--every must be a whole number >= 1; got {every!r}")
@@ -115,13 +115,7 @@ def thinned_curve(run_dir: Path, every: int = DEFAULT_EVERY) -> bytes:
             "run its config again to make one"
         )
     raw = _text(rd.metrics_path)
-    run = rd.read_run()
-    what = folder_disagreement(run)
-    if what is not None:
-        raise ResultsError(
-            f"{str(rd.summary_path)!r} disagrees with its folder: {what}; a damaged run is not "
-            "thinned"
-        )
+    run = checked_run(rd, "a damaged run is not thinned")
     if _text(rd.metrics_path) != raw:
         raise ResultsError(
             f"{str(rd.metrics_path)!r} changed while it was read; is a run writing it?"
