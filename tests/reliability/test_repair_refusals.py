@@ -356,3 +356,16 @@ def test_a_finished_runs_older_checkpoint_is_damage(finished, unfinished, tmp_pa
     out = capsys.readouterr().out
     assert "damaged: checkpoint.pt (of round 2, not the run's last, 4:" in out
     assert (run / "checkpoint.pt").read_bytes() == (finished / "checkpoint.pt").read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_a_missing_path_or_a_file_is_named_as_such_before_any_progress(tmp_path, capsys, kind):
+    target = tmp_path / "run"
+    if kind == "file":
+        target.write_text("not a folder")
+    assert main(["repair", str(target)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert ("does not exist" if kind == "missing" else "is a file") in err
+    assert "rerun" not in captured.out + captured.err  # no progress bar before the refusal

@@ -12,8 +12,10 @@ from fedbug.cli.progress import progress_bar
 
 def cmd_repair(args: argparse.Namespace) -> int:
     from fedbug.engine import repair_run
+    from fedbug.engine.repair import repair_target
 
     for folder in args.runs:
+        repair_target(folder)  # a missing folder or a file: its one line, before the bar
         with progress_bar(None, f"repair {folder}", args.quiet) as progress:
             bar = progress.add_task(f"rerun {folder}", total=None, acc="  -  ")
             report = repair_run(

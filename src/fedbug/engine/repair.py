@@ -95,6 +95,22 @@ class RepairReport:
         return out
 
 
+def repair_target(run_dir: Path | str) -> RunDir:
+    """``run_dir`` as a run folder :func:`repair_run` can rebuild from (it holds its
+    ``config.yaml``); else :class:`~fedbug.errors.ResultsError` saying what it is instead."""
+    rd = RunDir(Path(run_dir))
+    if not rd.path.exists():
+        raise ResultsError(f"{str(rd.path)!r} does not exist; give a run folder (a run's --out)")
+    if not rd.path.is_dir():
+        raise ResultsError(f"{str(rd.path)!r} is a file, not a run folder; give its folder")
+    if not rd.config_path.is_file():
+        raise ResultsError(
+            f"{str(rd.path)!r} holds no config.yaml: not a run folder, or one whose config is "
+            "lost (nothing to rebuild from); restore it from a copy"
+        )
+    return rd
+
+
 def repair_run(
     run_dir: Path | str,
     *,
@@ -106,12 +122,7 @@ def repair_run(
     """Rebuild what is damaged in ``run_dir`` (see the module's text); a run built from your
     own data set or model needs them again (``dataset=``, ``model=``, ``task=`` as given to
     :func:`fedbug.run`). Raises :class:`~fedbug.errors.ResultsError` when it cannot."""
-    rd = RunDir(Path(run_dir))
-    if not rd.config_path.is_file():
-        raise ResultsError(
-            f"{str(rd.path)!r} holds no config.yaml: not a run folder, or one whose config is "
-            "lost (nothing to rebuild from); restore it from a copy"
-        )
+    rd = repair_target(run_dir)
     rd.acquire_lock()
     try:
         return _repair(rd, (dataset, model, task), on_round)
