@@ -186,7 +186,7 @@ class ClientSide:
         """The config with the torch threads a step of this model's work needs (threads left to
         the machine on a sequential run), set for this process."""
         flops = step_flops(model, example, ds.train_y[:2], self.task.loss, cfg.batch_size)
-        threads = default_threads(flops, cfg.threads)
+        threads = default_threads(flops, resolved_threads(cfg))
         if threads == cfg.threads:
             return cfg
         torch.set_num_threads(threads)
@@ -446,5 +446,12 @@ def step_flops(
 def claim_process(device: torch.device, cfg: BaseConfig) -> dict[str, Any]:
     """Set what clients compute under in this process: torch's thread count and, on a GPU, its
     kernel flags (:func:`~fedbug.core.device.configure_kernels`, whose record is returned)."""
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(resolved_threads(cfg))
     return configure_kernels(device, cfg.precision, cfg.deterministic)
+
+
+def resolved_threads(cfg: BaseConfig) -> int:
+    """The config's torch threads, which :func:`fedbug.config.loading.resolve` filled (every
+    config an experiment holds is resolved)."""
+    assert cfg.threads is not None, "the config's threads are not resolved"
+    return cfg.threads

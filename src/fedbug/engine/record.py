@@ -43,10 +43,12 @@ class RoundRecord:
         """The record, keys in their order: ``dropped``, ``state_reset`` and ``aggregated``
         only where a client was dropped, a client's state had been lost, the round skipped."""
         results, n = self.results, len(self.results)
+        # a result may carry no loss (None: ClientResult's default, a reply without one)
+        losses = [x.train_loss for x in results if x.train_loss is not None]
         record: dict[str, Any] = {
             "round": self.round,
             **self.evaluated,
-            "train_loss": sum(x.train_loss for x in results) / n if n else None,
+            "train_loss": sum(losses) / len(losses) if losses else None,
             "clients": [x.client for x in results],
             "num_clients": n,
             "lr": self.lr,

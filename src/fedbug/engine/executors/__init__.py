@@ -32,12 +32,11 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
         )
     if name == "processes":
         from fedbug.engine.executors.processes import ProcessExecutor, WorkerSpec
+        from fedbug.engine.experiment import resolved_threads
 
         dataset, model, task = exp.sources
         spec = WorkerSpec(exp.cfg, dataset, model, task)
-        threads = exp.cfg.threads
-        assert threads is not None, "an experiment's config has its threads resolved"
-        return ProcessExecutor(spec, exp.cfg.workers, threads)
+        return ProcessExecutor(spec, exp.cfg.workers, resolved_threads(exp.cfg))
     raise ConfigError(
         f"executor {name!r} starts Flower: run it with fedbug.run (or `fedbug run`), which "
         "launches it; run_experiment runs clients in this process only"
