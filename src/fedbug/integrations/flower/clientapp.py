@@ -22,7 +22,12 @@ from flwr.clientapp import ClientApp
 
 from fedbug.core.user_modules import import_from_env
 from fedbug.engine.client import train_client
-from fedbug.integrations.flower.messages import decode_task, encode_reply, sent_units
+from fedbug.integrations.flower.messages import (
+    decode_task,
+    encode_reply,
+    record_int,
+    sent_units,
+)
 from fedbug.integrations.flower.node_cache import cache_dir, entry_path, load_or_build
 from fedbug.integrations.flower.node_state import NodeStates
 from fedbug.integrations.flower.secagg_client import is_secure, secagg_mod, secure_reply
@@ -98,7 +103,7 @@ def _load_state(
     if disk is not None:
         return disk.load(client, round)
     info = context.state.config_records.get(STATE_INFO)
-    if info is None or int(info["client"]) != client:
+    if info is None or record_int(info, "client") != client:
         return None
     return context.state.array_records[STATE].to_torch_state_dict()
 

@@ -33,6 +33,7 @@ from fedbug.integrations.flower.messages import (
     decode_reply,
     encode_task,
     encode_weights,
+    record_int,
 )
 
 
@@ -57,7 +58,7 @@ class FlowerExecutor(Executor):
         """Push, then pull until every reply is in or ``timeout`` passes. Yields one entry a
         message, in the messages' order, as soon as it and all before it are settled: its reply,
         or why there is none. Replies that come early wait here until their turn."""
-        pushed = list(self.grid.push_messages(messages))
+        pushed: list[str | None] = list(self.grid.push_messages(messages))
         if len(pushed) != len(messages):  # e.g. [] when the SuperLink refused a too-large push
             pushed = [None] * len(messages)
         del messages  # Flower holds what it still has to send
@@ -113,7 +114,7 @@ class FlowerExecutor(Executor):
             self.asked.add(node)
             if reply.has_error():
                 continue
-            pid = int(reply.content.config_records["node"]["partition-id"])
+            pid = record_int(reply.content.config_records["node"], "partition-id")
             if 0 <= pid < self.exp.num_clients:
                 self.node_of[pid] = node
 
@@ -194,7 +195,8 @@ class FlowerExecutor(Executor):
             return reply
         if reply.has_error():
             err = reply.error
-            return f"error reply (code {err.code}): {_one_line(err.reason)}"
+            # (Flower reads an empty reason back as None)
+            return f"error reply (code {err.code}): {_one_line(err.reason or '')}"
         try:
             result = decode_reply(reply.content, self.exp.space, client)
         except ReplyError as e:

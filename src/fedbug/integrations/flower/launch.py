@@ -194,7 +194,7 @@ def _toml_str(value: str) -> str:
 def processes_with_env(name: str, value: str) -> list[int]:
     """Live processes (Linux: read from /proc) whose environment holds ``name=value``."""
     needle = f"{name}={value}".encode()
-    found = []
+    found: list[int] = []
     proc = Path("/proc")
     if not proc.is_dir():
         return found

@@ -31,6 +31,23 @@ class ReplyError(ValueError):
     """A reply that cannot be turned into a client result (the reason is the message)."""
 
 
+def record_int(record: ConfigRecord, key: str) -> int:
+    """``int(record[key])``, a number this package wrote (a :class:`ConfigRecord` types each
+    value as any of its kinds, lists included: a list is a ``TypeError``, as ``int`` gives)."""
+    value = record[key]
+    if isinstance(value, list):
+        raise TypeError(f"{key} is a list, not a number")
+    return int(value)
+
+
+def record_float(record: ConfigRecord, key: str) -> float:
+    """``float(record[key])``, as :func:`record_int`."""
+    value = record[key]
+    if isinstance(value, list):
+        raise TypeError(f"{key} is a list, not a number")
+    return float(value)
+
+
 def _arrays(tensors: dict[str, Tensor]) -> ArrayRecord:
     return ArrayRecord({k: v.detach().contiguous() for k, v in tensors.items()})
 
@@ -73,13 +90,13 @@ def decode_task(content: RecordDict, space: ParamSpace) -> tuple[Tensor, ClientT
     weights = flat_from(state, space, set(range(space.num_units)))
     payload = content.array_records["payload"].to_torch_state_dict()
     task = ClientTask(
-        round=int(cfg["round"]),
-        client=int(cfg["client"]),
-        seed=int(cfg["seed"]),
-        lr=float(cfg["lr"]),
-        mean_samples=float(cfg["mean-samples"]),
+        round=record_int(cfg, "round"),
+        client=record_int(cfg, "client"),
+        seed=record_int(cfg, "seed"),
+        lr=record_float(cfg, "lr"),
+        mean_samples=record_float(cfg, "mean-samples"),
         payload=payload,
-        rounds=int(cfg["rounds"]),
+        rounds=record_int(cfg, "rounds"),
         extra=json.loads(str(cfg["extra"])),
     )
     return weights, task, dict(cfg)
@@ -188,8 +205,9 @@ def decode_reply(content: RecordDict, space: ParamSpace, client: int) -> ClientR
         update = content.array_records["update"].to_torch_state_dict()
     except (KeyError, TypeError, ValueError) as e:
         raise ReplyError(f"reply lacks its records ({e})") from None
-    if int(info.get("client", -1)) != client:
-        raise ReplyError(f"reply is for client {info.get('client')}, sent to client {client}")
+    sender = info.get("client")  # an int as written; anything else is malformed, not a crash
+    if not isinstance(sender, int) or isinstance(sender, bool) or sender != client:
+        raise ReplyError(f"reply is for client {sender!r}, sent to client {client}")
     sent = _flags(info.get("sent"), space, "sent")
     trained = _flags(info.get("trained"), space, "trained")
     uploaded = _flags(info.get("uploaded"), space, "uploaded")
