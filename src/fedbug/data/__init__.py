@@ -19,15 +19,17 @@ from fedbug.data import (  # noqa: F401  (registers the data sets)
     synthetic,
     tiny_imagenet,
 )
-from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
+from fedbug.data.base import DATASETS, DatasetSpec, DataShape, FederatedDataset
 from fedbug.data.partition import partition, partition_summary
 from fedbug.errors import ConfigError, DataError
 
 __all__ = [
     "DATASETS",
+    "DataShape",
     "DatasetSpec",
     "FederatedDataset",
     "check_present",
+    "dataset_shape",
     "load_dataset",
     "partition",
     "partition_summary",
@@ -72,3 +74,19 @@ def load_dataset(
     if options:
         raise ConfigError(f"data set {name!r} takes no dataset_options (got {sorted(options)})")
     return spec.load(folder)
+
+
+def dataset_shape(name: str, options: dict[str, Any] | None = None) -> DataShape:
+    """The :class:`DataShape` data set ``name`` declares under ``options`` (``dataset_options:``),
+    without loading it; a ``ConfigError`` line for an unknown name, options a data set that is
+    not generated does not take (as :func:`load_dataset`), or a data set that declares none."""
+    spec = DATASETS.get(name)
+    if options and spec.generate is None:
+        raise ConfigError(f"data set {name!r} takes no dataset_options (got {sorted(options)})")
+    shape = spec.shape_of(options)
+    if shape is None:
+        raise ConfigError(
+            f"data set {name!r} declares no shape of its samples (DatasetSpec.shape: a "
+            "DataShape(input_shape, num_classes, inputs)); register it with one"
+        )
+    return shape

@@ -605,11 +605,25 @@ def _default_num_classes(name: str, ys: Sequence[Tensor | None], labels: str) ->
 
 
 @dataclass(frozen=True)
+class DataShape:
+    """What one sample of a data set looks like, known without loading it: the input's shape
+    (``FederatedDataset.input_shape``), the number of classes and the input kind
+    (``FederatedDataset.inputs``), as the loaded data set gives them."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+    inputs: Literal["image", "vector", "tokens"] = "image"
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     """How to find and load one data set: ``load(data_dir)`` and ``locate(data_dir)``.
 
     ``locate`` returns where the files were found (or ``None``) without loading them, and
     ``searched`` the places it looks, for ``fedbug data`` and for the missing-data message.
+    ``shape`` is what its samples look like (a :class:`DataShape`; for a generated data set
+    one may be a function of its ``dataset_options``), for ``fedbug cost``, which loads no data;
+    None: not declared (a user's own data set may leave it out, and ``fedbug cost`` refuses it).
     """
 
     name: str
@@ -619,6 +633,13 @@ class DatasetSpec:
     searched: Callable[[Path | None], list[str]]
     how_to_get: str
     generate: Callable[..., FederatedDataset] | None = None  # a data set built from options
+    shape: DataShape | Callable[..., DataShape] | None = None
+
+    def shape_of(self, options: dict[str, Any] | None = None) -> DataShape | None:
+        """The declared :class:`DataShape` under ``options`` (``dataset_options``), or None."""
+        if self.shape is None or isinstance(self.shape, DataShape):
+            return self.shape
+        return self.shape(**(options or {}))
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")

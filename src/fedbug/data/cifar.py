@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
+from fedbug.data.base import DATASETS, DatasetSpec, DataShape, FederatedDataset
 from fedbug.data.locate import candidate_dirs, find_files, missing_files_error
 from fedbug.errors import DataError
 
@@ -301,6 +301,7 @@ def _register(v: _Variant) -> DatasetSpec:
             locate=v.locate,
             searched=v.searched,
             how_to_get=v.how_to_get,
+            shape=DataShape((3, 32, 32), v.num_classes),
         )
     )
 

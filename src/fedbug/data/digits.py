@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fedbug.core.seeding import numpy_rng
-from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
+from fedbug.data.base import DATASETS, DatasetSpec, DataShape, FederatedDataset
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.25
@@ -79,5 +79,6 @@ SPEC = DATASETS.register("digits")(
         locate=locate,
         searched=searched,
         how_to_get="It ships with scikit-learn (pip install scikit-learn).",
+        shape=DataShape((1, 8, 8), 10),
     )
 )

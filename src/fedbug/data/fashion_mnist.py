@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
+from fedbug.data.base import DATASETS, DatasetSpec, DataShape, FederatedDataset
 from fedbug.data.idx import load_idx_dataset
 from fedbug.data.locate import candidate_dirs, find_files
 
@@ -65,5 +65,6 @@ SPEC = DATASETS.register("fashion_mnist")(
         locate=locate,
         searched=searched,
         how_to_get=HOW_TO_GET,
+        shape=DataShape((1, 28, 28), 10),
     )
 )

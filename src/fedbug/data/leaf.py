@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
+from fedbug.data.base import DATASETS, DatasetSpec, DataShape, FederatedDataset
 from fedbug.data.locate import candidate_dirs
 from fedbug.errors import DataError
 
@@ -483,6 +483,7 @@ FEMNIST = DATASETS.register("femnist")(
         locate=femnist_locate,
         searched=femnist_searched,
         how_to_get=FEMNIST_HOW_TO_GET,
+        shape=DataShape((1, 28, 28), FEMNIST_NUM_CLASSES),
     )
 )
 SHAKESPEARE = DATASETS.register("shakespeare")(
@@ -493,5 +494,6 @@ SHAKESPEARE = DATASETS.register("shakespeare")(
         locate=shakespeare_locate,
         searched=shakespeare_searched,
         how_to_get=SHAKESPEARE_HOW_TO_GET,
+        shape=DataShape((SHAKESPEARE_SEQ_LEN,), len(ALL_LETTERS), "tokens"),
     )
 )

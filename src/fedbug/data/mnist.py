@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
+from fedbug.data.base import DATASETS, DatasetSpec, DataShape, FederatedDataset
 from fedbug.data.digits import split_indices
 from fedbug.data.fashion_mnist import FILES
 from fedbug.data.idx import load_idx_dataset
@@ -134,6 +134,7 @@ SPEC = DATASETS.register("mnist")(
         locate=locate,
         searched=searched,
         how_to_get=HOW_TO_GET,
+        shape=DataShape((1, 28, 28), NUM_CLASSES),
     )
 )
 SAMPLE_SPEC = DATASETS.register("mnist_sample")(
@@ -144,5 +145,6 @@ SAMPLE_SPEC = DATASETS.register("mnist_sample")(
         locate=locate_sample,
         searched=searched_sample,
         how_to_get=SAMPLE_HOW_TO_GET,
+        shape=DataShape((1, 28, 28), NUM_CLASSES),
     )
 )

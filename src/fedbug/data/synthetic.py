@@ -22,14 +22,16 @@ itself (60 float32 per sample) plus one block's temporaries.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedbug.core.seeding import numpy_rng
-from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
+from fedbug.data.base import DATASETS, DatasetSpec, DataShape, FederatedDataset
 from fedbug.errors import ConfigError
 
 DIM = 60
@@ -202,6 +204,17 @@ def _labels(x: np.ndarray, owner: np.ndarray, w: np.ndarray, b: np.ndarray) -> n
     return y
 
 
+def shape(**options: Any) -> DataShape:
+    """DIM features and CLASSES classes under any options (they change the values drawn, the
+    clients and their sizes, never a sample's shape); unknown options are refused as
+    :func:`generate` refuses them."""
+    try:
+        inspect.signature(generate).bind(**options)
+    except TypeError as e:
+        raise ConfigError(f"dataset_options of synthetic: {e}") from None
+    return DataShape((DIM,), CLASSES, "vector")
+
+
 def load(data_dir: Path | None = None) -> FederatedDataset:
     """Synthetic(1, 1) over 30 clients, as in the FedProx paper (``data_dir`` is ignored)."""
     return generate()
@@ -225,5 +238,6 @@ SPEC = DATASETS.register("synthetic")(
         searched=searched,
         how_to_get="Generated from the seed (dataset_options: alpha, beta, iid, seed, ...).",
         generate=generate,
+        shape=shape,
     )
 )

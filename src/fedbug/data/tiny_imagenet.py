@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedbug.data.base import DATASETS, DatasetSpec, FederatedDataset
+from fedbug.data.base import DATASETS, DatasetSpec, DataShape, FederatedDataset
 from fedbug.data.locate import cache_root, candidate_dirs, find_files, missing_files_error
 from fedbug.errors import DataError
 
@@ -319,5 +319,6 @@ SPEC = DATASETS.register("tiny_imagenet")(
         locate=locate,
         searched=searched,
         how_to_get=HOW_TO_GET,
+        shape=DataShape((3, *IMAGE_SIZE), 200),
     )
 )
