@@ -165,17 +165,25 @@ def count_per_sample_flops(
     ``torch.utils.flop_counter`` (:func:`freeze_rows`), divided by the batch size. The model's
     ``requires_grad`` flags and train/eval mode are restored afterwards."""
     snap = _trainable_snapshot(model)
-    cache = FlopCache(model, loss_fn)
     try:
-        rows = freeze_rows(
-            units,
-            ParamSpace(model, list(units)),
-            lambda trained: cache.units(units, trained, example_x, example_y),
-            len(example_x),
-        )
+        rows = freeze_flop_rows(FlopCache(model, loss_fn), units, example_x, example_y)
     finally:
         _restore(model, snap)
     return [float(r["flops_sample"]) for r in rows]
+
+
+def freeze_flop_rows(
+    cache: FlopCache, units: Sequence[Unit], example_x: Tensor, example_y: Tensor
+) -> list[dict[str, Any]]:
+    """:func:`freeze_rows` counted by ``cache`` (its model, its loss) on the example batch: the
+    one count of FreezeFL Fig. 2 that the system model (:func:`count_per_sample_flops`) and
+    ``fedbug cost`` both read."""
+    return freeze_rows(
+        units,
+        ParamSpace(cache.model, list(units)),
+        lambda trained: cache.units(units, trained, example_x, example_y),
+        len(example_x),
+    )
 
 
 def measure_per_sample_time(
