@@ -264,3 +264,57 @@ def test_targets_every_on_a_model_scoring_one_position_is_one_line():
                targets="every", rounds=2, local_steps=1, batch_size=4)  # fmt: skip
     with pytest.raises(ConfigError, match=r"one score row a sequence.*targets: last"):
         cost_report(load_config(None, doc=doc))
+
+
+def test_each_methods_local_steps_are_its_sessions_count():
+    """The local steps of a round come from the algorithm's client session, as a run counts
+    them (``local_step_count`` with the run's ``train_settings``): FedRep's head epochs come
+    before its E epochs of the base, so with 2 head epochs, E = 1 and 40 samples in batches of
+    10 a client takes 3 x 4 = 12 steps, where the config's own E x ceil(n/B) says 4."""
+    from fedbug.report.cost import _build, _model_and_example, _setting
+
+    doc = {**SMALL, "algorithm": "fedrep", "fedrep": {"head_epochs": 2}}
+    cfg = load_config(None, doc={**doc, "evaluation": "personalized"})
+    s = _setting(cfg, 40, False)
+    model, x, y = _model_and_example(cfg, s)
+    fedrep = _build(cfg, "fedrep", model, x, y, s)
+    assert (fedrep.steps, fedrep.per_epoch) == (12, 4)
+    fedavg = _build(cfg, "fedavg", model, x, y, s)
+    assert (fedavg.steps, fedavg.per_epoch) == (4, 4)
+    assert cost_report(cfg, 40)["setting"]["local_steps"] == 4  # the table's methods: FedAvg's
+
+
+def test_synthetic_is_counted_from_its_declared_shape():
+    """``synthetic`` (60 features, 10 classes, any dataset_options) had no entry in cost's own
+    table of shapes; it now reads the data registry's declaration."""
+    doc = {**SMALL, "dataset": "synthetic", "model": "mlp", "model_options": {"hidden": [8]}}
+    report = cost_report(load_config(None, doc={**doc, "dataset_options": {"alpha": 0.5}}), 40)
+    st = report["setting"]
+    assert st["input_shape"] == [60] and st["num_classes"] == 10
+    assert st["params"] == 60 * 8 + 8 + 8 * 10 + 10
+    forward = 2 * 60 * 8 + 2 * 8 * 10  # a sample; the input needs no gradient
+    assert st["flops_batch_full"] == 10 * (forward + 2 * 8 * 10 + 2 * 10 * 8 + 2 * 60 * 8)
+
+
+def test_dataset_options_a_data_set_does_not_take_are_refused_as_a_run_refuses_them():
+    cfg = load_config(None, doc={**SMALL, "dataset_options": {"alpha": 0.5}})
+    with pytest.raises(ConfigError, match="'digits' takes no dataset_options"):
+        cost_report(cfg)
+
+
+def test_fig2_is_the_system_models_count():
+    """Fig. 2's FLOPs a sample are the system model's (``system: {cost: flops}``): the engine
+    counts them on a 2-sample example with the algorithm's loss, cost on a batch of B with the
+    session's; the count is per sample and the loss adds no counted FLOPs, so they agree."""
+    from fedbug.algorithms import build_algorithm
+    from fedbug.engine.build import build_parts
+    from fedbug.models import build_model
+    from fedbug.system import count_per_sample_flops
+
+    report = cost_report(load_config(None, doc=SMALL), 40)
+    model = build_model("digits_cnn", (1, 8, 8), 10, 0)
+    alg = build_algorithm("fedavg", 1.0, {})
+    x, y = torch.rand(2, 1, 8, 8), torch.tensor([3, 7])
+    parts = build_parts(load_config(None, doc=SMALL), alg, model, x[:1])
+    engine = count_per_sample_flops(parts.template, parts.units, x, y, alg.loss)
+    assert [r["flops_sample"] for r in report["rows"]] == engine

@@ -17,7 +17,12 @@ Two tables, both from the config's model on its data set's input shape:
   below the lowest trainable unit, so a frozen *shallow* unit still costs the backward through
   every unit above it. ``upload_params``: the parameters one client uploads over all rounds
   (with ``participants``, in the r share of rounds it is expected to join). A config's
-  ``local_steps`` replaces B * E.
+  ``local_steps`` replaces B * E: B * E (or K) is each method's client session's own count
+  (``local_step_count``, under the run's :func:`~fedbug.engine.experiment.train_settings`).
+
+The input shape, classes and input kind are the data set's declaration in the data registry
+(:func:`~fedbug.data.dataset_shape`, under the config's ``dataset_options``); Fig. 2's FLOPs are
+the system model's count (:func:`~fedbug.system.freeze_flop_rows`).
 
 Each method is built as a run of it would be, by the real classes: its algorithm
 (:func:`~fedbug.algorithms.build_algorithm`: the model it wraps, e.g. FedROD's personal head,
@@ -33,7 +38,6 @@ are not counted (nor does the paper).
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,31 +51,19 @@ from fedbug.algorithms.base import ClientSession
 from fedbug.config import apply_method
 from fedbug.core.flops import FlopCache, optimizer_state_copies
 from fedbug.core.layout import Layout
-from fedbug.core.protocol import ClientTask
+from fedbug.core.protocol import ClientTask, TrainSettings
 from fedbug.core.tasks import TASKS, build_task
 from fedbug.core.units import ParamSpace, Unit
+from fedbug.data import DataShape, dataset_shape
 from fedbug.data.targets import ONE_POSITION_FIX, next_tokens
 from fedbug.engine.build import build_freezing, build_parts
 from fedbug.engine.client import step_units
+from fedbug.engine.experiment import train_settings
 from fedbug.errors import ConfigError
 from fedbug.models import build_model, model_kwargs
 from fedbug.policies import StepCtx, build_policy
 from fedbug.policies.schedule import RoundSchedule
-from fedbug.system import freeze_rows
-
-# name -> (input shape of one sample, number of classes, input kind); no data is loaded.
-DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int, str]] = {
-    "digits": ((1, 8, 8), 10, "image"),
-    "mnist": ((1, 28, 28), 10, "image"),
-    "fashion_mnist": ((1, 28, 28), 10, "image"),
-    "mnist_sample": ((1, 28, 28), 10, "image"),
-    "femnist": ((1, 28, 28), 62, "image"),
-    "cifar10": ((3, 32, 32), 10, "image"),
-    "cifar100": ((3, 32, 32), 100, "image"),
-    "cifar100_coarse": ((3, 32, 32), 20, "image"),
-    "tiny_imagenet": ((3, 64, 64), 200, "image"),
-    "shakespeare": ((80,), 80, "tokens"),
-}
+from fedbug.system import freeze_flop_rows
 
 # each a ``method:`` of a config (a preset, or an algorithm's name)
 METHODS = ("fedavg", "fedbabu", "fedseq-vanilla", "fedseq-anti", "fedrod")
@@ -88,17 +80,18 @@ Phases = list[tuple[int, int, tuple[int, ...]]]
 
 
 def _example_batch(
-    shape: tuple[int, ...], classes: int, kind: str, batch: int, seed: int, targets: str = "last"
-):
+    shape: DataShape, batch: int, seed: int, targets: str = "last"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch of random inputs and labels; under ``targets: every`` a causal LM's targets at
     every position (the window shifted by one, then the sequence's own), as a run trains."""
     gen = torch.Generator().manual_seed(seed)
-    if kind == "tokens":
-        x = torch.randint(0, classes, (batch, *shape), generator=gen)
+    classes = shape.num_classes
+    if shape.inputs == "tokens":
+        x = torch.randint(0, classes, (batch, *shape.input_shape), generator=gen)
     else:
-        x = torch.rand((batch, *shape), generator=gen)
+        x = torch.rand((batch, *shape.input_shape), generator=gen)
     y = torch.randint(0, classes, (batch,), generator=gen)
-    if targets == "every" and kind == "tokens":
+    if targets == "every" and shape.inputs == "tokens":
         y = next_tokens(x, y)
     return x, y
 
@@ -125,33 +118,27 @@ def round_phases(units_of_round: Callable[[int], tuple[int, ...]], rounds: int) 
 
 @dataclass(frozen=True)
 class Setting:
+    """What the tables count: the data set's declared shape (:func:`~fedbug.data.dataset_shape`),
+    a run's training settings (:func:`~fedbug.engine.experiment.train_settings`), the samples of
+    every client and the clients counted a round (``clients``: all, or the expected
+    participants)."""
+
     dataset: str
     model: str
-    input_shape: tuple[int, ...]
-    num_classes: int
+    shape: DataShape
+    settings: TrainSettings
     rounds: int
-    batch_size: int
     samples_per_client: int
-    batches: int
-    local_epochs: int
-    steps: int
     num_clients: int
     clients: float
     participants: bool
 
 
 def _setting(cfg: Any, samples_per_client: int | None, participants: bool) -> Setting:
-    if cfg.dataset not in DATASET_SHAPES:
-        raise ConfigError(
-            f"fedbug cost has no input shape for data set {cfg.dataset!r}; known: "
-            f"{', '.join(sorted(DATASET_SHAPES))}"
-        )
-    shape, classes, _ = DATASET_SHAPES[cfg.dataset]
+    shape = dataset_shape(cfg.dataset, cfg.dataset_options)
     spc = DEFAULT_SAMPLES_PER_CLIENT if samples_per_client is None else int(samples_per_client)
     if spc < 1:
         raise ConfigError(f"samples_per_client must be at least 1; got {spc}")
-    batches = math.ceil(spc / cfg.batch_size)
-    steps = cfg.local_steps if cfg.local_steps else cfg.local_epochs * batches
     if participants:
         if cfg.clients_per_round is not None:
             clients = float(cfg.clients_per_round)
@@ -163,13 +150,9 @@ def _setting(cfg: Any, samples_per_client: int | None, participants: bool) -> Se
         cfg.dataset,
         cfg.model,
         shape,
-        classes,
+        train_settings(cfg),
         cfg.rounds,
-        cfg.batch_size,
         spc,
-        batches,
-        cfg.local_epochs,
-        steps,
         cfg.num_clients,
         clients,
         participants,
@@ -179,7 +162,8 @@ def _setting(cfg: Any, samples_per_client: int | None, participants: bool) -> Se
 @dataclass
 class Built:
     """One algorithm on the config's model: the (wrapped) model's units and layout, its client
-    session on the example batch (its loss) and the FLOP counts of its trainable sets."""
+    session on the example batch (its loss, its local step count: ``steps`` a round of
+    ``per_epoch`` an epoch) and the FLOP counts of its trainable sets."""
 
     algorithm: Algorithm
     units: list[Unit]
@@ -187,21 +171,33 @@ class Built:
     layout: Layout
     session: ClientSession
     flops: FlopCache
+    steps: int
+    per_epoch: int
 
 
 def _build(
     cfg: Any, name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, s: Setting
 ) -> Built:
     """Algorithm ``name`` on a copy of ``model``, built as a run of it builds it
-    (:func:`~fedbug.engine.build.build_parts`), with its client session on the example batch."""
+    (:func:`~fedbug.engine.build.build_parts`), with its client session on the example batch:
+    round 1's task (as the engine's ``client_tasks`` sends it) to a client of
+    ``samples_per_client`` samples, and the local steps that session counts for it."""
     task = build_task(cfg.task) if cfg.task in TASKS else None  # the run's loss (next_token)
     alg = build_algorithm(name, cfg.global_lr, {name: cfg.options(name)}, task)
     plain = cfg.model_copy(update={"algorithm": name, "policy": "none", "schedule": "none"})
     parts = build_parts(plain, alg, copy.deepcopy(model), x[:1])
-    task = ClientTask(1, 0, cfg.seed, cfg.lr, s.samples_per_client, rounds=s.rounds)
-    session = alg.start_client(task, y)
+    first = ClientTask(
+        round=1,
+        client=0,
+        seed=cfg.seed,
+        lr=cfg.lr,  # lr_decay ** 0
+        mean_samples=s.samples_per_client,
+        rounds=s.rounds,
+    )
+    session = alg.start_client(first, y)
+    steps, per_epoch = session.local_step_count(s.samples_per_client, s.settings)
     flops = FlopCache(parts.template, session.loss)
-    return Built(alg, parts.units, parts.space, parts.layout, session, flops)
+    return Built(alg, parts.units, parts.space, parts.layout, session, flops, steps, per_epoch)
 
 
 def _phases(b: Built, schedule: RoundSchedule | None, s: Setting) -> Phases:
@@ -209,8 +205,8 @@ def _phases(b: Built, schedule: RoundSchedule | None, s: Setting) -> Phases:
     policy = (schedule or build_policy("none")).start_client(b.session.task)
 
     def units_of_round(t: int) -> tuple[int, ...]:
-        step = StepCtx(1, s.steps, b.layout.policy_units, t, 0, s.rounds)
-        return tuple(sorted(step_units(policy, b.session, step, s.batches, b.layout.extra)))
+        step = StepCtx(1, b.steps, b.layout.policy_units, t, 0, s.rounds)
+        return tuple(sorted(step_units(policy, b.session, step, b.per_epoch, b.layout.extra)))
 
     return round_phases(units_of_round, s.rounds)
 
@@ -232,11 +228,12 @@ def cost_report(
 
 
 def _method_phases(
-    b: Built, phases: Phases, x: torch.Tensor, y: torch.Tensor, copies: int, per_round: int
+    b: Built, phases: Phases, x: torch.Tensor, y: torch.Tensor, copies: int, per_round: float
 ) -> list[dict[str, Any]]:
     """Each phase of a method: the units it trains, their parameters (trained, uploaded), a
     batch's measured FLOPs and step memory, and its rounds' FLOPs measured and by the paper's
-    proxy (parameters x batches)."""
+    proxy (parameters x batches; ``per_round``: the batches trained a round, all clients
+    counted)."""
     names = [u.name for u in b.units]
     params = b.space.unit_param_numel
     shared = b.algorithm.shared_mask(len(b.units))
@@ -272,18 +269,15 @@ def _method_totals(out: list[dict[str, Any]], share: float) -> dict[str, Any]:
     }
 
 
-def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -> dict[str, Any]:
-    s = _setting(cfg, samples_per_client, participants)
-    _, _, kind = DATASET_SHAPES[cfg.dataset]
-    model = build_model(cfg.model, s.input_shape, s.num_classes, cfg.seed, **model_kwargs(cfg))
-    x, y = _example_batch(
-        s.input_shape,
-        s.num_classes,
-        kind,
-        cfg.batch_size,
-        cfg.seed,
-        getattr(cfg, "targets", "last"),
+def _model_and_example(cfg: Any, s: Setting) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The config's model on the data set's declared shape and a random example batch of the
+    run's batch size (under ``targets: every``, refused where the model scores one position)."""
+    shape = s.shape
+    model = build_model(
+        cfg.model, shape.input_shape, shape.num_classes, cfg.seed, **model_kwargs(cfg)
     )
+    targets = getattr(cfg, "targets", "last")
+    x, y = _example_batch(shape, s.settings.batch_size, cfg.seed, targets)
     if y.dim() == 2:  # targets: every: the model must score every position
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             scores = model.eval()(x[:1])
@@ -293,64 +287,100 @@ def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -
                 f"model {cfg.model} gives one score row a sequence, {tuple(scores.shape)}, "
                 f"for targets at each of its {y.shape[1]} positions ({ONE_POSITION_FIX})"
             )
-    per_round = s.steps * s.clients  # batches trained a round, over all clients counted
-    copies = optimizer_state_copies(cfg.optimizer, cfg.momentum)
-    share = s.clients / s.num_clients
+    return model, x, y
 
-    builds: dict[str, Built] = {}
-    methods: dict[str, Any] = {}
-    schedules: list[RoundSchedule] = []
-    left_out = {m: reason for m in METHODS if m != "fedavg" and (reason := refused(cfg, m))}
-    for method in (m for m in METHODS if m not in left_out):
+
+@dataclass
+class Counted:
+    """The FedSeq table's methods: each algorithm built once, each method's totals, the
+    schedules FedSeq's methods use and the methods this config cannot run (with why)."""
+
+    builds: dict[str, Built]
+    methods: dict[str, Any]
+    schedules: list[RoundSchedule]
+    left_out: dict[str, str]
+
+
+def _count_methods(
+    cfg: Any, s: Setting, model: nn.Module, x: torch.Tensor, y: torch.Tensor, copies: int
+) -> Counted:
+    """Each method of :data:`METHODS` this config can run, counted as a run of it trains."""
+    share = s.clients / s.num_clients
+    counted = Counted({}, {}, [], {})
+    counted.left_out = {m: why for m in METHODS if m != "fedavg" and (why := refused(cfg, m))}
+    for method in (m for m in METHODS if m not in counted.left_out):
         doc = apply_method({"method": method})
         algorithm, mode = doc["algorithm"], doc.get("schedule", "none")
-        if algorithm not in builds:
-            builds[algorithm] = _build(cfg, algorithm, model, x, y, s)
-        b = builds[algorithm]
+        if algorithm not in counted.builds:
+            counted.builds[algorithm] = _build(cfg, algorithm, model, x, y, s)
+        b = counted.builds[algorithm]
         # the method's schedule alone: cost tables count no freeze policy of the config's
         _, schedule = build_freezing(
             cfg.model_copy(update={"policy": "none", "schedule": mode}), b.layout
         )
         if schedule is not None:
-            schedules.append(schedule)
+            counted.schedules.append(schedule)
+        per_round = b.steps * s.clients  # batches trained a round, over all clients counted
         out = _method_phases(b, _phases(b, schedule, s), x, y, copies, per_round)
-        methods[method] = _method_totals(out, share)
+        counted.methods[method] = _method_totals(out, share)
+    return counted
 
-    # Fig. 2 and the setting: FedAvg's model, the config's as it is
-    plain = builds["fedavg"]
-    units, layout = plain.units, plain.layout
-    names = [u.name for u in units]
-    rows = freeze_rows(
-        units, plain.space, lambda trained: plain.flops.units(units, trained, x, y), s.batch_size
-    )
-    for r in rows:  # a step's memory with the first n frozen (counted with its FLOPs)
+
+def _fig2_rows(plain: Built, x: torch.Tensor, y: torch.Tensor, copies: int) -> list[dict[str, Any]]:
+    """FreezeFL Fig. 2 on FedAvg's model (the system model's count,
+    :func:`~fedbug.system.freeze_flop_rows`), with a step's memory with the first n frozen."""
+    units = plain.units
+    rows = freeze_flop_rows(plain.flops, units, x, y)
+    for r in rows:  # counted with its FLOPs: the cache holds both
         step = plain.flops.unit_cost(units, range(r["n_frozen"], len(units)), x, y)
         r["peak_mem"] = step.memory(copies).total
-    full = plain.flops.units(units, range(len(units)), x, y)
-    setting = {
+    return rows
+
+
+def _setting_figures(
+    s: Setting, plain: Built, counted: Counted, copies: int, x: torch.Tensor, y: torch.Tensor
+) -> dict[str, Any]:
+    """The report's ``setting``: what was counted, on FedAvg's model and its step count."""
+    units, layout, settings = plain.units, plain.layout, s.settings
+    names = [u.name for u in units]
+    schedules = counted.schedules
+    return {
         "dataset": s.dataset,
         "model": s.model,
-        "input_shape": list(s.input_shape),
-        "num_classes": s.num_classes,
+        "input_shape": list(s.shape.input_shape),
+        "num_classes": s.shape.num_classes,
         "units": names,
         "head": [names[u] for u in layout.head],
         "sublayers": [[names[u] for u in g] for g in layout.sublayers],
         "unfreeze_rounds": list(schedules[0].unfreeze_rounds) if schedules else [],
         "rounds": s.rounds,
-        "batch_size": s.batch_size,
+        "batch_size": settings.batch_size,
         "samples_per_client": s.samples_per_client,
-        "batches_per_epoch": s.batches,
-        "local_epochs": s.local_epochs,
-        "local_steps": s.steps,
+        "batches_per_epoch": plain.per_epoch,
+        "local_epochs": settings.local_epochs,
+        "local_steps": plain.steps,
         "num_clients": s.num_clients,
         "clients_counted": s.clients,
         "participants": s.participants,
         "params": sum(plain.space.unit_param_numel),
-        "flops_batch_full": full,
+        "flops_batch_full": plain.flops.units(units, range(len(units)), x, y),
         "optimizer_state_copies": copies,
         "torch": torch.__version__,
     }
-    return {"rows": rows, "methods": methods, "setting": setting, "left_out": left_out}
+
+
+def _cost_report(cfg: Any, samples_per_client: int | None, participants: bool) -> dict[str, Any]:
+    s = _setting(cfg, samples_per_client, participants)
+    model, x, y = _model_and_example(cfg, s)
+    copies = optimizer_state_copies(s.settings.optimizer, s.settings.momentum)
+    counted = _count_methods(cfg, s, model, x, y, copies)
+    plain = counted.builds["fedavg"]  # Fig. 2 and the setting: the config's model as it is
+    return {
+        "rows": _fig2_rows(plain, x, y, copies),
+        "methods": counted.methods,
+        "setting": _setting_figures(s, plain, counted, copies, x, y),
+        "left_out": counted.left_out,
+    }
 
 
 def _billions(flops: int) -> str:
@@ -364,12 +394,21 @@ def _ratio(report: dict[str, Any], name: str, key: str) -> float:
 
 def format_cost_report(report: dict[str, Any]) -> str:
     """The two tables and the proxy-versus-measured comparison, as text."""
-    st, methods = report["setting"], report["methods"]
-    who = (
-        f"{st['clients_counted']:g} expected participants a round"
-        if st["participants"]
-        else f"all {st['num_clients']} clients every round"
-    )
+    lines = [*_fig2_lines(report), "", *_table6_lines(report), "", *_measured_lines(report)]
+    lines += ["", comparison_sentence(report)]
+    for name, reason in report.get("left_out", {}).items():
+        lines.append(f"not counted: {LABELS[name]}, which this config cannot run ({reason})")
+    return "\n".join(lines)
+
+
+def _counted(report: dict[str, Any]) -> list[str]:
+    """The methods counted, in the table's order."""
+    return [n for n in METHODS if n in report["methods"]]
+
+
+def _fig2_lines(report: dict[str, Any]) -> list[str]:
+    """FreezeFL Fig. 2: a row for each number of units frozen."""
+    st = report["setting"]
     lines = [
         f"FreezeFL Fig. 2: {st['model']} on {st['dataset']} "
         f"({'x'.join(map(str, st['input_shape']))}, {st['num_classes']} classes), "
@@ -384,8 +423,18 @@ def format_cost_report(report: dict[str, Any]) -> str:
             f"{r['compute_ratio']:>8.3f} {r['upload_bytes']:>14,} {r['comm_ratio']:>6.3f} "
             f"{r['peak_mem']:>12,}"
         )
-    lines += [
-        "",
+    return lines
+
+
+def _table6_lines(report: dict[str, Any]) -> list[str]:
+    """FedSeq Table 6: the setting, then each method's parameters, proxy, FLOPs and uploads."""
+    st, methods = report["setting"], report["methods"]
+    who = (
+        f"{st['clients_counted']:g} expected participants a round"
+        if st["participants"]
+        else f"all {st['num_clients']} clients every round"
+    )
+    lines = [
         f"FedSeq Table 6: {who}, {st['local_steps']} batches of {st['batch_size']} a round "
         f"({st['samples_per_client']} samples, {st['local_epochs']} epoch(s)), "
         f"{st['rounds']} rounds; sub-layers "
@@ -394,29 +443,31 @@ def format_cost_report(report: dict[str, Any]) -> str:
         f"{'method':<15} {'params trained per phase':<28} {'paper (params x batches)':>26} "
         f"{'measured FLOPs':>24} {'upload params/client':>21}",
     ]
-    for name in (n for n in METHODS if n in methods):
+    for name in _counted(report):
         m = methods[name]
         params = " / ".join(f"{ph['params']:,}" for ph in m["phases"])
         lines.append(
             f"{LABELS[name]:<15} {params:<28} {_billions(m['paper_flops']):>26} "
             f"{_billions(m['flops']):>24} {m['upload_params']:>21,}"
         )
-    lines += ["", f"measured FLOPs a batch of {st['batch_size']} (forward + backward):"]
-    for name in (n for n in METHODS if n in methods):
-        m = methods[name]
-        per = " / ".join(f"{ph['flops_batch']:,}" for ph in m["phases"])
+    return lines
+
+
+def _measured_lines(report: dict[str, Any]) -> list[str]:
+    """Each method's FLOPs and step memory a batch, phase by phase."""
+    st, methods = report["setting"], report["methods"]
+    lines = [f"measured FLOPs a batch of {st['batch_size']} (forward + backward):"]
+    for name in _counted(report):
+        per = " / ".join(f"{ph['flops_batch']:,}" for ph in methods[name]["phases"])
         lines.append(
             f"  {LABELS[name]:<15} {per}   ({_ratio(report, name, 'flops'):.3f}x FedAvg measured, "
             f"{_ratio(report, name, 'paper_flops'):.3f}x by the proxy)"
         )
     lines += ["", _memory_note(st)]
-    for name in (n for n in METHODS if n in methods):
+    for name in _counted(report):
         per = " / ".join(f"{ph['peak_mem']:,}" for ph in methods[name]["phases"])
         lines.append(f"  {LABELS[name]:<15} {per}")
-    lines += ["", comparison_sentence(report)]
-    for name, reason in report.get("left_out", {}).items():
-        lines.append(f"not counted: {LABELS[name]}, which this config cannot run ({reason})")
-    return "\n".join(lines)
+    return lines
 
 
 def _memory_note(st: dict[str, Any]) -> str:
