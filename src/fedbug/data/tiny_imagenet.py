@@ -240,8 +240,9 @@ def _read_cache(path: Path, key: str) -> dict[str, Any] | None:
         return None
     if not isinstance(obj, dict) or obj.get("key") != key:
         return None
-    tensors = [obj.get(k) for k in ("train_x", "train_y", "test_x", "test_y")]
-    if not all(isinstance(t, Tensor) for t in tensors):
+    keys = ("train_x", "train_y", "test_x", "test_y")
+    tensors = [t for k in keys if isinstance(t := obj.get(k), Tensor)]
+    if len(tensors) != len(keys):
         return None
     train_x, train_y, test_x, test_y = tensors
     if (
