@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from fedbug.core.optimizers import optimizer_entry
 from fedbug.core.units import Unit
 
 LossFn = Callable[[Any, Tensor], Tensor]
@@ -46,13 +47,10 @@ def peak_memory(a: StepMemory | None, b: StepMemory) -> StepMemory:
 
 
 def optimizer_state_copies(optimizer: str, momentum: float) -> int:
-    """Copies of the trained parameters an optimiser keeps: SGD one momentum buffer where
-    ``momentum`` != 0, else none; Adam two moments (its per-tensor step counters left out)."""
-    if optimizer == "sgd":
-        return int(momentum != 0)
-    if optimizer == "adam":
-        return 2
-    raise ValueError(f"unknown optimizer {optimizer!r}: sgd or adam")
+    """Copies of the trained parameters an optimiser keeps (its entry in
+    :data:`fedbug.core.optimizers.OPTIMIZERS`): SGD one momentum buffer where ``momentum`` != 0,
+    else none; Adam two moments (its per-tensor step counters left out)."""
+    return optimizer_entry(optimizer).state_copies(momentum)
 
 
 @dataclass(frozen=True)

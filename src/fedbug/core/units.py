@@ -311,3 +311,15 @@ class ParamSpace:
             name: flat[off : off + n].view(shape).clone()
             for name, off, n, shape in zip(self.names, self.offsets, self.numels, self.shapes)
         }
+
+
+def unit_regions(units: Sequence[int], space: ParamSpace) -> list[slice]:
+    """Slices of the flat vector covering ``units``, one per run of consecutive units."""
+    sl = space.unit_slices
+    regions: list[slice] = []
+    for u in units:
+        if regions and regions[-1].stop == sl[u].start:
+            regions[-1] = slice(regions[-1].start, sl[u].stop)
+        else:
+            regions.append(slice(sl[u].start, sl[u].stop))
+    return regions

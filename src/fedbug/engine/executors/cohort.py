@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedbug.algorithms import LocalCtx
+from fedbug.core.optimizers import StackedOptimizer, optimizer_entry
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask
 from fedbug.core.units import ParamSpace
 from fedbug.engine.client import (
@@ -148,7 +149,8 @@ class CohortExecutor(Executor):
         for t in tasks:  # each opens as it would alone: received weights, its local parts
             rounds.append(LocalRound(weights, t, self.client_data(t.client), states[t.client], rt))
             rows.append(rt.flat.clone())
-        opt = make_optimizer(torch.stack(rows), rt.settings, tasks[0].lr, self.space.num_units)
+        stacked = optimizer_entry(rt.settings.optimizer).stacked
+        opt = stacked(torch.stack(rows), rt.settings, tasks[0].lr, self.space.num_units)
         chunk = Chunk(rounds, opt)
         plans = [r.steps() for r in rounds]
         active = list(range(len(rounds)))
@@ -337,95 +339,3 @@ class Rows(NamedTuple):
             t[self.span] += values
         else:
             t.index_add_(0, self.device, values)
-
-
-class StackedOptimizer:
-    """An optimiser over the stacked clients' flat weights, moving only each step's trained
-    units."""
-
-    def __init__(self, weights: Tensor, settings: Any, lr: float) -> None:
-        self.weights = weights
-        self.lr, self.weight_decay = lr, settings.weight_decay
-
-    def step(self, rows: Rows, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
-        """Move ``rows`` of the stacked weights on ``units``."""
-        raise NotImplementedError
-
-    def reset(self, row: int) -> None:
-        """Client ``row`` starts its round over: its optimiser state as new."""
-        return None
-
-
-class StackedSGD(StackedOptimizer):
-    """``torch.optim.SGD`` (momentum, no dampening, weight decay). A momentum buffer is zero
-    until its unit's first step (and after a restart), so that step's ``momentum * 0 + d`` is
-    ``d``, as torch's buffer begins as a copy of the first gradient."""
-
-    def __init__(self, weights: Tensor, settings: Any, lr: float) -> None:
-        super().__init__(weights, settings, lr)
-        self.momentum = settings.momentum
-        self.buf = torch.zeros_like(weights) if self.momentum else None
-
-    def reset(self, row: int) -> None:
-        if self.buf is not None:
-            self.buf[row].zero_()
-
-    def step(self, rows: Rows, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
-        """The SGD step of ``rows`` of the stacked weights on ``units`` (the weight decay is
-        added into ``grads``, which nothing reads after the step)."""
-        for r in unit_regions(units, space):
-            w, d = rows.region(self.weights, r), grads[:, r]
-            if self.weight_decay:
-                d.add_(w, alpha=self.weight_decay)
-            if self.buf is not None:
-                d = rows.region(self.buf, r).mul_(self.momentum).add_(d)
-                rows.write(self.buf, r, d)
-            w.add_(d, alpha=-self.lr)
-            rows.write(self.weights, r, w)
-
-
-class StackedAdam(StackedOptimizer):
-    """``torch.optim.Adam`` (betas 0.9, 0.999, eps 1e-8, L2 weight decay): moments per entry,
-    the step count per client and unit (a unit's count begins at its first step), the bias
-    corrections computed in double precision (on the host) as torch computes them from its
-    step count."""
-
-    betas = (0.9, 0.999)
-    eps = 1e-8
-
-    def __init__(self, weights: Tensor, settings: Any, lr: float, num_units: int) -> None:
-        super().__init__(weights, settings, lr)
-        self.m = torch.zeros_like(weights)
-        self.v = torch.zeros_like(weights)
-        self.t = torch.zeros(len(weights), num_units, dtype=torch.float64)
-
-    def reset(self, row: int) -> None:
-        self.m[row].zero_()
-        self.v[row].zero_()
-        self.t[row] = 0
-
-    def step(self, rows: Rows, grads: Tensor, units: Sequence[int], space: ParamSpace) -> None:
-        b1, b2 = self.betas
-        host = rows.host  # the step counts live on the host: no read-back
-        for u in units:
-            s = space.unit_slices[u]
-            w, g = rows.region(self.weights, s), grads[:, s]
-            if self.weight_decay:
-                g.add_(w, alpha=self.weight_decay)
-            m = rows.region(self.m, s).lerp_(g, 1 - b1)
-            v = rows.region(self.v, s).mul_(b2).addcmul_(g, g, value=1 - b2)
-            rows.write(self.m, s, m)
-            rows.write(self.v, s, v)
-            self.t[host, u] += 1
-            t = self.t[host, u].unsqueeze(1)
-            step_size = (self.lr / (1 - b1**t)).float().to(w.device)
-            root = ((1 - b2**t) ** 0.5).float().to(w.device)
-            w.sub_(step_size * (m / (v.sqrt() / root).add(self.eps)))
-            rows.write(self.weights, s, w)
-
-
-def make_optimizer(weights: Tensor, settings: Any, lr: float, num_units: int) -> StackedOptimizer:
-    """The stacked form of the configured optimiser."""
-    if settings.optimizer == "adam":
-        return StackedAdam(weights, settings, lr, num_units)
-    return StackedSGD(weights, settings, lr)
