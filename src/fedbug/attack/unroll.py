@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from fedbug.attack.inversion import Observation, Unroll
 from fedbug.attack.replay import Finding
+from fedbug.errors import ConfigError
 from fedbug.results.updates import RecordedUpdate
 
 
@@ -155,22 +156,27 @@ def decides(session: Any) -> bool:
 
 
 def known_batches(cfg: Any, meta: dict[str, Any], steps: int, per_epoch: int) -> list[Tensor]:
-    """Each step's rows of the dummy inputs (which stand, in order, for the client's first
-    epoch's samples) as the client drew them: an epoch's permutation from the client's own
-    generator (:func:`~fedbug.engine.client.shuffle_generator`), sliced into batches."""
-    from fedbug.engine.client import shuffle_generator
+    """Each step's rows of the dummy inputs (which stand, in order, for the samples the client
+    drew first: :func:`~fedbug.engine.client.first_drawn`, as ``record_updates`` keeps them) as
+    the client drew them: its shuffle (:class:`~fedbug.engine.client.ShuffledBatches`) from its
+    own generator, drawn again from the run's seed. DP-SGD's Poisson batches are refused: drawn
+    between its noise, they are not drawn again without the client's training."""
+    from fedbug.engine.client import ShuffledBatches, first_drawn, shuffle_generator
 
-    n, bs = int(meta["num_samples"]), cfg.batch_size
+    if cfg.dp_sgd is not None and cfg.dp_sgd.sampling == "poisson":
+        raise ConfigError(
+            "--known-order replays the client's shuffle, and under dp_sgd.sampling: poisson its "
+            "batches were drawn between DP-SGD's noise; drop --known-order, or record a run "
+            "with dp_sgd.sampling: shuffle"
+        )
+    n = int(meta["num_samples"])
     r, client, _ = trainer(meta)
-    gen = shuffle_generator(cfg.seed, r, client)
-    perms = [torch.randperm(n, generator=gen) for _ in range(-(-steps // per_epoch))]
-    row = torch.empty_like(perms[0])
-    row[perms[0]] = torch.arange(n)  # sample -> its place in the first epoch's order
-    out = []
-    for k in range(steps):
-        pos, perm = k % per_epoch, perms[k // per_epoch]
-        out.append(row[perm[pos * bs : (pos + 1) * bs]])
-    return out
+    draws = ShuffledBatches(n, cfg.batch_size, per_epoch, shuffle_generator(cfg.seed, r, client))
+    drawn = [draws.indices(k) for k in range(1, steps + 1)]
+    row = torch.empty(n, dtype=torch.long)
+    first = first_drawn(drawn)
+    row[first] = torch.arange(len(first))  # sample -> its row among the dummy inputs
+    return [row[idx] for idx in drawn]
 
 
 def unroll_of(

@@ -27,9 +27,10 @@ from fedbug.core.flops import (
     optimizer_state_copies,
     peak_memory,
 )
+from fedbug.core.optimizers import optimizer_entry
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask, TrainSettings
 from fedbug.core.seeding import derive_seed, torch_generator
-from fedbug.core.units import ParamSpace
+from fedbug.core.units import ParamSpace, unit_regions
 from fedbug.engine.dp_sgd import PerSampleGradients
 from fedbug.policies import FreezePolicy, StepCtx
 from fedbug.policies.base import EpochAction, EpochCtx, PolicySession
@@ -187,11 +188,10 @@ class ClientRuntime:
         return optimizer_state_copies(self.settings.optimizer, self.settings.momentum)
 
     def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """The configured optimiser over the model (its entry in
+        :data:`fedbug.core.optimizers.OPTIMIZERS`)."""
         s = self.settings
-        params = list(self.model.parameters())
-        if s.optimizer == "adam":
-            return torch.optim.Adam(params, lr=lr, weight_decay=s.weight_decay)
-        return torch.optim.SGD(params, lr=lr, momentum=s.momentum, weight_decay=s.weight_decay)
+        return optimizer_entry(s.optimizer).make(list(self.model.parameters()), lr, s)
 
 
 def train_client(
@@ -209,12 +209,40 @@ def train_client(
     ``finish``. The steps are :class:`LocalRound`'s. A model's own draws from torch's global
     generator (dropout in a Hugging Face transformer) come from a stream seeded by (seed,
     round, client) too, so they repeat whatever ran before."""
+    return trained_round(weights, task, data, state, runtime).result()
+
+
+def trained_round(
+    weights: Tensor,
+    task: ClientTask,
+    data: ClientData,
+    state: dict[str, Tensor],
+    runtime: ClientRuntime,
+    keep_batches: bool = False,
+) -> LocalRound:
+    """The client's :class:`LocalRound`, trained (``keep_batches``: it keeps each step's sample
+    indices, :attr:`LocalRound.drawn`)."""
     dev = runtime.device
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         torch.manual_seed(derive_seed(task.seed, "model-draws", task.round, task.client))
-        local = LocalRound(weights, task, data, state, runtime)
+        local = LocalRound(weights, task, data, state, runtime, keep_batches)
         local.train()
-    return local.result()
+    return local
+
+
+def trained_batches(
+    weights: Tensor,
+    task: ClientTask,
+    data: ClientData,
+    state: dict[str, Tensor],
+    runtime: ClientRuntime,
+) -> list[Tensor]:
+    """Each local step's sample indices (into ``data``, on the CPU) in the pass whose update
+    the client sends, from a replay of its round on ``runtime`` (``record_updates``' true
+    inputs). Exact whatever draws between the batches: augmentation, an algorithm's own draws,
+    DP-SGD's Poisson batches and noise, a policy's restart (the probe's batches are not kept)."""
+    local = trained_round(weights, task, data, state, runtime, keep_batches=True)
+    return [idx.cpu() for idx in local.drawn]
 
 
 class LocalRound:
@@ -232,6 +260,7 @@ class LocalRound:
         data: ClientData,
         state: dict[str, Tensor],
         runtime: ClientRuntime,
+        keep_batches: bool = False,
     ) -> None:
         rt = self.rt = runtime
         dev = rt.device
@@ -282,7 +311,10 @@ class LocalRound:
         self.loss_sum = torch.zeros((), device=dev)
         self.idle = self.flops = self.probe_steps = self.probe_flops = 0
         self.peak: StepMemory | None = None  # the costliest step's memory (counted with FLOPs)
-        self.perm = torch.empty(0, dtype=torch.long)
+        self.shuffle = ShuffledBatches(self.n, rt.settings.batch_size, self.per_epoch, self.gen)
+        #: each local step's sample indices since the round last (re)started, where kept
+        self.keep_batches = keep_batches
+        self.drawn: list[Tensor] = []
         #: whether the step last yielded ends an epoch (the policy's answer comes next), and
         #: how many times the round started over: what the cohort executor synchronises on
         self.epoch_ends = False
@@ -297,6 +329,7 @@ class LocalRound:
         self.trained = [False] * m
         self.unit_steps = [0] * m
         self.current: tuple[int, ...] | None = None
+        self.drawn = []
 
     def train(self) -> None:
         """The local steps, one :meth:`step` each."""
@@ -325,18 +358,26 @@ class LocalRound:
             if self.epoch_ends:
                 k = self.end_of_epoch(k)
 
-    def batch(self, k: int) -> tuple[Tensor, Tensor]:
-        """Step ``k``'s batch: a slice of the epoch's permutation (drawn on the CPU, moved once
-        an epoch), augmented and moved where augmentation comes first, then prepared."""
-        rt, bs = self.rt, self.rt.settings.batch_size
-        pos = (k - 1) % self.per_epoch
+    def batch_indices(self, k: int) -> Tensor:
+        """Step ``k``'s sample indices, drawn as step ``k`` comes (in order): DP-SGD's Poisson
+        draw from its own generator, or a slice of the epoch's shuffle (:class:`ShuffledBatches`,
+        drawn on the CPU, moved once an epoch); kept in :attr:`drawn` where asked."""
+        rt = self.rt
         if rt.private is not None and rt.private.poisson:
             assert self.dp_gen is not None
-            idx = rt.private.poisson_batch(self.n, bs, self.dp_gen).to(self.xs.device)
+            idx = rt.private.poisson_batch(self.n, rt.settings.batch_size, self.dp_gen)
         else:
-            if pos == 0:
-                self.perm = torch.randperm(self.n, generator=self.gen).to(self.xs.device)
-            idx = self.perm[pos * bs : (pos + 1) * bs]
+            idx = self.shuffle.indices(k, self.xs.device)
+        idx = idx.to(self.xs.device)
+        if self.keep_batches:
+            self.drawn.append(idx)
+        return idx
+
+    def batch(self, k: int) -> tuple[Tensor, Tensor]:
+        """Step ``k``'s batch: its :meth:`batch_indices`' samples, augmented and moved where
+        augmentation comes first, then prepared."""
+        rt = self.rt
+        idx = self.batch_indices(k)
         x, y = self.xs[idx], self.ys[idx]  # a client's samples and labels live on one device
         if rt.augment is not None:
             x = rt.augment(x, self.gen)
@@ -480,18 +521,6 @@ class LocalRound:
         return to_host(result, self.host) if rt.device != self.host else result
 
 
-def unit_regions(units: Sequence[int], space: ParamSpace) -> list[slice]:
-    """Slices of the flat vector covering ``units``, one per run of consecutive units."""
-    sl = space.unit_slices
-    regions: list[slice] = []
-    for u in units:
-        if regions and regions[-1].stop == sl[u].start:
-            regions[-1] = slice(regions[-1].start, sl[u].stop)
-        else:
-            regions.append(slice(sl[u].start, sl[u].stop))
-    return regions
-
-
 def clip_grad_norm(grad: Tensor, regions: list[slice], max_norm: float) -> None:
     """Scale the gradient of the trainable regions to norm at most ``max_norm`` (their joint
     norm), in place, over the last axis: one client's flat vector, or each row of the cohort
@@ -529,10 +558,37 @@ def to_host(result: ClientResult, host: torch.device) -> ClientResult:
 
 
 def shuffle_generator(seed: int, round: int, client: int) -> torch.Generator:
-    """The generator a client's local round draws its epochs' permutations from, first thing:
-    what the client trained on in what order follows from it (``record_updates``' true inputs,
-    the attack's ``--known-order``)."""
+    """The generator a client's local round draws its epochs' permutations from (augmentation
+    and an algorithm's own draws come from it too, between them)."""
     return torch_generator(seed, "client", round, client)
+
+
+class ShuffledBatches:
+    """The usual batches of shuffled epochs: at an epoch's first step a permutation of the
+    ``n`` samples drawn from ``gen``, step ``k``'s batch its slice ``pos B : (pos + 1) B``
+    (``pos = (k - 1) mod per_epoch``; an epoch's last batch may be short). The one rule the
+    client's :meth:`LocalRound.batch_indices` draws by, and the attack's ``--known-order``
+    replays from the run's seed (exact where nothing else draws from ``gen`` between epochs)."""
+
+    def __init__(self, n: int, batch_size: int, per_epoch: int, gen: torch.Generator) -> None:
+        self.n, self.batch_size, self.per_epoch, self.gen = n, batch_size, per_epoch, gen
+        self.perm = torch.empty(0, dtype=torch.long)
+
+    def indices(self, k: int, device: torch.device | None = None) -> Tensor:
+        """Step ``k``'s (1-based, asked in order) indices; a new epoch's draw moved to
+        ``device``."""
+        bs, pos = self.batch_size, (k - 1) % self.per_epoch
+        if pos == 0:
+            self.perm = torch.randperm(self.n, generator=self.gen).to(device)
+        return self.perm[pos * bs : (pos + 1) * bs]
+
+
+def first_drawn(steps: Sequence[Tensor]) -> Tensor:
+    """Each sample the steps' batches hold, once, in the order first drawn: what
+    ``record_updates`` keeps as a client's true inputs, whose rows the attack's
+    ``--known-order`` maps each step's batch to."""
+    order = list(dict.fromkeys(torch.cat(list(steps)).tolist())) if steps else []
+    return torch.tensor(order, dtype=torch.long)
 
 
 def step_units(

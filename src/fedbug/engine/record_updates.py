@@ -2,15 +2,17 @@
 client into the run folder (:mod:`fedbug.results.updates`), for the attack to reconstruct, with
 the client's true inputs of the round kept beside it for scoring only.
 
-The true inputs are the samples of the client's first local batches, found by drawing the
-permutation its training draws first (:func:`~fedbug.engine.client.shuffle_generator`, the
-client's first draw for the algorithms that draw nothing when the client opens) and prepared
-as training prepares them (augmentation, drawn on the same generator, is not replayed: the
-inputs recorded are the samples before it). Nothing is recorded unless asked for."""
+The true inputs are the samples the client's local steps drew, each once in the order first
+drawn (a step's are its batch; with the usual shuffle, the first epoch's permutation up to the
+steps taken), as the client's :class:`~fedbug.engine.client.LocalRound` drew them: its round is
+replayed on a runtime of the recorder's own (:func:`~fedbug.engine.client.trained_batches`), so
+whatever draws between the batches (DP-SGD's Poisson batches and noise, an algorithm's draws, a
+policy's restart) is drawn again. They are prepared as training prepares them (augmentation is
+not: the inputs recorded are the samples before it). Nothing is recorded unless asked for."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import torch
 from torch import Tensor
 
 from fedbug.core.protocol import ClientResult, ClientTask
-from fedbug.engine.client import shuffle_generator
+from fedbug.engine.client import ClientRuntime, first_drawn, trained_batches
 from fedbug.results.updates import write_global, write_update
 
 
@@ -27,20 +29,21 @@ def sent_units(res: ClientResult) -> list[int]:
     return [u for u, s in enumerate(res.uploaded) if s]
 
 
-def true_inputs(exp: Any, task: ClientTask, steps: int) -> tuple[Tensor, Tensor]:
-    """The (prepared inputs, labels) client ``task.client`` trained on in ``task.round``'s
-    first ``steps`` steps (all its samples once they span an epoch)."""
+def true_inputs(
+    exp: Any, task: ClientTask, weights: Tensor, state: dict[str, Tensor], rt: ClientRuntime
+) -> tuple[Tensor, Tensor]:
+    """The (prepared inputs, labels) client ``task.client`` trained on in ``task.round`` from
+    ``weights`` and its ``state``: each sample its steps drew once, in the order first drawn."""
     data = exp.client_data(task.client)
-    n, bs = len(data), exp.cfg.batch_size
-    gen = shuffle_generator(task.seed, task.round, task.client)
-    perm = torch.randperm(n, generator=gen)
-    idx = perm[: min(n, steps * bs)].to(data.x.device)
+    idx = first_drawn(trained_batches(weights, task, data, state, rt)).to(data.x.device)
     x = exp.dataset.prepare(data.x[idx])
     return x.detach().cpu().to(torch.float32), data.y[idx].detach().cpu()
 
 
-def record_one(run: Path, exp: Any, task: ClientTask, res: ClientResult) -> None:
-    """Write client ``res.client``'s received update and its truth."""
+def record_one(
+    run: Path, exp: Any, task: ClientTask, res: ClientResult, inputs: tuple[Tensor, Tensor]
+) -> None:
+    """Write client ``res.client``'s received update and its truth (``inputs``)."""
     space, cfg = exp.space, exp.cfg
     units = sent_units(res)
     delta = res.delta.detach().cpu()
@@ -51,7 +54,7 @@ def record_one(run: Path, exp: Any, task: ClientTask, res: ClientResult) -> None
         )
         if is_p and u in units
     }
-    x, y = true_inputs(exp, task, res.steps)
+    x, y = inputs
     meta = {
         "round": task.round,
         "client": res.client,
@@ -82,10 +85,16 @@ def record_stream(
     weights: Tensor,
     tasks: list[ClientTask],
     stream: Iterable[ClientResult],
+    states: Mapping[int, dict[str, Tensor]],
 ) -> Iterator[ClientResult]:
-    """``stream`` unchanged, each result written as it passes (the round's weights first)."""
+    """``stream`` unchanged, each result written as it passes (the round's weights first),
+    its truth from a replay of the client's round from ``weights`` and its state in ``states``
+    (the round's, before its results are stored) on a runtime of the recorder's own."""
     write_global(run, round, weights.detach().cpu())
     by_client = {t.client: t for t in tasks}
+    rt: ClientRuntime | None = None
     for res in stream:
-        record_one(run, exp, by_client[res.client], res)
+        rt = rt if rt is not None else exp.make_runtime()
+        task = by_client[res.client]
+        record_one(run, exp, task, res, true_inputs(exp, task, weights, states[res.client], rt))
         yield res

@@ -367,9 +367,10 @@ class RoundLoop:
         aggregated as it comes (:func:`aggregate_stream`)."""
         t_train = time.perf_counter()
         clients = [t.client for t in tasks]
-        stream = self.executor.stream_round(self.weights, tasks, LazyStates(self.states, clients))
+        states = LazyStates(self.states, clients)
+        stream = self.executor.stream_round(self.weights, tasks, states)
         if r in self.cfg.record_updates and self.rd is not None:  # for `fedbug attack`
-            stream = record_stream(self.rd.path, self.exp, r, self.weights, tasks, stream)
+            stream = record_stream(self.rd.path, self.exp, r, self.weights, tasks, stream, states)
         required = self.executor.required(len(tasks), self.cfg.min_results)
         # DP's clips what it is given; a secure one's sums come from the executor
         fresh = self.dp.aggregate() if self.dp is not None else self.executor.round_aggregate()
