@@ -42,8 +42,13 @@ def run(
         warnings.warn(unused, stacklevel=2)
     _check_stop_after(stop_after)
     if str(cfg.executor).startswith("flower"):
-        in_process_only = {"dataset": dataset, "model": model, "loss": loss, "metrics": metrics}
-        in_process_only.update(stop_after=stop_after)
+        in_process_only: dict[str, Any] = {
+            "dataset": dataset,
+            "model": model,
+            "loss": loss,
+            "metrics": metrics,
+            "stop_after": stop_after,
+        }
         return _run_on_flower(cfg, run_dir, resume, on_round, task, in_process_only)
     return run_experiment(
         cfg,

@@ -35,7 +35,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -149,7 +149,7 @@ def _unreachable(e: BaseException) -> bool:
     )
 
 
-def check_available(names: list[str]) -> None:
+def check_available(names: Sequence[str]) -> None:
     """A ConfigError naming the install line for a tracker whose package is missing."""
     missing = [n for n in names if importlib.util.find_spec(n) is None]  # package = name
     if missing:

@@ -25,7 +25,6 @@ _METADATA: dict[str, dict[str, Any]] = {
     "pdf": {"CreationDate": None},
     "svg": {"Date": None},
 }
-_RC = {"pdf.fonttype": 42, "svg.hashsalt": "fedbug"}
 
 
 def parse_formats(given: Iterable[str] | None) -> tuple[str, ...]:
@@ -59,7 +58,8 @@ def save_figure(
     try:
         for fmt in formats:
             buf = io.BytesIO()
-            with matplotlib.rc_context(_RC):
+            # fonts embedded as TrueType, SVG ids from a fixed salt: the same bytes every time
+            with matplotlib.rc_context({"pdf.fonttype": 42, "svg.hashsalt": "fedbug"}):
                 fig.savefig(buf, format=fmt, metadata=_METADATA[fmt], **savefig)
             target = path.with_suffix(f".{fmt}")
             atomic_write_bytes(target, buf.getvalue())

@@ -58,8 +58,9 @@ def report_title(groups: list[Group], sweep: Path | None = None) -> str:
     if len(names) == 1 and None not in names:
         return str(names.pop())
     sweeps = {sweep} if sweep is not None else {sweep_folder(run) for run in runs}
-    if len(sweeps) == 1 and None not in sweeps:
-        return str(sweeps.pop().resolve().name)
+    only = next(iter(sweeps)) if len(sweeps) == 1 else None
+    if only is not None:
+        return str(only.resolve().name)
     return compared(groups, names)
 
 

@@ -142,7 +142,8 @@ def plot_accuracy(groups: list[Group], labels: list[str], title: str) -> Any:
     ax.set_ylabel(metric_axis(f"test_{metric}")[0])
     ax.set_title(f"{title}: accuracy over rounds")
     ax.grid(alpha=0.3)
-    ax.xaxis.get_major_locator().set_params(integer=True)  # rounds are whole numbers
+    # rounds are whole numbers (the AutoLocator takes MaxNLocator's params; the stubs say not)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]
     seeds = sorted(set(kept_counts)) or [0]
     n = f"{seeds[0]} seeds" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds"
     ax.legend(fontsize=8, title=f"line: mean of {n}; band: ±1 sd", title_fontsize=8)

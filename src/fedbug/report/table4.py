@@ -148,8 +148,8 @@ def format_pfl_table(rows: list[dict[str, Any]], ft: str = "paper") -> str:
         for label, keys in views(method, ft, kinds[method]):
             cols = []
             for ds in datasets:
-                r = cells.get((method, ds))
-                cols.append(" / ".join(cell_text(r, k) for k in keys) if r else "-")
+                cell = cells.get((method, ds))
+                cols.append(" / ".join(cell_text(cell, k) for k in keys) if cell else "-")
             tag = "" if ft == "both" else (" (after FT)" if keys == ("after_ft",) else "")
             lines.append(f"| {label}{tag} | " + " | ".join(cols) + " |")
     note = "cells: before FT / after FT" if ft == "both" else "as FedSeq Table 4"
@@ -174,7 +174,8 @@ def _panels(cell_runs: CellRuns) -> dict[str, list[tuple[str, str, list[dict[str
     for cell, runs in cell_runs:
         pfl_runs = [r for r in runs if "pfl" in r["summary"]]
         if pfl_runs:
-            values, method = getattr(cell, "values", cell), getattr(cell, "method", "")
+            values: dict[str, Any] = getattr(cell, "values", cell) or {}
+            method = getattr(cell, "method", "")
             row, ds = place(values, method)
             out.setdefault(ds, []).append((row, kind(values, method), pfl_runs))
     return out
