@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from fedbug.cli.progress import progress_bar
 
@@ -18,10 +19,11 @@ def cmd_repair(args: argparse.Namespace) -> int:
         repair_target(folder)  # a missing folder or a file: its one line, before the bar
         with progress_bar(None, f"repair {folder}", args.quiet) as progress:
             bar = progress.add_task(f"rerun {folder}", total=None, acc="  -  ")
-            report = repair_run(
-                Path(folder),
-                on_round=lambda rec, bar=bar: progress.update(bar, completed=rec["round"]),
-            )
+
+            def advance(rec: dict[str, Any], bar: Any = bar) -> None:
+                progress.update(bar, completed=rec["round"])
+
+            report = repair_run(Path(folder), on_round=advance)
         for line in report.lines():
             print(line)
     return 0

@@ -121,7 +121,7 @@ def _grid_warning(cfg: Any, on_round: Callable[[dict[str, Any]], None]) -> Any:
     if not cfg.grid:
         return on_round
     cells = math.prod(len(values) for values in cfg.grid.values())
-    said = []
+    said: list[bool] = []
 
     def say_then(rec: dict[str, Any]) -> None:
         if not said:
