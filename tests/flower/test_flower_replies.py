@@ -79,3 +79,28 @@ def test_non_finite_values_pass_decoding_and_fail_the_update_check(space):
     res.delta[space.unit_slices[1].start] = float("nan")
     back = decode_reply(encode_reply(res, space, [False, True]), space, 3)
     assert check_update(back, space).startswith("non-finite")
+
+
+def test_every_number_and_flag_of_a_result_travels(space):
+    """Each scalar field of ClientResult (found from its type, not from the wire's list) comes
+    back as it was sent: a field added to ClientResult cannot arrive as its default on Flower."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(ClientResult)
+    res = result(space)
+    sent_values = {}
+    for i, f in enumerate(dataclasses.fields(ClientResult)):
+        kind = hints[f.name]
+        if f.name in ("client", "num_samples"):
+            continue
+        if kind in (bool, bool | None):
+            sent_values[f.name] = True
+        elif kind in (int, int | None):
+            sent_values[f.name] = 1000 + i
+        elif kind in (float, float | None):
+            sent_values[f.name] = 0.25 + i
+    assert {"steps", "flops", "bytes_up", "charged_time", "state_reset"} <= set(sent_values)
+    res = dataclasses.replace(res, **sent_values)
+    back = decode_reply(encode_reply(res, space, [False, True]), space, 3)
+    assert {k: getattr(back, k) for k in sent_values} == sent_values

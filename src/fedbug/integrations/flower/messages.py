@@ -12,8 +12,10 @@ a :class:`MetricRecord`) and ``result`` (flags, and the typed fields as JSON).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import typing
 from typing import Any
 
 import torch
@@ -108,22 +110,22 @@ def sent_units(result: ClientResult) -> list[bool]:
     return list(result.uploaded)
 
 
+def _scalar_fields() -> tuple[str, ...]:
+    """:class:`ClientResult`'s fields that are numbers or flags (optional or not), in their
+    order; a field added there travels without a second list to keep. The client and its
+    sample count travel apart (``client``, ``num-samples``)."""
+    hints = typing.get_type_hints(ClientResult)
+    scalar = {int, float, bool, int | None, float | None, bool | None}
+    apart = {"client", "num_samples"}
+    return tuple(
+        f.name
+        for f in dataclasses.fields(ClientResult)
+        if f.name not in apart and hints[f.name] in scalar
+    )
+
+
 #: The result's scalar fields a reply carries as JSON (the rest: arrays and flags).
-SCALARS = (
-    "train_loss",
-    "steps",
-    "flops",
-    "probe_flops",
-    "probe_steps",
-    "mem_activations",
-    "mem_gradients",
-    "mem_optimizer",
-    "trained_params",
-    "bytes_up",
-    "bytes_down",
-    "charged_time",
-    "state_reset",
-)
+SCALARS = _scalar_fields()
 
 
 def encode_reply(result: ClientResult, space: ParamSpace, sent: list[bool]) -> RecordDict:
