@@ -72,6 +72,26 @@ def _check_lines(
     return out, checked
 
 
+def new_records(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The round records of the whole lines written to the metrics file ``path`` past byte
+    ``offset``, each read as a run reads its own (the checksum checked and taken off; a
+    damaged line left out), and the offset after the last whole line: how a process follows
+    the rounds another process writes (Flower's launcher), reading each line once."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    records = []
+    for line in data[:end].splitlines():
+        record, _, problem = _parse_line(line)
+        if problem is None:
+            records.append(record)
+    return records, offset + end
+
+
 def _parse_line(line: bytes) -> tuple[dict[str, Any], str | None, str | None]:
     """(record, checksum, what is wrong) of one metrics line."""
     try:

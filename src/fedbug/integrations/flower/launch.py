@@ -42,7 +42,7 @@ from fedbug.core.process import die_with_parent
 from fedbug.errors import ConfigError, DivergenceError, FedbugError, ShortRoundError
 from fedbug.integrations.flower import INSTALL_HINT, require_flower
 from fedbug.models import import_root, is_import_path
-from fedbug.results import RunDir, pid_alive
+from fedbug.results import RunDir, new_records, pid_alive
 
 APP_NAME = "fedbug-app"
 CONNECTION = "fedbug"
@@ -340,16 +340,14 @@ def _wait_finished(
 
 
 def _follow(metrics: Path, seen: int, on_round: Callable[[dict[str, Any]], None] | None) -> int:
-    """Report the metrics lines written since ``seen``; the new count."""
-    if on_round is None or not metrics.exists():
+    """Report the rounds written to ``metrics`` past byte ``seen`` (each line read once, as a
+    run reads its own: checked, its checksum taken off); the new offset."""
+    if on_round is None:
         return seen
-    text = metrics.read_text()
-    lines = text.splitlines()
-    complete = lines if text.endswith("\n") else lines[:-1]
-    for line in complete[seen:]:
-        with contextlib.suppress(json.JSONDecodeError):
-            on_round(json.loads(line))
-    return max(seen, len(complete))
+    records, seen = new_records(metrics, seen)
+    for record in records:
+        on_round(record)
+    return seen
 
 
 #: Ray's session folders of fedbug's simulations, under /tmp (Ray's sockets need short paths)
