@@ -224,6 +224,8 @@ def test_full_aggregation_counts_unsent_units_as_unchanged():
     drifted.add(d1, [True, True, True], 1)
     drifted.add(torch.ones(space.total), [False, True, True], 1, counted=[True, True, True])
     assert torch.equal(drifted.mean_delta()[s0], torch.full((space.unit_numel[0],), 0.5))
+    with pytest.raises(ValueError, match="'median' is not one of samples, uniform"):
+        Aggregate(space, "median")  # type: ignore[arg-type]  # was a silent plain mean
     res_full = run_experiment(tiny_config(policy="fixed_head", aggregation="full", upload="full"))
     res_part = run_experiment(tiny_config(policy="fixed_head"))
     assert res_full.records[-1]["bytes_up"] > res_part.records[-1]["bytes_up"]

@@ -19,9 +19,14 @@ from torch import Tensor
 
 from fedbug.core.units import ParamSpace
 
+#: how a client's update is weighted in the mean (the config's ``weighting``)
+WEIGHTINGS = ("samples", "uniform")
+
 
 class Aggregate:
     def __init__(self, space: ParamSpace, weighting: Literal["samples", "uniform"]) -> None:
+        if weighting not in WEIGHTINGS:  # never a silent plain mean for a weighting not known
+            raise ValueError(f"weighting {weighting!r} is not one of {', '.join(WEIGHTINGS)}")
         self.space = space
         self.weighting = weighting
         self._wsum = torch.zeros(space.total)

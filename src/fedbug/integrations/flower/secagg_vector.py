@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -144,8 +145,8 @@ class SecureAggregate(Aggregate):
     """An :class:`Aggregate` whose sums are set from SecAgg+'s secure sum (:meth:`set_sum`);
     :meth:`add` counts each client only (its update never reaches the server)."""
 
-    def __init__(self, space: ParamSpace, weighting: str) -> None:
-        super().__init__(space, "samples" if weighting == "samples" else "uniform")
+    def __init__(self, space: ParamSpace, weighting: Literal["samples", "uniform"]) -> None:
+        super().__init__(space, weighting)
         self.mean_loss: float | None = None
         #: values clipped to +-clipping_range in the round, all clients (within the bound)
         self.clipped = 0.0
