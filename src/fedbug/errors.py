@@ -21,6 +21,16 @@ def first_line(
     return line.rstrip(".") if drop_period else line
 
 
+#: what ``str.splitlines`` breaks a line at, each written as its escape by :func:`one_line`
+_LINE_BREAKS = {c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: a line break inside it (a path or a name the user gave holds
+    one, an imported module's error runs on) written as its escape, ``\\n``."""
+    return text.translate(str.maketrans(_LINE_BREAKS))
+
+
 class FedbugError(Exception):
     """Base class: a problem with the user's input that they can fix; the message says how.
 

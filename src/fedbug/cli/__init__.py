@@ -23,7 +23,7 @@ from fedbug.cli.flower import cmd_flower_app, cmd_flower_worker
 from fedbug.cli.progress import simulated_line
 from fedbug.cli.reports import cmd_cost, cmd_repair, cmd_report, cmd_theory
 from fedbug.cli.run import cmd_run, cmd_sweep, finished_run, run_dir_for, sweep_job
-from fedbug.errors import FedbugError
+from fedbug.errors import FedbugError, one_line
 from fedbug.version import __version__
 
 __all__ = [
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                 stack.enter_context(imported(args.imports))
             return int(args.func(args))
     except FedbugError as e:
-        print(f"fedbug: error: {e.cli_message or e}", file=sys.stderr)
+        print(f"fedbug: error: {one_line(e.cli_message or str(e))}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:  # `fedbug cost ... | head`: the reader has all it wanted
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -390,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, as a shell reports a pipe's writer that the reader closed
     except OSError as e:
         where = f" {e.filename}" if e.filename else ""
-        print(f"fedbug: error: cannot write or read{where}: {e.strerror or e}", file=sys.stderr)
+        text = one_line(f"cannot write or read{where}: {e.strerror or e}")
+        print(f"fedbug: error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fedbug: interrupted; rerun with --resume to continue", file=sys.stderr)
