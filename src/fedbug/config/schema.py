@@ -12,6 +12,7 @@ from fedbug.algorithms import ALGORITHMS
 from fedbug.config.cohort import CohortParams
 from fedbug.config.compat import check_compatible
 from fedbug.config.dp import DPParams, DPSGDParams
+from fedbug.core.paths import expand_user
 from fedbug.core.registry import unknown_name_message as _unknown
 from fedbug.core.tasks import TASKS
 from fedbug.data import DATASETS
@@ -251,6 +252,18 @@ class BaseConfig(BaseModel):
     # sweeps
     grid: dict[str, list[Any]] | None = None
     seeds: int = Field(1, ge=1, le=1000)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir_home(cls, v: str | None) -> str | None:
+        """A ``~user`` that names no home folder, refused when the config is read (the data
+        loaders expand it)."""
+        if v is not None:
+            try:
+                expand_user(v, "data_dir")
+            except FedbugError as e:
+                raise ValueError(str(e)) from None
+        return v
 
     @field_validator("units", mode="before")
     @classmethod

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator
 from importlib.machinery import PathFinder
 from pathlib import Path
 
+from fedbug.core.paths import expand_user
 from fedbug.core.process import environment_variable
 from fedbug.errors import ConfigError
 
@@ -128,7 +129,7 @@ def _import_one(given: str, option: str) -> str:
 
 def _from_file(given: str, where: str) -> tuple[str, Path, Path]:
     """A ``.py`` file's module name and the folder it is imported from."""
-    file = Path(given).expanduser().resolve()
+    file = expand_user(given, where).resolve()
     if not file.is_file():
         raise ConfigError(f"{where}: no such file ({file})")
     name, root = _dotted(file, where)
