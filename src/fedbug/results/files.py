@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import stat
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -42,9 +44,23 @@ TMP_MARK = ".tmp-"
 
 
 def _test_pause() -> None:
-    delay = os.environ.get(SLOW_WRITES_ENV)
-    if delay:
-        time.sleep(float(delay))
+    """Sleep :data:`SLOW_WRITES_ENV`'s seconds; a value that is not a number of seconds from 0
+    to a day is one warning and no pause (refusing it here would tear the write under way)."""
+    given = os.environ.get(SLOW_WRITES_ENV, "").strip()
+    if not given:
+        return
+    try:
+        delay = float(given)
+    except ValueError:
+        delay = math.nan
+    if not 0 <= delay <= 86_400:
+        warnings.warn(
+            f"{SLOW_WRITES_ENV}={given!r} (a test-only pause in each write) is not a number "
+            "of seconds from 0 to 86400; ignored: unset it",
+            stacklevel=2,
+        )
+        return
+    time.sleep(delay)
 
 
 def _naming(e: OSError, path: Path) -> OSError:
