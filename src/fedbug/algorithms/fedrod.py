@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from fedbug.algorithms.base import ALGORITHMS, ClientSession
 from fedbug.algorithms.bodyhead import BodyHead
+from fedbug.core.units import wrapped_units
 
 
 class PersonalHeadModel(nn.Module):
@@ -53,13 +54,9 @@ class PersonalHeadModel(nn.Module):
         self.classifier = classifier
         self.personal_head = copy.deepcopy(model.get_submodule(classifier))
 
-    def fedbug_units(self) -> list[Any] | None:
-        inner = getattr(self.model, "fedbug_units", None)
-        names = inner() if inner is not None else None
-        if names is None:
-            return None  # traced: the personal head is called last, so it is the last unit
-        pre = [f"model.{n}" if isinstance(n, str) else [f"model.{m}" for m in n] for n in names]
-        return [*pre, "personal_head"]
+    def fedbug_units(self) -> list[str | list[str]] | None:
+        # None (traced): the personal head is called last, so it is the last unit
+        return wrapped_units(self, self.model, FedROD.extra_modules)
 
     def forward(self, *args: Any) -> Tensor:
         seen: list[Tensor] = []

@@ -13,7 +13,7 @@ is one subtraction and a partial upload is a slice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import prod
 
@@ -29,6 +29,10 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.LocalResponseNorm,
     nn.RMSNorm,
 )
+
+
+#: units listed by name, input to output: a submodule's name, or a list of names for one unit
+UnitNames = Sequence[str | Sequence[str]]
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,7 @@ def find_units(
     tracing a forward pass on ``example_input``. Every parameter must fall in exactly one unit.
     """
     if names is None:  # the model's own list, where it declares one
-        declared = getattr(model, "fedbug_units", None)
-        names = declared() if declared is not None else None
+        names = declared_units(model)
     if names is not None:
         units = []
         for entry in names:
@@ -156,6 +159,51 @@ def find_units(
     units = _tied_once(model, units)
     _check_cover(model, units)
     return units
+
+
+def declared_units(model: nn.Module) -> UnitNames | None:
+    """The units ``model`` declares with a ``fedbug_units()`` method; None where it declares
+    none (or its method returns None): it is traced."""
+    declare = getattr(model, "fedbug_units", None)
+    return declare() if callable(declare) else None
+
+
+def unit_renamer(model: nn.Module, wrapped: nn.Module) -> Callable[[str], str]:
+    """A submodule name of ``model`` (``a+b`` for a group) as ``wrapped``, the model an
+    algorithm made of it, names it (FedROD's wrapper holds it as ``model``: ``fc`` becomes
+    ``model.fc``); a name that is not ``model``'s is left as it is, for the checks of
+    :func:`find_units` and ``build_layout`` to refuse with the names that exist. The one
+    renamer: the engine's builder renames the config's units and the model's with it, and a
+    wrapper's ``fedbug_units()`` (:func:`wrapped_units`) too."""
+    if wrapped is model:
+        return lambda name: name
+    where = {id(m): name for name, m in wrapped.named_modules()}
+
+    def rename(name: str) -> str:
+        try:
+            return "+".join(where[id(model.get_submodule(n))] for n in name.split("+"))
+        except (AttributeError, KeyError):
+            return name
+
+    return rename
+
+
+def renamed_units(listed: UnitNames, rename: Callable[[str], str]) -> list[str | list[str]]:
+    """``listed`` (one name or a group of names a unit) with every name renamed."""
+    return [rename(e) if isinstance(e, str) else [rename(n) for n in e] for e in listed]
+
+
+def wrapped_units(
+    wrapped: nn.Module, model: nn.Module, extra: Sequence[str] = ()
+) -> list[str | list[str]] | None:
+    """What a wrapper's ``fedbug_units()`` returns: the units ``model``, the model inside
+    ``wrapped``, declares, renamed as ``wrapped`` names them, then ``extra`` (the modules the
+    wrapper adds, its algorithm's ``extra_modules``); None where ``model`` declares none, so
+    the wrapper is traced as the engine traces it."""
+    listed = declared_units(model)
+    if listed is None:
+        return None
+    return [*renamed_units(listed, unit_renamer(model, wrapped)), *extra]
 
 
 def _tied_once(model: nn.Module, units: list[Unit]) -> list[Unit]:

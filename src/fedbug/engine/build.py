@@ -12,9 +12,7 @@ where the algorithm's wrapper puts them (FedROD's ``PersonalHeadModel`` holds th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from torch import Tensor, nn
 
@@ -22,13 +20,21 @@ from fedbug.algorithms import Algorithm
 from fedbug.config import BaseConfig
 from fedbug.core.blocks import block_units
 from fedbug.core.layout import Layout, build_layout, extra_units
-from fedbug.core.units import ParamSpace, Unit, check_traced, find_units, traced_module_order
+from fedbug.core.units import (
+    ParamSpace,
+    Unit,
+    UnitNames,
+    check_traced,
+    declared_units,
+    find_units,
+    renamed_units,
+    traced_module_order,
+    unit_renamer,
+)
 from fedbug.errors import ConfigError
 from fedbug.policies import FreezePolicy, StepCtx, build_policy
 from fedbug.policies.base import Intersection
 from fedbug.policies.schedule import RoundSchedule
-
-UnitNames = Sequence[str | Sequence[str]]
 
 
 @dataclass
@@ -63,13 +69,13 @@ def build_parts(cfg: BaseConfig, algorithm: Algorithm, model: nn.Module, example
     if blocks:  # embedding, each repeated block, head (fedbug.core.blocks)
         listed: UnitNames | None = block_units(model, example)
     else:
-        listed = cfg.units if cfg.units is not None else _declared_units(model)
+        listed = cfg.units if cfg.units is not None else declared_units(model)
     classifier = classifier_of(model, example, listed)
     template = algorithm.wrap_model(model, classifier)
-    rename = _renamer(model, template)
+    rename = unit_renamer(model, template)
     names = None
     if listed is not None:
-        names = [*(_rename_entry(rename, e) for e in listed), *algorithm.extra_modules]
+        names = [*renamed_units(listed, rename), *algorithm.extra_modules]
     units = find_units(template, example, names=names)
     space = ParamSpace(template, units)
     sublayers = cfg.sublayers
@@ -162,29 +168,3 @@ def classifier_of(model: nn.Module, example: Tensor, units: UnitNames | None = N
         return order[-1]
     last = units[-1] if units else ""
     return last if isinstance(last, str) else list(last)[-1]
-
-
-def _declared_units(model: nn.Module) -> UnitNames | None:
-    declare = getattr(model, "fedbug_units", None)
-    return declare() if callable(declare) else None
-
-
-def _renamer(model: nn.Module, wrapped: nn.Module) -> Callable[[str], str]:
-    """A submodule name of ``model`` (``a+b`` for a group) as ``wrapped``, the model an
-    algorithm made of it, names it; a name that is not ``model``'s is left as it is, for the
-    checks of find_units and build_layout to refuse with the names that exist."""
-    if wrapped is model:
-        return lambda name: name
-    where = {id(m): name for name, m in wrapped.named_modules()}
-
-    def rename(name: str) -> str:
-        try:
-            return "+".join(where[id(model.get_submodule(n))] for n in name.split("+"))
-        except (AttributeError, KeyError):
-            return name
-
-    return rename
-
-
-def _rename_entry(rename: Callable[[str], str], entry: Any) -> str | list[str]:
-    return rename(entry) if isinstance(entry, str) else [rename(n) for n in entry]

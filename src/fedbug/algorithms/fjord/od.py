@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedbug.core.units import ParamSpace
+from fedbug.core.units import ParamSpace, wrapped_units
 from fedbug.errors import ConfigError
 
 Kind = Literal["conv", "linear", "lstm", "embedding"]
@@ -336,12 +336,8 @@ class ODModel(nn.Module):
             self._masks[p] = masks(self.model, self.od, p)
         return self._masks[p]
 
-    def fedbug_units(self) -> list[Any] | None:
-        inner = getattr(self.model, "fedbug_units", None)
-        names = inner() if inner is not None else None
-        if names is None:
-            return None
-        return [f"model.{n}" if isinstance(n, str) else [f"model.{m}" for m in n] for n in names]
+    def fedbug_units(self) -> list[str | list[str]] | None:
+        return wrapped_units(self, self.model)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.width is None:

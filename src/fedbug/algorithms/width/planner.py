@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 from torch.func import functional_call
 
+from fedbug.core.units import wrapped_units
 from fedbug.errors import ConfigError, first_line
 
 Kind = Literal["conv", "linear", "norm"]
@@ -526,12 +527,8 @@ class WidthModel(nn.Module):
         self.active = masks
         self.scale = float(scale)
 
-    def fedbug_units(self) -> list[Any] | None:
-        inner = getattr(self.model, "fedbug_units", None)
-        names = inner() if inner is not None else None
-        if names is None:
-            return None
-        return [f"model.{n}" if isinstance(n, str) else [f"model.{m}" for m in n] for n in names]
+    def fedbug_units(self) -> list[str | list[str]] | None:
+        return wrapped_units(self, self.model)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         hooks = []
