@@ -33,6 +33,7 @@ from fedbug.engine.client import (
     TrainSettings,
     with_memory_format,
 )
+from fedbug.engine.client_task import lr_at, mean_samples
 from fedbug.engine.dataprep import (
     natural_clients,
     personal_test_sets,
@@ -109,7 +110,7 @@ class ClientSide:
         self.settings = train_settings(cfg)
         sizes = [len(p) for p in self.parts]
         self.sizes = sizes
-        self.mean_samples = sum(sizes) / len(sizes)
+        self.mean_samples = mean_samples(sizes)
         # what clients and evaluation read: on a GPU the data set uploaded once where it fits
         self.device_dataset, self.data_placement = place_on_device(
             self.dataset, self.device, cfg.device_data_share, self.augmentation() is not None
@@ -329,6 +330,7 @@ class Experiment(ClientSide):
                 cfg.memory_format,
                 device=self.device,
                 precision=cfg.precision,
+                cfg=cfg,
             )
 
     def _unit_costs(self, example: Tensor, labels: Tensor) -> UnitCosts | None:
@@ -342,7 +344,7 @@ class Experiment(ClientSide):
         )
 
     def lr_at(self, round: int) -> float:
-        return self.cfg.lr * self.cfg.lr_decay ** (round - 1)
+        return lr_at(self.cfg, round)
 
 
 def with_user_sources(

@@ -19,6 +19,7 @@ kept or sent). Its batches and augmentation come from the client's generator at 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm
+from fedbug.config import BaseConfig
 from fedbug.core.device import autocast
 from fedbug.core.tasks import scores_for
 from fedbug.core.units import ParamSpace
@@ -35,12 +37,12 @@ from fedbug.data import FederatedDataset
 from fedbug.engine.client import (
     ClientData,
     ClientRuntime,
-    ClientTask,
     TrainSettings,
     load_local_parts,
     train_client,
     with_memory_format,
 )
+from fedbug.engine.client_task import client_task
 from fedbug.policies import build_policy
 
 #: the round a fine-tuning client's generator is addressed by (training rounds count from 1)
@@ -56,6 +58,27 @@ class FinetuneSettings:
     batch_size: int = 10
     optimizer: str = "sgd"
     clip_grad_norm: float | None = None
+
+    def train_settings(self, run: TrainSettings) -> TrainSettings:
+        """Fine-tuning's local-training settings: the run's (``run``: :func:`~fedbug.engine.
+        experiment.train_settings`) with these in place. They differ in: plain epochs
+        (``local_epochs`` = ``epochs``, no ``local_steps``: fine-tuning is counted in epochs);
+        the batch size, optimizer, momentum, weight decay and clipping given here (the
+        ``finetune_*`` keys); no FLOPs counted (fine-tuning is no round: nothing charges them);
+        no DP-SGD (the fine-tuned model never leaves the client). What is left (``upload``)
+        is the run's and unread: nothing is sent."""
+        return dataclasses.replace(
+            run,
+            local_epochs=self.epochs,
+            local_steps=None,
+            batch_size=self.batch_size,
+            optimizer=self.optimizer,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
+            clip_grad_norm=self.clip_grad_norm,
+            count_flops=False,
+            dp_sgd=None,
+        )
 
 
 class Finetuning(Algorithm):
@@ -116,7 +139,11 @@ class PersonalizedEvaluator:
         *,
         device: torch.device | None = None,
         precision: str = "fp32",
+        cfg: BaseConfig | None = None,
     ) -> None:
+        #: the run's config: its training settings and task fields under fine-tuning's (an
+        #: evaluator built without one fine-tunes from :class:`TrainSettings`' defaults)
+        self.cfg = cfg
         self.device = device if device is not None else torch.device("cpu")
         self.precision = precision
         self.model = copy.deepcopy(model).to(self.device)
@@ -173,15 +200,10 @@ class PersonalizedEvaluator:
     def finetune_runtime(self, settings: FinetuneSettings) -> ClientRuntime:
         """The runtime :func:`~fedbug.engine.client.train_client` fine-tunes with (see the module
         docstring)."""
-        train = TrainSettings(
-            local_epochs=settings.epochs,
-            batch_size=settings.batch_size,
-            optimizer=settings.optimizer,
-            momentum=settings.momentum,
-            weight_decay=settings.weight_decay,
-            clip_grad_norm=settings.clip_grad_norm,
-            count_flops=False,
-        )
+        from fedbug.engine.experiment import train_settings  # the experiment imports this module
+
+        run = train_settings(self.cfg) if self.cfg is not None else TrainSettings()
+        train = settings.train_settings(run)
         return ClientRuntime(
             copy.deepcopy(self.model),
             self.space,
@@ -206,13 +228,16 @@ class PersonalizedEvaluator:
         """Each client alone fine-tunes all its parameters, then is scored; the global weights
         and every other client are untouched (each starts from its own copy). ``on_client(n)``
         after each client, n of them done."""
+        cfg = self.cfg
+        if cfg is None:
+            raise RuntimeError("fine-tuning needs the run's config: PersonalizedEvaluator(cfg=)")
         scores = []
         ds = self.dataset
         runtime = self.finetune_runtime(settings)
         for i in clients if clients is not None else range(len(self.train_parts)):
             idx = self.train_parts[i]
             if settings.epochs and len(idx):
-                task = ClientTask(FINETUNE_ROUND, i, seed, settings.lr, float(len(idx)))
+                task = client_task(cfg, FINETUNE_ROUND, i, len(idx), lr=settings.lr, seed=seed)
                 data = ClientData(ds.train_x[idx], ds.train_y[idx])
                 train_client(weights, task, data, states(i), runtime)
                 self.flat.copy_(runtime.flat)

@@ -44,6 +44,7 @@ from fedbug.engine.client import (
     ClientResult,
     ClientTask,
 )
+from fedbug.engine.client_task import client_task
 from fedbug.engine.dp import ServerDP
 from fedbug.engine.dp_sgd_server import ClientPrivacy
 from fedbug.engine.evaluation import (
@@ -354,11 +355,9 @@ class RoundLoop:
         exp, cfg = self.exp, self.cfg
         clients = exp.selection.select(r, cfg.seed, exp.num_clients)
         payload = exp.algorithm.payload(self.server_state)
-        lr = exp.lr_at(r)
+        extra = self.sim.client_extra
         return [
-            ClientTask(
-                r, i, cfg.seed, lr, exp.mean_samples, payload, cfg.rounds, self.sim.client_extra(i)
-            )
+            client_task(cfg, r, i, exp.mean_samples, payload=payload, extra=extra(i))
             for i in clients
         ]
 

@@ -51,13 +51,14 @@ from fedbug.algorithms.base import ClientSession
 from fedbug.config import apply_method
 from fedbug.core.flops import FlopCache, optimizer_state_copies
 from fedbug.core.layout import Layout
-from fedbug.core.protocol import ClientTask, TrainSettings
+from fedbug.core.protocol import TrainSettings
 from fedbug.core.tasks import TASKS, build_task
 from fedbug.core.units import ParamSpace, Unit
 from fedbug.data import DataShape, dataset_shape
 from fedbug.data.targets import ONE_POSITION_FIX, next_tokens
 from fedbug.engine.build import build_freezing, build_parts
 from fedbug.engine.client import step_units
+from fedbug.engine.client_task import client_task
 from fedbug.engine.experiment import train_settings
 from fedbug.errors import ConfigError
 from fedbug.models import build_model, model_kwargs
@@ -180,20 +181,15 @@ def _build(
 ) -> Built:
     """Algorithm ``name`` on a copy of ``model``, built as a run of it builds it
     (:func:`~fedbug.engine.build.build_parts`), with its client session on the example batch:
-    round 1's task (as the engine's ``client_tasks`` sends it) to a client of
-    ``samples_per_client`` samples, and the local steps that session counts for it."""
+    round 1's task (from the engine's builder, :func:`~fedbug.engine.client_task.client_task`,
+    as the round loop builds it) to a client of ``samples_per_client`` samples (the run's mean
+    too: no data is loaded; no payload nor per-client config, which none of these methods
+    sends), and the local steps that session counts for it."""
     task = build_task(cfg.task) if cfg.task in TASKS else None  # the run's loss (next_token)
     alg = build_algorithm(name, cfg.global_lr, {name: cfg.options(name)}, task)
     plain = cfg.model_copy(update={"algorithm": name, "policy": "none", "schedule": "none"})
     parts = build_parts(plain, alg, copy.deepcopy(model), x[:1])
-    first = ClientTask(
-        round=1,
-        client=0,
-        seed=cfg.seed,
-        lr=cfg.lr,  # lr_decay ** 0
-        mean_samples=s.samples_per_client,
-        rounds=s.rounds,
-    )
+    first = client_task(cfg, 1, 0, s.samples_per_client)
     session = alg.start_client(first, y)
     steps, per_epoch = session.local_step_count(s.samples_per_client, s.settings)
     flops = FlopCache(parts.template, session.loss)
