@@ -178,7 +178,7 @@ def test_the_recorded_truth_is_what_the_client_trained_on(recorded_run):
     """One SGD step (no momentum; weight decay 1e-3 by default) of batch 2: the recorded update
     is -lr x (the gradient of the recorded inputs' mean loss at the recorded global weights +
     1e-3 x those weights); the attack's observation takes the decay out."""
-    from fedbug.attack.driver import build_attacked_model, observation
+    from fedbug.attack.driver import build_attacked_model, observation, run_config
 
     have = recorded(recorded_run)
     assert list(have) == [1] and len(have[1]) == 2
@@ -186,7 +186,7 @@ def test_the_recorded_truth_is_what_the_client_trained_on(recorded_run):
         up = load_update(recorded_run, 1, client)
         assert up.meta["steps"] == 1 and up.meta["num_images"] == 2 and up.inputs.shape[0] == 2
         assert up.meta["units_sent"] == [0, 1, 2]  # mlp: two hidden layers and the classifier
-        model = build_attacked_model(up)
+        model = build_attacked_model(up, run_config(recorded_run))
         loss = torch.nn.functional.cross_entropy(model(up.inputs), up.labels)
         grads = dict(
             zip(

@@ -29,7 +29,7 @@ def tiny_run(tmp_path, *extra: str):
 
 def first_update(folder):
     up = load_update(folder, 1, recorded(folder)[1][0])
-    model = build_attacked_model(up)
+    model = build_attacked_model(up, run_config(folder))
     attack_mode(model)
     return run_config(folder), up, model
 

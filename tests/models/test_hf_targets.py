@@ -150,4 +150,4 @@ def test_the_attack_on_a_recorded_hugging_face_run_is_one_line(tmp_path):
     run_experiment(cfg, tmp_path / "run", dataset=tokens())
     client = recorded(tmp_path / "run")[1][0]
     with pytest.raises(ConfigError, match=r"Hugging Face model \(hf\) on token sequences"):
-        build_attacked_model(load_update(tmp_path / "run", 1, client))
+        build_attacked_model(load_update(tmp_path / "run", 1, client), cfg)

@@ -89,13 +89,10 @@ def _optional_problem(meta: dict[str, Any], cfg: Any) -> str | None:
 def config_steps(cfg: Any, meta: dict[str, Any]) -> int:
     """The local steps the run's config gives the client of ``meta`` (its ``num_samples``), as
     its algorithm's client session counts them (FedRep's head epochs too)."""
-    from fedbug.attack.unroll import open_session, run_algorithm, settings_of, trainer
-    from fedbug.core.protocol import ClientTask
+    from fedbug.attack.unroll import open_session, recorded_task, run_algorithm, settings_of
 
     n = int(meta["num_samples"])
-    r, client, lr = trainer(meta)
-    task = ClientTask(r, client, cfg.seed, lr, n, rounds=cfg.rounds)
-    session, _ = open_session(cfg, run_algorithm(cfg), task, n)
+    session, _ = open_session(cfg, run_algorithm(cfg), recorded_task(cfg, meta), n)
     return int(session.local_step_count(n, settings_of(cfg))[0])
 
 

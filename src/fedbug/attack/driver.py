@@ -28,7 +28,7 @@ from fedbug.attack.replay import (
     replay_finding,
 )
 from fedbug.attack.scoring import image_scores, label_recovery, match_order, save_grid
-from fedbug.attack.unroll import trainer, unroll_of
+from fedbug.attack.unroll import attacked_parts, trainer, unroll_of
 from fedbug.errors import ConfigError
 from fedbug.results.files import atomic_write_bytes, check_no_links, open_write
 from fedbug.results.updates import (
@@ -83,9 +83,11 @@ def observation(up: RecordedUpdate, model: nn.Module, unrolled: bool = False) ->
     return Observation(model, target, shape, int(meta["num_images"]), int(meta["num_classes"]))
 
 
-def build_attacked_model(up: RecordedUpdate) -> nn.Module:
-    """The round's received model, built from the recorded model name and options."""
-    from fedbug.models import build_model, is_hf
+def build_attacked_model(up: RecordedUpdate, cfg: Any) -> nn.Module:
+    """The round's received model: the run's model as the run built it from its config
+    ``cfg`` (its options, the algorithm's wrap: :func:`~fedbug.attack.unroll.attacked_parts`,
+    which the unrolled replay's schedule comes from too), with the received weights."""
+    from fedbug.models import is_hf
 
     meta = up.meta
     if is_hf(str(meta["model"])):  # token inputs: nothing to invert by gradient on pixels
@@ -93,9 +95,7 @@ def build_attacked_model(up: RecordedUpdate) -> nn.Module:
             f"fedbug attack inverts images and vectors; the run recorded a Hugging Face model "
             f"({meta['model']}) on token sequences, which it does not attack"
         )
-    model = build_model(
-        meta["model"], tuple(meta["input_shape"]), meta["num_classes"], 0, **meta["model_options"]
-    )
+    model = attacked_parts(cfg, meta)[1].template
     names = meta["received_names"]
     state = model.state_dict()
     _check_names(up, state, dict(model.named_parameters()))
@@ -318,7 +318,7 @@ def attack(
     r, k = pick(run, round, client)
     cfg = run_config(run)
     up, found = released_update(run, r, cfg) if released else (checked_update(run, r, k, cfg), [])
-    model = build_attacked_model(up)
+    model = build_attacked_model(up, cfg)
     found += attack_mode(model)
     obs = observation(up, model)
     steps = int(up.meta["steps"])

@@ -4,8 +4,9 @@
 The server holds the run's config: the optimiser (SGD's learning rate, momentum, weight decay,
 ``clip_grad_norm``), the batch size, and the freeze policy and algorithm whose units train at
 each local step (FedBug's gradual unfreezing, FedSeq's round schedule, FedBABU's frozen head).
-:func:`unroll_of` asks the run's own policy and algorithm, built on the attacked model as a run
-builds them (:func:`~fedbug.engine.build.build_parts`), which units train at each step, as the
+:func:`unroll_of` asks the run's own policy and algorithm, built on the run's model as a run
+builds them (:func:`attacked_parts`, the builder the attacked model comes from too), which units
+train at each step, as the
 client's loop asks them (:func:`~fedbug.engine.client.step_units`), and keeps the parameters
 the server saw move. What the server cannot know is left as the attack's model and said:
 
@@ -23,15 +24,17 @@ the server saw move. What the server cannot know is left as the attack's model a
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from fedbug.attack.inversion import Observation, Unroll
 from fedbug.attack.replay import Finding
+from fedbug.core.protocol import ClientTask, TrainSettings
+from fedbug.engine.build import Parts
 from fedbug.errors import ConfigError
 from fedbug.results.updates import RecordedUpdate
 
@@ -66,13 +69,48 @@ def run_algorithm(cfg: Any) -> Any:
     return build_algorithm(cfg.algorithm, cfg.global_lr, blocks)
 
 
-def settings_of(cfg: Any) -> Any:
-    """The local-training settings that count a client's steps (:class:`TrainSettings`)."""
-    from fedbug.core.protocol import TrainSettings
+def attacked_parts(cfg: Any, meta: dict[str, Any]) -> tuple[Any, Parts]:
+    """The run's algorithm and what it trained, built as the run built them: the config's
+    model (its builder's options, :func:`~fedbug.models.model_kwargs`) on the recorded input
+    shape and classes, wrapped for the algorithm, cut into units and laid out, with the
+    policy (:func:`~fedbug.engine.build.build_parts`). Its weights are the builder's (seed 0),
+    for the received ones to replace. A recorded update naming another model is refused."""
+    from fedbug.engine.build import build_parts
+    from fedbug.models import build_model, model_kwargs
 
-    return TrainSettings(
-        local_epochs=cfg.local_epochs, local_steps=cfg.local_steps, batch_size=cfg.batch_size
-    )
+    if meta["model"] != cfg.model:
+        raise ConfigError(
+            f"recorded update of client {meta['client']} names model {str(meta['model'])!r} "
+            f"and config.yaml {cfg.model!r}; record the round again"
+        )
+    shape = tuple(meta["input_shape"])
+    model = build_model(cfg.model, shape, meta["num_classes"], 0, **model_kwargs(cfg))
+    alg = run_algorithm(cfg)
+    return alg, build_parts(cfg, alg, model, torch.zeros(2, *shape))
+
+
+def settings_of(cfg: Any, meta: dict[str, Any] | None = None) -> TrainSettings:
+    """The client's local-training settings: the run's (:func:`~fedbug.engine.experiment.
+    train_settings`), with the momentum and weight decay a recorded update ``meta`` holds."""
+    from fedbug.engine.experiment import train_settings
+
+    run = train_settings(cfg)
+    if meta is None:
+        return run
+    momentum = float(meta.get("momentum", run.momentum))
+    decay = float(meta.get("weight_decay", run.weight_decay))
+    return dataclasses.replace(run, momentum=momentum, weight_decay=decay)
+
+
+def recorded_task(cfg: Any, meta: dict[str, Any]) -> ClientTask:
+    """The recorded client's round config, from the engine's builder
+    (:func:`~fedbug.engine.client_task.client_task`) with what the record holds: its round,
+    client and rate; its own sample count for the run's mean (which is not recorded); no
+    payload nor per-client config (the server's, not recorded)."""
+    from fedbug.engine.client_task import client_task
+
+    r, client, lr = trainer(meta)
+    return client_task(cfg, r, client, int(meta["num_samples"]), lr=lr)
 
 
 def open_session(cfg: Any, alg: Any, task: Any, n: int) -> tuple[Any, list[Finding]]:
@@ -90,23 +128,19 @@ def open_session(cfg: Any, alg: Any, task: Any, n: int) -> tuple[Any, list[Findi
         return session, [_warn("algorithm", f"{cfg.algorithm}'s client session {why}")]
 
 
-def step_schedule(cfg: Any, model: nn.Module, meta: dict[str, Any]) -> Schedule:
+def step_schedule(cfg: Any, meta: dict[str, Any]) -> Schedule:
     """The client's steps from the run's own policy (with its round schedule) and algorithm,
     as the client's loop asks them (its algorithm session counting the steps: FedRep's head
     epochs come first)."""
-    from fedbug.core.protocol import ClientTask
-    from fedbug.engine.build import build_parts
     from fedbug.engine.client import step_units
     from fedbug.policies.base import PolicySession, StepCtx
 
-    alg = run_algorithm(cfg)
-    example = torch.zeros(2, *meta["input_shape"])
-    parts = build_parts(cfg, alg, copy.deepcopy(model), example)
+    alg, parts = attacked_parts(cfg, meta)
     n, steps = int(meta["num_samples"]), int(meta["steps"])
-    r, client, lr = trainer(meta)
-    task = ClientTask(r, client, cfg.seed, lr, n, rounds=cfg.rounds)
+    task = recorded_task(cfg, meta)
+    r, client = task.round, task.client
     session, found = open_session(cfg, alg, task, n)
-    k_all, pe = session.local_step_count(n, settings_of(cfg))
+    k_all, pe = session.local_step_count(n, settings_of(cfg, meta))
     if k_all != steps:
         why = f"the config gives {k_all} local steps and the client took {steps}"
         found.append(_warn("local_steps", f"{why}: the replay takes the client's"))
@@ -186,15 +220,16 @@ def unroll_of(
     not; the match is over ``obs.target``'s), and what in it is the attack's guess;
     ``known_order``: the client's batches as it drew them (:func:`known_batches`)."""
     meta = up.meta
-    sched = step_schedule(cfg, obs.model, meta)
+    sched = step_schedule(cfg, meta)
+    s = settings_of(cfg, meta)
     unroll = Unroll(
         sched.trained,
         lr=trainer(meta)[2],
-        batch_size=cfg.batch_size,
+        batch_size=s.batch_size,
         per_epoch=sched.per_epoch,
-        momentum=float(meta.get("momentum", cfg.momentum)),
-        weight_decay=float(meta.get("weight_decay", cfg.weight_decay)),
-        clip=cfg.clip_grad_norm,
+        momentum=s.momentum,
+        weight_decay=s.weight_decay,
+        clip=s.clip_grad_norm,
     )
     found = list(sched.found)
     if known_order:
