@@ -97,8 +97,8 @@ def algorithm_findings(cfg: Any) -> list[Finding]:
             Finding(
                 "refuse",
                 "algorithm",
-                f"{name} trains modules or a sub-model "
-                "(wrap_model) the attacked model lacks; attack a fedavg run",
+                f"{name} trains a sub-model or personal modules (wrap_model) that the "
+                "attack's forward pass does not run as the client did; attack a fedavg run",
             )
         )
     elif _overridden(cls, ("start_client",)):
