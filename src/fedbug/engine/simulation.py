@@ -103,7 +103,7 @@ class Simulation:
         return {
             "clock": self.clock.state_dict(),
             "system": exp.system.state_dict() if exp.system is not None else {},
-            "deadline": exp.policy.state_dict(),
+            "policy": exp.policy.state_dict(),
             "selection": exp.selection.state_dict(),
             "participations": torch.tensor(self.participations),
         }
@@ -113,7 +113,8 @@ class Simulation:
         self.clock.load_state_dict(d["clock"])
         if exp.system is not None:
             exp.system.load_state_dict(d["system"])  # measured costs are not re-timed
-        exp.policy.load_state_dict(d["deadline"])
+        # checkpoints of earlier versions kept any policy's state under "deadline" (FreezeFL's)
+        exp.policy.load_state_dict(d["policy"] if "policy" in d else d["deadline"])
         exp.selection.load_state_dict(d["selection"])
         self.participations = [int(x) for x in d["participations"]]
 
