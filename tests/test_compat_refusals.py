@@ -200,7 +200,7 @@ def test_a_toy_session_writing_extras_undeclared_is_still_refused_by_the_dp_aggr
     import torch
 
     from fedbug.core.units import ParamSpace, find_units
-    from fedbug.engine.dp import DPAggregate
+    from fedbug.engine.privacy.client_level import DPAggregate
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 1, bias=False))
     agg = DPAggregate(ParamSpace(model, find_units(model, names=["0"])), 1.0, 2.0)

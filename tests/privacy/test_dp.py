@@ -13,7 +13,7 @@ from fedbug.cli import main
 from fedbug.config.dp import AdaptiveClip
 from fedbug.core.units import ParamSpace, find_units
 from fedbug.engine import run_experiment
-from fedbug.engine.dp import DPAggregate, ServerDP, adapt_clip, clip_update
+from fedbug.engine.privacy.client_level import DPAggregate, ServerDP, adapt_clip, clip_update
 from fedbug.errors import ConfigError
 
 DP = {"clip": 1.0, "noise_multiplier": 1.0, "delta": 1e-5}

@@ -14,8 +14,8 @@ pytest.importorskip("dp_accounting")
 from fedbug.cli import main  # noqa: E402
 from fedbug.core.protocol import SampleDP  # noqa: E402
 from fedbug.engine import run_experiment  # noqa: E402
-from fedbug.engine.dp_accountant import SampleAccountant  # noqa: E402
-from fedbug.engine.dp_sgd import PerSampleGradients, refuse_unsupported  # noqa: E402
+from fedbug.engine.privacy.accountant import SampleAccountant  # noqa: E402
+from fedbug.engine.privacy.sample_level import PerSampleGradients, refuse_unsupported  # noqa: E402
 from fedbug.errors import ConfigError  # noqa: E402
 
 DP_SGD = {"clip": 1.0, "noise_multiplier": 1.0}

@@ -2,8 +2,8 @@
 the adaptive clip of Andrew et al. 2021); the ``dp_sgd:`` block: sample-level DP-SGD on each
 client (Abadi et al. 2016, through Opacus); and the refusals of configs they cannot cover.
 
-The mechanisms live in :mod:`fedbug.engine.dp` and :mod:`fedbug.engine.dp_sgd`; this module
-holds their options only (pydantic, no torch), so the config can validate them.
+The mechanisms live in :mod:`fedbug.engine.privacy` (``client_level``, ``sample_level``); this
+module holds their options only (pydantic, no torch), so the config can validate them.
 """
 
 from __future__ import annotations

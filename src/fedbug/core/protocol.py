@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class SampleDP:
     """Sample-level DP-SGD's client settings (the ``dp_sgd:`` block; see
-    :mod:`fedbug.engine.dp_sgd`)."""
+    :mod:`fedbug.engine.privacy.sample_level`)."""
 
     clip: float
     noise_multiplier: float

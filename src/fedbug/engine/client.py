@@ -31,7 +31,7 @@ from fedbug.core.optimizers import optimizer_entry
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask, TrainSettings
 from fedbug.core.seeding import derive_seed, torch_generator
 from fedbug.core.units import ParamSpace, unit_regions
-from fedbug.engine.dp_sgd import PerSampleGradients
+from fedbug.engine.privacy.sample_level import PerSampleGradients
 from fedbug.policies import FreezePolicy, StepCtx
 from fedbug.policies.base import EpochAction, EpochCtx, PolicySession
 

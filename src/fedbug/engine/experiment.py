@@ -40,12 +40,12 @@ from fedbug.engine.dataprep import (
     place_on_device,
     subsample,
 )
-from fedbug.engine.dp_sgd import refuse_unsupported, sample_dp
 from fedbug.engine.evaluate import Evaluator
 from fedbug.engine.model_fit import check_model_fits
 from fedbug.engine.pfl import (
     PersonalizedEvaluator,
 )
+from fedbug.engine.privacy.sample_level import refuse_unsupported, sample_dp
 from fedbug.errors import ConfigError
 from fedbug.models import build_model, model_kwargs
 from fedbug.selection import SELECTIONS

@@ -45,8 +45,6 @@ from fedbug.engine.client import (
     ClientTask,
 )
 from fedbug.engine.client_task import client_task
-from fedbug.engine.dp import ServerDP
-from fedbug.engine.dp_sgd_server import ClientPrivacy
 from fedbug.engine.evaluation import (
     evaluate_round,
     personalize,
@@ -56,6 +54,8 @@ from fedbug.engine.evaluation import (
 )
 from fedbug.engine.executors import Executor, build_executor
 from fedbug.engine.experiment import Experiment, ModelSource
+from fedbug.engine.privacy.client_level import ServerDP
+from fedbug.engine.privacy.sample_server import ClientPrivacy
 from fedbug.engine.record import RoundRecord
 from fedbug.engine.record_updates import record_stream
 from fedbug.engine.run_folder import open_run, save_checkpoint, write_summary

@@ -34,7 +34,7 @@ from torch import Tensor
 from fedbug.config.dp import count_noise, expected_clients
 from fedbug.core.units import ParamSpace
 from fedbug.engine.aggregate import Aggregate
-from fedbug.engine.dp_accountant import Accountant
+from fedbug.engine.privacy.accountant import Accountant
 from fedbug.errors import ConfigError
 
 _DP_STREAM = 0x44_50  # "DP": keeps the noise apart from every other seeded stream

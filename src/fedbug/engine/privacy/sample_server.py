@@ -1,7 +1,7 @@
 """The server's side of DP-SGD (``dp_sgd:``): the privacy each client's data has spent, from the
 local steps of its updates that reached the server, recorded per round (``dp_sgd_epsilon``, the
 worst client so far; ``dp_sgd_steps``, the round's steps by client, which a resume reads back)
-and in the summary. The client's side is :mod:`fedbug.engine.dp_sgd`."""
+and in the summary. The client's side is :mod:`fedbug.engine.privacy.sample_level`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedbug.core.protocol import ClientResult
-from fedbug.engine.dp_accountant import SampleAccountant
+from fedbug.engine.privacy.accountant import SampleAccountant
 
 
 class ClientPrivacy:
