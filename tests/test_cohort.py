@@ -191,11 +191,23 @@ class WithDropout(BatchNormNet):
         self.norm = torch.nn.Dropout(0.5)
 
 
+class WithTwoDropouts(BatchNormNet):
+    """A dropout of rate 0 (no masks drawn) before the one that draws them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Dropout(0.0), torch.nn.Linear(64, 8)
+        )
+        self.norm = torch.nn.Dropout(0.5)
+
+
 @pytest.mark.parametrize(
     "model, over, message",
     [
         (BatchNormNet, {}, "cannot update buffers"),
         (WithDropout, {}, "dropout masks"),
+        (WithTwoDropouts, {}, r"dropout masks \(norm\)"),  # named: the one that draws masks
         (None, {"augment": "flip"}, "does not augment"),
     ],
 )

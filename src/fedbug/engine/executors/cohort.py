@@ -57,10 +57,12 @@ def refuse_model(model: nn.Module, space: ParamSpace, augmented: bool) -> None:
             f"...: BatchNorm's running statistics); use a GroupNorm model {fix}"
         )
     drop = [
-        (n, m.p) for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
     ]
-    if any(p > 0 for _, p in drop):
-        first = drop[0][0]
+    if drop:
+        first = drop[0]  # the first that draws masks, not a dropout of rate 0 before it
         raise ConfigError(
             f"executor: cohort cannot draw the sequential executor's dropout masks ({first}); "
             f"set the dropout to 0 {fix}"
