@@ -22,7 +22,9 @@ def first_line(
 
 
 #: what ``str.splitlines`` breaks a line at, each written as its escape by :func:`one_line`
-_LINE_BREAKS = {c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+_LINE_BREAKS: dict[str, str | int | None] = {
+    c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+}
 
 
 def one_line(text: str) -> str:

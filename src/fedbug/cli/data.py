@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from fedbug.core.paths import expand_user
 from fedbug.errors import FedbugError
@@ -45,7 +46,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         return 0
 
     data_dir = expand_user(args.data_dir, f"--data-dir {args.data_dir}") if args.data_dir else None
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, spec in DATASETS.items():
         where = spec.locate(data_dir)
         rows.append(
