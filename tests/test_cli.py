@@ -729,3 +729,11 @@ def test_a_folder_holding_another_configs_finished_run_is_not_called_this_config
     with pytest.raises(RunFolderHoldsRun) as other:
         fedbug.run(a.model_copy(update={"lr": 0.5}), tmp_path / "run")
     assert "already holds a run" in str(other.value)
+
+
+def test_a_warning_with_a_line_break_stays_one_line(capsys):
+    """A warning whose text holds a line break (a path the user gave) is still one line."""
+    from fedbug.cli import _one_line_warning
+
+    _one_line_warning("data folder 'a\nb' is empty", UserWarning, "x.py", 1)
+    assert capsys.readouterr().err == "fedbug: warning: data folder 'a\\nb' is empty\n"

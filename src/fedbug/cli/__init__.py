@@ -352,7 +352,7 @@ def _one_line_warning(
     warnings keep Python's display); each message once a command (a process: a sweep's worker
     its own), as a sweep's runs give the same ones and a run's FLOP counter and checkpoint
     loader reset Python's registry of the warnings already shown."""
-    text = f"fedbug: warning: {message}"
+    text = f"fedbug: warning: {one_line(str(message))}"
     if text in _SHOWN:
         return
     _SHOWN.add(text)
