@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -43,21 +44,55 @@ class Evaluator:
     def figures(self, weights: Tensor) -> dict[str, float]:
         """Every test figure of the task (``loss`` among them), over the whole test set."""
         self.flat.copy_(weights)
-        self.model.eval()
         ds = self.dataset
-        sums: dict[str, Tensor] = {}
-        n = len(ds.test_y)
-        dev = self.device
-        for start in range(0, n, self.batch_size):
-            x = self.prepare(ds.test_x[start : start + self.batch_size].to(dev))
-            y = ds.test_y[start : start + self.batch_size].to(dev)
-            with autocast(dev, self.precision):
-                out = self.model(x)
-            for key, value in self.task.batch_sums(out.float(), y).items():
-                sums[key] = sums[key] + value if key in sums else value
-        return self.task.finish({k: v.cpu() for k, v in sums.items()}, n)
+        batches = split_batches(ds.test_x, ds.test_y, self.batch_size)
+        sums = task_sums(self.model, self.task, batches, self.prepare, self.device, self.precision)
+        return self.task.finish(sums, len(ds.test_y))
 
     def evaluate(self, weights: Tensor) -> tuple[float, float]:
         """(headline figure, loss): classification's accuracy and mean loss."""
         figures = self.figures(weights)
         return figures[self.task.headline], figures["loss"]
+
+
+def split_batches(
+    x: Tensor, y: Tensor, batch_size: int, index: Tensor | None = None
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """(inputs, targets) in batches of ``batch_size``, in order: of all samples, or of those at
+    ``index`` (a client's test split)."""
+    n = len(y) if index is None else len(index)
+    for start in range(0, n, batch_size):
+        if index is None:
+            yield x[start : start + batch_size], y[start : start + batch_size]
+        else:
+            b = index[start : start + batch_size]
+            yield x[b], y[b]
+
+
+@torch.inference_mode()
+def task_sums(
+    model: nn.Module,
+    task: Task,
+    batches: Iterator[tuple[Tensor, Tensor]],
+    prepare: Callable[[Tensor], Tensor],
+    device: torch.device,
+    precision: str = "fp32",
+    scores: Callable[[Tensor], Tensor] | None = None,
+) -> dict[str, Tensor]:
+    """The task's additive test sums (:meth:`~fedbug.core.tasks.Task.batch_sums`, on the CPU)
+    of ``model`` (put in eval mode) over ``batches``: the one place test figures are counted,
+    for the global model (:class:`Evaluator`) and each client's own
+    (:class:`~fedbug.engine.pfl.PersonalizedEvaluator`). ``scores``: what is scored of the
+    model's output (an algorithm's :meth:`~fedbug.algorithms.Algorithm.logits`); the output
+    itself by default. Empty where there is no batch."""
+    model.eval()
+    sums: dict[str, Tensor] = {}
+    for x, y in batches:
+        y = y.to(device)
+        with autocast(device, precision):
+            out = model(prepare(x.to(device)))
+        if scores is not None:
+            out = scores(out)
+        for key, value in task.batch_sums(out.float(), y).items():
+            sums[key] = sums[key] + value if key in sums else value
+    return {k: v.cpu() for k, v in sums.items()}

@@ -30,8 +30,6 @@ from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm
 from fedbug.config import BaseConfig
-from fedbug.core.device import autocast
-from fedbug.core.tasks import scores_for
 from fedbug.core.units import ParamSpace
 from fedbug.data import FederatedDataset
 from fedbug.engine.client import (
@@ -43,6 +41,7 @@ from fedbug.engine.client import (
     with_memory_format,
 )
 from fedbug.engine.client_task import client_task
+from fedbug.engine.evaluate import split_batches, task_sums
 from fedbug.policies import build_policy
 
 #: the round a fine-tuning client's generator is addressed by (training rounds count from 1)
@@ -163,21 +162,18 @@ class PersonalizedEvaluator:
         load_local_parts(w, state, self.space)
         return w
 
-    @torch.inference_mode()
     def _score(self, client: int, generic: bool = False) -> int:
-        ds, idx = self.dataset, self.test_parts[client]
-        self.model.eval()
-        correct = 0
-        dev = self.device
-        for start in range(0, len(idx), self.batch_size):
-            b = idx[start : start + self.batch_size]
-            with autocast(dev, self.precision):
-                out = self.model(self.prepare(ds.test_x[b].to(dev)))
-            if not generic:
-                out = self.algorithm.logits(out)
-            y = ds.test_y[b].to(dev)
-            correct += int((scores_for(out, y).argmax(1) == y).sum())
-        return correct
+        """Client ``client``'s correct predictions on its test split: the task's test sums
+        (:func:`~fedbug.engine.evaluate.task_sums`, as the global model is scored) of the
+        algorithm's prediction (``generic``: the model's own output)."""
+        ds = self.dataset
+        batches = split_batches(ds.test_x, ds.test_y, self.batch_size, self.test_parts[client])
+        scores = None if generic else self.algorithm.logits
+        task = self.algorithm.task
+        sums = task_sums(
+            self.model, task, batches, self.prepare, self.device, self.precision, scores
+        )
+        return int(sums["correct"]) if sums else 0
 
     def evaluate(
         self,
