@@ -304,10 +304,11 @@ def test_dataset_options_a_data_set_does_not_take_are_refused_as_a_run_refuses_t
 
 def test_fig2_is_the_system_models_count():
     """Fig. 2's FLOPs a sample are the system model's (``system: {cost: flops}``): the engine
-    counts them on a 2-sample example with the algorithm's loss, cost on a batch of B with the
-    session's; the count is per sample and the loss adds no counted FLOPs, so they agree."""
+    counts them on a 2-sample example, cost on a batch of B, both with the session's loss
+    (:func:`~fedbug.engine.counting.counting_loss`); the count is per sample, so they agree."""
     from fedbug.algorithms import build_algorithm
     from fedbug.engine.build import build_parts
+    from fedbug.engine.counting import counting_loss
     from fedbug.models import build_model
     from fedbug.system import count_per_sample_flops
 
@@ -316,5 +317,6 @@ def test_fig2_is_the_system_models_count():
     alg = build_algorithm("fedavg", 1.0, {})
     x, y = torch.rand(2, 1, 8, 8), torch.tensor([3, 7])
     parts = build_parts(load_config(None, doc=SMALL), alg, model, x[:1])
-    engine = count_per_sample_flops(parts.template, parts.units, x, y, alg.loss)
+    loss = counting_loss(load_config(None, doc=SMALL), alg, y, 40)
+    engine = count_per_sample_flops(parts.template, parts.units, x, y, loss)
     assert [r["flops_sample"] for r in report["rows"]] == engine

@@ -20,7 +20,7 @@ from fedbug.core.device import (
     default_threads,
     resolve_device,
 )
-from fedbug.core.flops import training_flops
+from fedbug.core.flops import LossFn, training_flops
 from fedbug.core.seeding import derive_seed
 from fedbug.core.tasks import Task, build_task
 from fedbug.data import FederatedDataset, load_dataset, partition
@@ -34,6 +34,7 @@ from fedbug.engine.client import (
     with_memory_format,
 )
 from fedbug.engine.client_task import lr_at, mean_samples
+from fedbug.engine.counting import counting_loss
 from fedbug.engine.dataprep import (
     natural_clients,
     personal_test_sets,
@@ -279,13 +280,10 @@ class Experiment(ClientSide):
         self.system_figures: dict[str, Any] = {}
         if cfg.system is not None:
             labels = ds.train_y[: len(example)]
+            # the loss a client trains with, as fedbug cost counts it
+            loss = counting_loss(cfg, self.algorithm, labels, self.mean_samples)
             costs = per_sample_costs(
-                cfg.system,
-                copy.deepcopy(self.template),
-                self.units,
-                example,
-                labels,
-                self.algorithm.loss,
+                cfg.system, copy.deepcopy(self.template), self.units, example, labels, loss
             )[:policy_units]  # an algorithm's own units (FedROD's personal head) always train
             self.system = SystemModel(
                 cfg.system,
@@ -297,7 +295,7 @@ class Experiment(ClientSide):
                 cfg.seed,
                 policy_units=policy_units,
                 shared=self.shared_mask,
-                unit_costs=self._unit_costs(example, labels),
+                unit_costs=self._unit_costs(example, labels, loss),
             )
             self.system_figures = self.algorithm.setup_system(
                 self.system, copy.deepcopy(self.template), example, labels
@@ -333,15 +331,13 @@ class Experiment(ClientSide):
                 cfg=cfg,
             )
 
-    def _unit_costs(self, example: Tensor, labels: Tensor) -> UnitCosts | None:
+    def _unit_costs(self, example: Tensor, labels: Tensor, loss: LossFn) -> UnitCosts | None:
         """Costs of any trained unit set, counted on demand (a policy's blocks), in FLOPs:
         under ``cost: measured`` none (a timed set would differ on a resume)."""
         if self.cfg.system is None or self.cfg.system.cost != "flops":
             return None
         always = range(self.policy_units, len(self.units))  # an algorithm's own units
-        return UnitCosts(
-            copy.deepcopy(self.template), self.units, example, labels, self.algorithm.loss, always
-        )
+        return UnitCosts(copy.deepcopy(self.template), self.units, example, labels, loss, always)
 
     def lr_at(self, round: int) -> float:
         return lr_at(self.cfg, round)

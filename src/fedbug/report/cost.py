@@ -58,7 +58,7 @@ from fedbug.data import DataShape, dataset_shape
 from fedbug.data.targets import ONE_POSITION_FIX, next_tokens
 from fedbug.engine.build import build_freezing, build_parts
 from fedbug.engine.client import step_units
-from fedbug.engine.client_task import client_task
+from fedbug.engine.counting import counting_session
 from fedbug.engine.experiment import train_settings
 from fedbug.errors import ConfigError
 from fedbug.models import build_model, model_kwargs
@@ -189,8 +189,7 @@ def _build(
     alg = build_algorithm(name, cfg.global_lr, {name: cfg.options(name)}, task)
     plain = cfg.model_copy(update={"algorithm": name, "policy": "none", "schedule": "none"})
     parts = build_parts(plain, alg, copy.deepcopy(model), x[:1])
-    first = client_task(cfg, 1, 0, s.samples_per_client)
-    session = alg.start_client(first, y)
+    session = counting_session(cfg, alg, y, s.samples_per_client)  # the engine's loss too
     steps, per_epoch = session.local_step_count(s.samples_per_client, s.settings)
     flops = FlopCache(parts.template, session.loss)
     return Built(alg, parts.units, parts.space, parts.layout, session, flops, steps, per_epoch)
