@@ -31,7 +31,7 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "dp-slt": (
         {"algorithm": "slt", **method_needs("slt"), "dp": DP, "weighting": "uniform"},
         "dp: clips and noises the update delta only, and algorithm slt also sends extra tensors "
-        "beside it (sends_extras) the server would read unprotected; remove dp:, or use an "
+        "beside it the server would read unprotected; remove dp:, or use an "
         "algorithm that sends one delta (fedavg, fedprox, ...)",
     ),
     "dp-fedrolex-code-counts": (
@@ -42,7 +42,7 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
             "weighting": "uniform",
         },
         "dp: clips and noises the update delta only, and algorithm fedrolex also sends extra "
-        "tensors beside it (sends_extras) the server would read unprotected; remove dp:, or use "
+        "tensors beside it the server would read unprotected; remove dp:, or use "
         "an algorithm that sends one delta (fedavg, fedprox, ...)",
     ),
     "fedper-global": (
@@ -70,6 +70,17 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         {"executor": "cohort", "augment": "flip"},
         "executor: cohort does not augment batches yet (augment: flip); set augment: none or "
         "use executor: sequential",
+    ),
+    "freezefl-upload-full": (
+        {
+            "method": "freezefl",
+            "system": {"abilities": "uniform"},
+            "count_flops": True,
+            "upload": "full",
+        },
+        "policy: freezefl charges a client for the units it trains and uploads (its frozen ones "
+        "stay home, FreezeFL Sec. IV); set upload: partial (aggregation: full still counts an "
+        "unsent unit as unchanged)",
     ),
     "fedexp-global-lr": (
         {"algorithm": "fedexp", "global_lr": 0.5},

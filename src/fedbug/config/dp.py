@@ -113,7 +113,7 @@ def dp_incompatibility(cfg: Any) -> str | None:
     if ALGORITHMS.get(cfg.algorithm).sends_extras(cfg):
         return (
             f"dp: clips and noises the update delta only, and algorithm {cfg.algorithm} also "
-            "sends extra tensors beside it (sends_extras) the server would read unprotected; "
+            "sends extra tensors beside it the server would read unprotected; "
             "remove dp:, or use an algorithm that sends one delta (fedavg, fedprox, ...)"
         )
     if dp.adaptive is not None and dp.noise_multiplier > 0:

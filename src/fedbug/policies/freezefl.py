@@ -141,6 +141,12 @@ class FreezeFL(FreezePolicy):
                 "policy: freezefl needs a system: block (the simulated devices), e.g. "
                 "system: {abilities: uniform}"
             )
+        if cfg.upload != "partial":  # its deadline and charge count what a straggler sends
+            return (
+                "policy: freezefl charges a client for the units it trains and uploads (its "
+                "frozen ones stay home, FreezeFL Sec. IV); set upload: partial (aggregation: full "
+                "still counts an unsent unit as unchanged)"
+            )
         return None
 
     # -- client half ---------------------------------------------------------------------
