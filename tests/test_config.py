@@ -702,3 +702,13 @@ def test_units_given_as_tuples_are_accepted_as_lists_are():
     doc = {"model": "mlp", "dataset": "digits"}
     cfg = load_config(None, doc={**doc, "units": ("hidden.0", ("hidden.1", "classifier"))})
     assert cfg.units == ["hidden.0", ["hidden.1", "classifier"]]
+
+
+@pytest.mark.parametrize("key", ["algorithm", "policy"])
+def test_a_method_given_as_an_algorithm_or_policy_says_write_method(key):
+    """``algorithm: fedbug`` was answered "did you mean 'fedbabu'?"."""
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, doc={key: "fedbug"})
+    assert f"{key} 'fedbug': fedbug is a method, not a single {key}; write method: fedbug" in str(
+        exc.value
+    )

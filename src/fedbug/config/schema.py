@@ -285,7 +285,10 @@ class BaseConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> BaseConfig:
         if self.algorithm not in ALGORITHMS:
-            raise ValueError(_unknown("algorithm", self.algorithm, ALGORITHMS.names()))
+            raise ValueError(
+                _method_named("algorithm", self.algorithm)
+                or _unknown("algorithm", self.algorithm, ALGORITHMS.names())
+            )
         if self.augment != "auto" and self.augment not in AUGMENTATIONS:
             raise ValueError(_unknown("augment", self.augment, ["auto", *AUGMENTATIONS.names()]))
         if is_import_path(self.model):
@@ -299,7 +302,10 @@ class BaseConfig(BaseModel):
         if self.dataset not in DATASETS:
             raise ValueError(_unknown("dataset", self.dataset, DATASETS.names()))
         if self.policy not in POLICIES:
-            raise ValueError(_unknown("policy", self.policy, POLICIES.names()))
+            raise ValueError(
+                _method_named("policy", self.policy)
+                or _unknown("policy", self.policy, POLICIES.names())
+            )
         if self.selection is not None and self.selection not in SELECTIONS:
             raise ValueError(_unknown("selection", self.selection, SELECTIONS.names()))
         if self.task != "custom" and self.task not in TASKS:
@@ -392,3 +398,13 @@ def all_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[str
                 keys += all_keys(t, prefix + name + ".")
                 break
     return keys
+
+
+def _method_named(kind: str, name: str) -> str | None:
+    """Where ``name`` given as an algorithm or a policy is a method (``algorithm: fedbug``), the
+    line that says so and what to write; None otherwise."""
+    from fedbug.config.presets import PRESETS  # presets read the schema's registries
+
+    if name not in PRESETS:
+        return None
+    return f"{kind} {name!r}: {name} is a method, not a single {kind}; write method: {name}"
