@@ -369,3 +369,12 @@ def test_a_missing_path_or_a_file_is_named_as_such_before_any_progress(tmp_path,
     assert len(err.splitlines()) == 1, err
     assert ("does not exist" if kind == "missing" else "is a file") in err
     assert "rerun" not in captured.out + captured.err  # no progress bar before the refusal
+
+
+def test_a_sweep_folder_is_named_as_one_with_the_way_to_repair_its_runs(tmp_path, capsys):
+    for cell in ("a-s0", "b-s0"):
+        (tmp_path / "sweep" / cell).mkdir(parents=True)
+        (tmp_path / "sweep" / cell / "config.yaml").write_text("name: x\n")
+    assert main(["repair", str(tmp_path / "sweep")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a folder of 2 runs" in err and "fedbug repair" in err and "/sweep/*" in err, err

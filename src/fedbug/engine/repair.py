@@ -100,9 +100,18 @@ def repair_target(run_dir: Path | str) -> RunDir:
     ``config.yaml``); else :class:`~fedbug.errors.ResultsError` saying what it is instead."""
     rd = RunDir(Path(run_dir))
     if not rd.path.exists():
-        raise ResultsError(f"{str(rd.path)!r} does not exist; give a run folder (a run's --out)")
+        raise ResultsError(
+            f"{str(rd.path)!r} does not exist; give a run folder (one that fedbug run made "
+            "under its --out, holding config.yaml)"
+        )
     if not rd.path.is_dir():
         raise ResultsError(f"{str(rd.path)!r} is a file, not a run folder; give its folder")
+    runs = sorted(p.parent.name for p in rd.path.glob("*/config.yaml"))
+    if not rd.config_path.is_file() and runs:
+        raise ResultsError(
+            f"{str(rd.path)!r} is a folder of {len(runs)} runs (a sweep's, or --out), not a run "
+            f"folder; repair each: fedbug repair {str(rd.path / '*')}"
+        )
     if not rd.config_path.is_file():
         raise ResultsError(
             f"{str(rd.path)!r} holds no config.yaml: not a run folder, or one whose config is "
