@@ -165,5 +165,5 @@ def test_group_norm_groups_and_bad_options():
         build("resnet18", (3, 32, 32), 10, units="module")
     with pytest.raises(ValueError, match="stem"):
         build("resnet18", (3, 32, 32), 10, stem="big")
-    with pytest.raises(ValueError, match="image input"):
+    with pytest.raises(ValueError, match=r"image input .* for vectors use model: mlp or logreg"):
         build("resnet18", (3, 32), 10)

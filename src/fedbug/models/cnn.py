@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -12,6 +12,16 @@ def flat_size(features: Callable[[Tensor], Tensor], input_shape: tuple[int, ...]
     """Entries of one sample's output of ``features`` (a model's own feature extractor)."""
     with torch.no_grad():
         return int(features(torch.zeros(1, *input_shape)).numel())
+
+
+def require_image(model: str, input_shape: Sequence[int]) -> None:
+    """Refuse a data set's samples that are not images (C, H, W), naming the models that take
+    vectors (``dataset: synthetic``'s features)."""
+    if len(input_shape) != 3:
+        raise ValueError(
+            f"{model} needs image input (C, H, W); got {tuple(input_shape)}: for vectors use "
+            "model: mlp or logreg"
+        )
 
 
 class StandardCNN(nn.Module):
@@ -54,8 +64,7 @@ class DigitsCNN(nn.Module):
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
-        if len(input_shape) != 3:
-            raise ValueError(f"digits_cnn needs image input (C, H, W); got {input_shape}")
+        require_image("digits_cnn", input_shape)
         self.conv1 = nn.Conv2d(input_shape[0], 16, 3, padding=1)
         self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
         self.pool = nn.MaxPool2d(2)

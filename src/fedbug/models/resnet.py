@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
+from fedbug.models.cnn import require_image
+
 UNIT_MODES = ("stage", "block", "layer")
 STEMS = ("auto", "cifar", "imagenet")
 WIDTHS = (64, 128, 256, 512)
@@ -69,8 +71,7 @@ class ResNetGN(nn.Module):
         stem: str = "auto",
     ) -> None:
         super().__init__()
-        if len(input_shape) != 3:
-            raise ValueError(f"resnet needs image input (C, H, W); got {input_shape}")
+        require_image("resnet", input_shape)
         if units not in UNIT_MODES:
             raise ValueError(f"units must be one of {', '.join(UNIT_MODES)}; got {units!r}")
         if stem not in STEMS:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from fedbug.models.cnn import flat_size
+from fedbug.models.cnn import flat_size, require_image
 
 
 def _conv_out(size: int, kernel: int = 5) -> int:
@@ -26,8 +26,7 @@ class TinyImageNetCNN(nn.Module):
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
-        if len(input_shape) != 3:
-            raise ValueError(f"tiny_imagenet_cnn needs image input (C, H, W); got {input_shape}")
+        require_image("tiny_imagenet_cnn", input_shape)
         side = min(input_shape[1:])
         for _ in range(3):
             side = _conv_out(side)
