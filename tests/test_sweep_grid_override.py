@@ -18,7 +18,7 @@ FEDBUG = {"label": "FedBug", "policy": "bottom_up", "bottom_up.gu_ratio": 0.5}
 def test_a_later_value_of_a_key_replaces_the_earlier_in_label_and_slug():
     cell = Cell({"variant": FEDBUG, "bottom_up.gu_ratio": 0})
     assert cell.items() == [("policy", "bottom_up"), ("bottom_up.gu_ratio", 0)]
-    assert cell.label == "FedBug (policy=bottom_up, bottom_up.gu_ratio=0)"
+    assert cell.label == "policy=bottom_up, bottom_up.gu_ratio=0"
     assert cell.slug == "policy-bottom_up_gu_ratio-0"
     # a block given as a mapping is merged key by key (merge_dotted): both parts stay named
     merged = Cell({"variant": {"feddyn": {"alpha": 0.1}}, "feddyn": {"clip": "loss"}})
@@ -38,7 +38,7 @@ def sweep(tmp_path, capsys, *extra: str) -> tuple[int, str, str]:
 def test_g_over_a_variant_key_labels_folders_and_report_with_what_runs(tmp_path, capsys, no_plots):
     rc, out, err = sweep(tmp_path, capsys)
     assert rc == 0, err
-    label = "FedBug (policy=bottom_up, bottom_up.gu_ratio=0)"
+    label = "policy=bottom_up, bottom_up.gu_ratio=0"
     assert f"| {label} | 1 |" in out
     folder = tmp_path / "out" / "tiny-sweep"
     run = folder / "policy-bottom_up_gu_ratio-0-s0"
@@ -64,4 +64,4 @@ def test_resume_keeps_the_folder_an_older_fedbug_named_with_both_values(tmp_path
     assert (old / "summary.json").read_text() == finished
     rows = json.loads((folder / "sweep.json").read_text())["rows"]
     assert [r["runs"] for r in rows] == [[str(old)]]
-    assert "| FedBug (policy=bottom_up, bottom_up.gu_ratio=0) | 1 |" in out
+    assert "| policy=bottom_up, bottom_up.gu_ratio=0 | 1 |" in out

@@ -154,7 +154,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_seeds,
         check_sweep_size,
         expand,
-        parse_grid_arg,
+        parse_grid_args,
         run_sweep,
     )
 
@@ -163,7 +163,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     doc = with_overrides(read_config_doc(args.config), [*data_dir_override(args), *args.set])
     given = doc.get("grid") or {}
     if args.grid and isinstance(given, dict):  # -g joins the grid before the base is checked
-        doc["grid"] = {**given, **dict(parse_grid_arg(text) for text in args.grid)}
+        doc["grid"] = {**given, **parse_grid_args(args.grid)}
     base = load_config(None, doc=doc)  # validates the base before any run
     grid = dict(base.grid or {})
     seeds = args.seeds if args.seeds is not None else base.seeds

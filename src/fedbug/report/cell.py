@@ -44,11 +44,55 @@ class Cell:
         return out
 
     @property
+    def named_groups(self) -> list[str]:
+        """The grid keys of the variant group entries whose ``label`` names the cell: each that
+        has one, unless a later key of the cell (``-g bottom_up.gu_ratio=0.3``) replaces one of
+        the entry's own keys, where its label (``FedBug 50%``) would name a value that does not
+        run; that cell is named by its settings."""
+        out = []
+        keys = list(self.values)
+        for i, (k, v) in enumerate(self.values.items()):
+            if not (is_variant_group(k, v) and LABEL in v):
+                continue
+            own = [leaf for kk, vv in v.items() if kk != LABEL for leaf in _leaves(kk, vv)]
+            later = [leaf for kk in keys[i + 1 :] for leaf in _set_by(kk, self.values[kk])]
+            if not any(_overlap(a, b) for a in own for b in later):
+                out.append(k)
+        return out
+
+    @property
     def names(self) -> list[str]:
-        """The ``label`` of each variant group entry that has one (``FedBug 50%``)."""
-        return [
+        """The ``label`` of each variant group entry that names the cell (``FedBug 50%``,
+        :attr:`named_groups`)."""
+        return [str(self.values[k][LABEL]) for k in self.named_groups]
+
+    @property
+    def entry_label(self) -> str:
+        """:attr:`label` with every variant group entry's name, also one whose key a later key
+        replaced: for messages that point at the grid as the user wrote it."""
+        every = [
             str(v[LABEL]) for k, v in self.values.items() if is_variant_group(k, v) and LABEL in v
         ]
+        keys = ", ".join(f"{k}={v}" for k, v in self.items())
+        names = ", ".join(every)
+        if names:
+            return f"{names} ({keys})" if keys else names
+        return self.label
+
+    def without(self, blocks: set[str]) -> Cell:
+        """This cell less its keys under the options blocks ``blocks`` (``bottom_up.gu_ratio``
+        of a cell whose method does not read ``bottom_up``), also those a variant group sets."""
+
+        def keep(key: str) -> bool:
+            return key.split(".")[0] not in blocks
+
+        values: dict[str, Any] = {}
+        for k, v in self.values.items():
+            if is_variant_group(k, v):
+                values[k] = {kk: vv for kk, vv in v.items() if kk == LABEL or keep(kk)}
+            elif keep(k):
+                values[k] = v
+        return Cell(values, self.given, self.method)
 
     @property
     def label(self) -> str:
@@ -73,6 +117,27 @@ class Cell:
         values): an existing sweep folder's run may have this name
         (:func:`~fedbug.sweeps.sweep.run_folder`)."""
         return _slug(self.pairs())
+
+
+def _leaves(key: str, value: Any) -> list[str]:
+    """The dotted keys a pair sets: a mapping's keys one by one (``bottom_up: {gu_ratio: 0.5}``
+    sets ``bottom_up.gu_ratio``), an empty one or a scalar its key."""
+    if isinstance(value, dict) and value:
+        return [leaf for k, v in value.items() for leaf in _leaves(f"{key}.{k}", v)]
+    return [key]
+
+
+def _set_by(key: str, value: Any) -> list[str]:
+    """The dotted keys a later grid key sets over the cell's earlier ones: a variant group's
+    own keys (its label is no key), else the pair's :func:`_leaves`."""
+    if is_variant_group(key, value):
+        return [leaf for k, v in value.items() if k != LABEL for leaf in _leaves(k, v)]
+    return _leaves(key, value)
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether setting dotted key ``b`` changes what dotted key ``a`` holds (or the reverse)."""
+    return a == b or a.startswith(f"{b}.") or b.startswith(f"{a}.")
 
 
 def _slug(items: list[tuple[str, Any]]) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.config import BaseConfig
-from fedbug.report.cell import LABEL, Cell, is_variant_group
+from fedbug.report.cell import Cell
 
 #: the name a config has when it gives none: it names no experiment
 DEFAULT_NAME = BaseConfig.model_fields["name"].default
@@ -87,7 +87,7 @@ def short_label(cell: Cell) -> str:
     given = cell.given or cell
     if not given.names:
         return cell.label
-    rest = {k: v for k, v in given.values.items() if not (is_variant_group(k, v) and LABEL in v)}
+    rest = {k: v for k, v in given.values.items() if k not in given.named_groups}
     keys = ", ".join(f"{k}={v}" for k, v in Cell(rest).items())
     names = ", ".join(given.names)
     return f"{names} ({keys})" if keys else names

@@ -51,6 +51,22 @@ def parse_grid_arg(text: str) -> tuple[str, list[Any]]:
     return key.strip(), [parse_value(v) for v in values.split(",")]
 
 
+def parse_grid_args(texts: Sequence[str]) -> dict[str, list[Any]]:
+    """``-g`` arguments (:func:`parse_grid_arg` each) -> key -> values, a key given twice
+    refused in one line (``-g lr=0.1 -g lr=0.2`` would keep only the last): its values belong
+    in one ``-g``."""
+    out: dict[str, list[Any]] = {}
+    raw: dict[str, list[str]] = {}
+    for text in texts:
+        key, values = parse_grid_arg(text)
+        raw.setdefault(key, []).append(text.partition("=")[2].strip())
+        if key in out:
+            joined = ",".join(raw[key])
+            raise ConfigError(f"-g {key} given twice; give its values once: -g {key}={joined}")
+        out[key] = values
+    return out
+
+
 def merge_dotted(doc: dict[str, Any], key: str, value: Any) -> None:
     """Set ``key`` as :func:`set_dotted` does, except that a mapping given for a block the doc
     already has is merged into it key by key: a grid cell ``{feddyn: {clip: loss}}`` keeps the
@@ -138,59 +154,45 @@ def _same_config(first: Cell, second: Cell) -> str:
     """Why two grid cells run one config: a value listed twice, or a key that both a variant
     group's entries and a grid key set (the grid key's value replaces the entries', so entries
     that differed only in that key became one)."""
-    if first.label == second.label:
-        return f"grid cell {second.label} appears twice; list each value once"
+    if first.entry_label == second.entry_label:
+        return f"grid cell {second.entry_label} appears twice; list each value once"
     keys = [k for k, _ in second.pairs()]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if not twice:  # variant group entries that differ only in their labels
         return (
-            f"grid cells {first.label} and {second.label} run the same config; "
+            f"grid cells {first.entry_label} and {second.entry_label} run the same config; "
             "give each entry of the variant group its own values"
         )
     return (
-        f"grid cells {first.label} and {second.label} run the same config: {', '.join(twice)} "
-        "is set both "
-        "in a variant group's entries and as a grid key (-g or grid:), whose value replaces the "
-        "entries'; give its values in one place (edit the variant group, or drop the grid key)"
+        f"grid cells {first.entry_label} and {second.entry_label} run the same config: "
+        f"{', '.join(twice)} is set both in a variant group's entries and as a grid key (-g "
+        "or grid:), whose value replaces the entries'; give its values in one place (edit "
+        "the variant group, or drop the grid key)"
     )
 
 
 def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[Cell, BaseConfig]]:
-    """Every cell's validated config (bad values are reported before anything runs)."""
+    """Every cell's validated config (bad values are reported before anything runs), as
+    :func:`expand_noted` gives them."""
+    return expand_noted(base_doc, grid)[0]
+
+
+def expand_noted(
+    base_doc: dict[str, Any], grid: dict[str, list[Any]]
+) -> tuple[list[tuple[Cell, BaseConfig]], list[str]]:
+    """Every cell's validated config, cells that differ only in options blocks their methods
+    do not read made one (:func:`one_run_each`), with the notes that say so."""
     check_sweep_size(grid)
     keys = list(grid)
-    docs = []
-    for combo in itertools.product(*(grid[k] for k in keys)):
-        doc = copy.deepcopy(base_doc)
-        doc.pop("grid", None)
-        values = dict(zip(keys, combo))
-        for k, v in Cell(values).items():
-            merge_dotted(doc, k, v)
-        docs.append((Cell(values), doc))
+    combos = itertools.product(*(grid[k] for k in keys))
     # A base may hold the options of every method its grid compares: each cell is validated
     # allowing other methods' blocks, then a block no cell uses is refused.
-    cells = []
-    slugs: dict[str, Cell] = {}
-    used: set[str] = set()
     with blocks_used_elsewhere(frozenset(owners())):
-        for cell, doc in docs:
-            try:
-                cfg = validate(doc)
-            except ConfigError as e:
-                raise ConfigError(f"grid cell {cell.label}: {e}") from None
-            same = slugs.get(cell.slug)
-            if same is not None and same.items() == cell.items():
-                raise ConfigError(_same_config(same, cell))
-            if same is not None:
-                raise ConfigError(
-                    f"grid cells {same.label} and {cell.label} map to the same run folder name "
-                    f"{cell.slug!r} (a folder name keeps letters, digits and ._-, turns other "
-                    "characters into -, and stops at 100 characters); change one of the values "
-                    "so that they differ there, or run them as two sweeps"
-                )
-            slugs[cell.slug] = cell
-            used |= used_blocks(cfg)
-            cells.append((cell, cfg))
+        cells = [_validated(base_doc, Cell(dict(zip(keys, combo)))) for combo in combos]
+        _check_distinct([cell for cell, _ in cells])
+        cells, notes = one_run_each(base_doc, cells)
+    _check_slugs([cell for cell, _ in cells])
+    used = set().union(*(used_blocks(cfg) for _, cfg in cells))
     unused = sorted(b for b in owners() if base_doc.get(b) and b not in used)
     if unused:
         kind, method = owners()[unused[0]]
@@ -198,7 +200,80 @@ def expand(base_doc: dict[str, Any], grid: dict[str, list[Any]]) -> list[tuple[C
             f"{unused[0]}: has no effect: no run of this sweep uses {kind} {method}; remove "
             "the block or add that method to the grid"
         )
-    return cells
+    return cells, notes
+
+
+def _validated(base_doc: dict[str, Any], cell: Cell) -> tuple[Cell, BaseConfig]:
+    """``cell`` with its config: ``base_doc`` less its grid, the cell's keys set over it."""
+    doc = copy.deepcopy(base_doc)
+    doc.pop("grid", None)
+    for k, v in cell.items():
+        merge_dotted(doc, k, v)
+    try:
+        return cell, validate(doc)
+    except ConfigError as e:
+        raise ConfigError(f"grid cell {cell.entry_label}: {e}") from None
+
+
+def _check_distinct(cells: list[Cell]) -> None:
+    """Refuse two cells of one config as the grid gives them (:func:`_same_config`)."""
+    seen: dict[str, list[Cell]] = {}
+    for cell in cells:
+        same = next((c for c in seen.get(cell.slug, []) if c.items() == cell.items()), None)
+        if same is not None:
+            raise ConfigError(_same_config(same, cell))
+        seen.setdefault(cell.slug, []).append(cell)
+
+
+def _check_slugs(cells: list[Cell]) -> None:
+    """Refuse two cells that would share a run folder name."""
+    slugs: dict[str, Cell] = {}
+    for cell in cells:
+        same = slugs.get(cell.slug)
+        if same is not None:
+            raise ConfigError(
+                f"grid cells {same.entry_label} and {cell.entry_label} map to the same run "
+                f"folder name {cell.slug!r} (a folder name keeps letters, digits and ._-, turns "
+                "other characters into -, and stops at 100 characters); change one of the "
+                "values so that they differ there, or run them as two sweeps"
+            )
+        slugs[cell.slug] = cell
+
+
+def one_run_each(
+    base_doc: dict[str, Any], cells: list[tuple[Cell, BaseConfig]]
+) -> tuple[list[tuple[Cell, BaseConfig]], list[str]]:
+    """The cells less their keys under options blocks their methods do not read
+    (:func:`~fedbug.config.compat.used_blocks`), cells that are then one made one (the first
+    kept: FedAvg under ``-g bottom_up.gu_ratio=0.3,0.7`` runs once, not once per value), and
+    a note for each cell so kept: ``grid cell FedAvg (policy=none) does not use bottom_up:
+    run once, not once per value of bottom_up.gu_ratio``. A cell so shortened runs the config
+    its keys give (``base_doc``'s own ``bottom_up``), whatever value came first."""
+    kept: dict[str, list[tuple[Cell, BaseConfig]]] = {}
+    dropped: dict[int, set[str]] = {}  # id of a kept cell -> the keys its merged cells varied
+    out = []
+    for cell, cfg in cells:
+        unused = set(owners()) - used_blocks(cfg)
+        short = cell.without(unused)
+        if short.values != cell.values:
+            short, cfg = _validated(base_doc, short)
+        twin = next((c for c in kept.get(short.slug, []) if c[0].items() == short.items()), None)
+        if twin is None:
+            kept.setdefault(short.slug, []).append((short, cfg))
+            out.append((short, cfg))
+            continue
+        gone = {k for k, _ in cell.pairs() if k.split(".")[0] in unused}
+        dropped.setdefault(id(twin[0]), set()).update(gone)
+    notes = []
+    for cell, _ in out:
+        if id(cell) in dropped:
+            keys = sorted(dropped[id(cell)])
+            blocks = sorted({k.split(".")[0] for k in keys})
+            notes.append(
+                f"grid cell {cell.label} does not use {', '.join(blocks)}: run once, not once "
+                f"per value of {', '.join(keys)}"
+            )
+    return out, notes
 
 
 def run_sweep(
@@ -221,7 +296,9 @@ def run_sweep(
     warning for the sweep (its runs do not repeat it: :func:`fedbug.cli.run.sweep_job`)."""
     check_seeds(seeds)
     check_sweep_size(grid, seeds)
-    cells = expand(base_doc, grid)
+    cells, notes = expand_noted(base_doc, grid)
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
     unused = [unused_cohort_block(cfg) for _, cfg in cells]
     if None not in unused:  # none where a cell runs executor: cohort (the block is read)
         warnings.warn(str(unused[0]), stacklevel=2)
