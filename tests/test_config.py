@@ -712,3 +712,12 @@ def test_a_method_given_as_an_algorithm_or_policy_says_write_method(key):
     assert f"{key} 'fedbug': fedbug is a method, not a single {key}; write method: fedbug" in str(
         exc.value
     )
+
+
+@pytest.mark.parametrize("method", ["fedrep", "fedper", "lg_fedavg", "local"])
+def test_a_method_without_a_global_model_evaluates_personalized_by_default(method):
+    """``-s method=fedrep`` on a config that says nothing of evaluation runs (it was refused:
+    its only evaluation is the personalized one); a config that asks for another is refused."""
+    assert load_config(None, doc={"method": method}).evaluation == "personalized"
+    with pytest.raises(ConfigError, match="needs a global model"):
+        load_config(None, doc={"method": method, "evaluation": "global"})

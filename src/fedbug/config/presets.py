@@ -50,10 +50,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset_of(method: str) -> dict[str, Any] | None:
-    """The keys ``method`` sets: its preset's, or an algorithm's name alone; None if unknown."""
+    """The keys ``method`` sets: its preset's, or an algorithm's name (with ``evaluation:
+    personalized`` where it keeps part of every model on its clients: the only evaluation it
+    has); None if unknown."""
     if method in PRESETS:
         return PRESETS[method]
-    return {"algorithm": method} if method in ALGORITHMS else None
+    if method not in ALGORITHMS:
+        return None
+    if not ALGORITHMS.get(method).has_global_model:
+        return {"algorithm": method, "evaluation": "personalized"}
+    return {"algorithm": method}
 
 
 def apply_method(doc: dict[str, Any]) -> dict[str, Any]:
