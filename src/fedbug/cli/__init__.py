@@ -87,7 +87,7 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     _quiet_flag(r, "no progress bar")
     _track_flag(r)
     _allow_import_flag(r)
-    _import_flag(r)
+    _import_flag(r, _RUNS_ELSEWHERE)
     r.set_defaults(func=cmd_run)
 
 
@@ -119,7 +119,7 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     _format_flag(s)
     _labels_flag(s)
     _allow_import_flag(s)
-    _import_flag(s)
+    _import_flag(s, _RUNS_ELSEWHERE)
     s.set_defaults(func=cmd_sweep)
 
 
@@ -154,7 +154,7 @@ def _add_repair_parser(sub: argparse._SubParsersAction) -> None:
     rr.add_argument("runs", nargs="+", help="run folders")
     _quiet_flag(rr, "no progress bar")
     _allow_import_flag(rr)
-    _import_flag(rr)
+    _import_flag(rr, "; a run whose config sets executor: processes imports it in its workers too")
     rr.set_defaults(func=cmd_repair)
 
 
@@ -224,8 +224,20 @@ def _add_cost_parser(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("cost", help="training FLOPs and upload of freezing (FreezeFL, FedSeq)")
     _config_args(c, _CONFIG_HELP)
     _json_flag(c, "print the report as JSON")
-    c.add_argument("--participants", action="store_true", help="count r*N clients a round")
-    c.add_argument("--samples-per-client", type=int, default=None, help="default: 500")
+    c.add_argument(
+        "--participants",
+        action="store_true",
+        help="count the r*N clients expected a round (r: the config's participation, N its "
+        "num_clients; or its clients_per_round), not all N",
+    )
+    c.add_argument(
+        "--samples-per-client",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the modelled client's samples, which set its batches a round (the config's data "
+        "is not loaded; default: 500)",
+    )
     c.add_argument("--out", default=None, help="write DIR/cost.png and DIR/cost.json")
     _allow_import_flag(c)
     _import_flag(c)
@@ -324,7 +336,15 @@ def _allow_import_flag(parser: argparse.ArgumentParser, whose: str = "the config
     )
 
 
-def _import_flag(parser: argparse.ArgumentParser) -> None:
+#: where the runs of ``run`` and ``sweep`` import ``--import``'s modules besides this process
+_RUNS_ELSEWHERE = (
+    "; the runs this command starts elsewhere (--jobs, executor: processes, --ray, Flower "
+    "nodes) import it too"
+)
+
+
+def _import_flag(parser: argparse.ArgumentParser, elsewhere: str = "") -> None:
+    """``--import``; ``elsewhere``: the clause naming the other processes that import it too."""
     parser.add_argument(
         "--import",
         dest="imports",
@@ -333,9 +353,8 @@ def _import_flag(parser: argparse.ArgumentParser) -> None:
         metavar="MODULE",
         help="import MODULE first (a module name, found on PYTHONPATH or in the current "
         "folder, or a .py file): the policies, algorithms, models and data sets it registers "
-        "can then be named by the config; the runs this command starts elsewhere (--jobs, "
-        "executor: processes, --ray, Flower nodes) import it too; trusted code, as PYTHONPATH "
-        "is; repeatable",
+        f"can then be named by the config{elsewhere}; trusted code, as PYTHONPATH is; "
+        "repeatable",
     )
 
 
