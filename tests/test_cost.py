@@ -320,3 +320,88 @@ def test_fig2_is_the_system_models_count():
     loss = counting_loss(load_config(None, doc=SMALL), alg, y, 40)
     engine = count_per_sample_flops(parts.template, parts.units, x, y, loss)
     assert [r["flops_sample"] for r in report["rows"]] == engine
+
+
+def test_a_one_unit_model_leaves_out_the_methods_that_need_a_head_and_prints_the_rest():
+    """logreg has one unit: FedBABU (and FedSeq's sub-layers, FedROD) need a head apart from
+    the base; each such row is left out with its reason, Fig. 2 and FedAvg are still counted."""
+    doc = {**SMALL, "dataset": "synthetic", "model": "logreg"}
+    report = cost_report(load_config(None, doc=doc), 40)
+    assert "fedavg" in report["methods"] and "fedbabu" in report["left_out"]
+    assert "keeps a head of 1 unit(s)" in report["left_out"]["fedbabu"]
+    assert report["methods"]["fedavg"]["paper_flops"] == (60 * 10 + 10) * 4 * 6 * 10
+    assert [r["n_frozen"] for r in report["rows"]] == [0]
+    text = format_cost_report(report)
+    assert "FreezeFL Fig. 2" in text and "not counted: FedBABU, which" in text
+
+
+def test_the_configs_own_method_is_the_first_row_counted_by_its_session():
+    """FedRep (1 head epoch, E = 1, 50 batches of 10 an epoch, 6 rounds, all 10 clients): 50
+    steps train the head fc3 (650 parameters), then 50 the base conv1..fc2 (17,216); only the
+    base is uploaded."""
+    doc = {**SMALL, "method": "fedrep", "evaluation": "personalized"}
+    report = cost_report(load_config(None, doc=doc))
+    assert list(report["methods"])[:2] == ["fedrep", "fedavg"]
+    m = report["methods"]["fedrep"]
+    assert [(ph["steps"], ph["units"]) for ph in m["phases"]] == [
+        ([1, 50], ["fc3"]),
+        ([51, 100], ["conv1", "conv2", "fc1", "fc2"]),
+    ]
+    assert m["paper_flops"] == (650 * 50 + 17_216 * 50) * 6 * 10
+    assert m["upload_params"] == 17_216 * 6
+    fedavg = report["methods"]["fedavg"]["phases"][0]
+    assert m["phases"][1]["flops_batch"] < fedavg["flops_batch"]
+    assert m["flops"] == 6 * 10 * 50 * sum(ph["flops_batch"] for ph in m["phases"])
+    assert "\nfedrep " in format_cost_report(report)
+
+
+def test_fedbug_is_its_own_row_unfreezing_step_by_step():
+    """FedBug (bottom_up, gu_ratio 0.5, 5 units, 50 steps): the first 25 steps unfreeze one
+    unit more every 5 steps from the input side (conv1: 160 parameters, conv2 4,640, fc1 8,256,
+    fc2 4,160, fc3 650), then the whole model trains; a round uploads every unit."""
+    doc = {**SMALL, "policy": "bottom_up", "bottom_up": {"gu_ratio": 0.5}}
+    report = cost_report(load_config(None, doc=doc))
+    name = list(report["methods"])[0]
+    assert name == "fedavg+bottom_up"
+    phases = report["methods"][name]["phases"]
+    assert [ph["units"][-1] for ph in phases] == ["conv1", "conv2", "fc1", "fc2", "fc3"]
+    assert [ph["steps"] for ph in phases] == [[1, 5], [6, 10], [11, 15], [16, 20], [21, 50]]
+    params = [160, 4_800, 13_056, 17_216, 17_866]
+    assert report["methods"][name]["paper_flops"] == sum(
+        p * (b - a + 1) * 6 * 10 for p, (a, b) in zip(params, [ph["steps"] for ph in phases])
+    )
+    assert report["methods"][name]["upload_params"] == 17_866 * 6
+
+
+def test_a_config_running_a_row_adds_no_row(fedseq):
+    """fedseq-cost.yaml runs FedAvg, already a row; so is FedSeq vanilla (FedBABU's algorithm
+    under the schedule); FedAvg under the schedule is not, and is the first row."""
+    assert list(fedseq["methods"])[0] == "fedavg" and len(fedseq["methods"]) == 5
+    preset = cost_report(load_config(None, doc={**SMALL, "method": "fedseq-vanilla"}), 40)
+    assert list(preset["methods"]) == list(fedseq["methods"])
+    own = cost_report(load_config(None, doc={**SMALL, "schedule": "vanilla"}), 40)
+    assert list(own["methods"]) == ["fedavg+vanilla", *fedseq["methods"]]
+
+
+def test_table6_columns_line_up_and_the_upload_column_says_it_is_a_runs_total(fedseq):
+    lines = format_cost_report(fedseq).split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("method "))
+    table = lines[start : lines.index("", start)]
+    assert "over the run" in table[0]
+    assert len({len(line) for line in table}) == 1, table  # the last column right-aligned
+
+
+def test_cost_help_says_what_its_options_are():
+    from fedbug.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices)
+    helps = {
+        cmd: {o: a.help for a in sub.choices[cmd]._actions for o in a.option_strings}
+        for cmd in ("run", "sweep", "repair", "cost", "attack")
+    }
+    assert "sample" in helps["cost"]["--samples-per-client"]
+    assert "participation" in helps["cost"]["--participants"]
+    assert "--jobs" in helps["sweep"]["--import"] and "--jobs" in helps["run"]["--import"]
+    for cmd in ("repair", "cost", "attack"):
+        assert "--jobs" not in helps[cmd]["--import"] and "--ray" not in helps[cmd]["--import"]
+    assert "executor: processes" in helps["repair"]["--import"]

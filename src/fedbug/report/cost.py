@@ -8,7 +8,12 @@ Two tables, both from the config's model on its data set's input shape:
   memory (``peak_mem``: activations saved for backward, gradients and the config optimiser's
   state for the trained parameters, :class:`~fedbug.core.flops.StepMemory`), as each method's
   phases (and ``peak_mem``, their largest) give it too.
-* FedSeq Sec. 5.2 / Table 6 (``methods``): FedAvg, FedBABU, FedSeq vanilla and anti, FedROD.
+* FedSeq Sec. 5.2 / Table 6 (``methods``): the config's own method first (its algorithm,
+  policy and schedule, named as a sweep names it, :func:`~fedbug.report.groups.method_name`:
+  ``fedrep``, ``fedavg+bottom_up``), unless it is one of the others: FedAvg, FedBABU, FedSeq
+  vanilla and anti, FedROD. A method the config's model cannot run (FedBABU's head on a one-unit
+  model) is left out with why (``left_out``); the config's own method and FedAvg are not, nor
+  one the config's own ``head_units``, ``sublayers`` or ``unfreeze_rounds`` refuse.
   ``paper_flops`` is the paper's proxy, sum over rounds t of P(t) * B * E * N with P(t) the
   parameters trained in round t, B = ceil(samples_per_client / batch_size) batches, E local
   epochs and N clients (every client every round, as the paper counts; ``participants``: the
@@ -19,6 +24,8 @@ Two tables, both from the config's model on its data set's input shape:
   (with ``participants``, in the r share of rounds it is expected to join). A config's
   ``local_steps`` replaces B * E: B * E (or K) is each method's client session's own count
   (``local_step_count``, under the run's :func:`~fedbug.engine.experiment.train_settings`).
+  ``upload_params`` is a total over the run: each round a client uploads every shared unit
+  trained at any of its steps.
 
 The input shape, classes and input kind are the data set's declaration in the data registry
 (:func:`~fedbug.data.dataset_shape`, under the config's ``dataset_options``); Fig. 2's FLOPs are
@@ -27,10 +34,13 @@ the system model's count (:func:`~fedbug.system.freeze_flop_rows`).
 Each method is built as a run of it would be, by the real classes: its algorithm
 (:func:`~fedbug.algorithms.build_algorithm`: the model it wraps, e.g. FedROD's personal head,
 its loss on the example batch's labels, the units it allows and shares), and its units, layout
-and FedSeq's schedule by the engine's own builder (:mod:`fedbug.engine.build`: ``units``,
-``head_units``, ``sublayers``, ``rounds``, ``unfreeze_rounds``); a
-phase is a run of rounds whose first local step trains the same units (every method here trains
-the same units at every step of a round). The config's ``units`` name the model's submodules;
+and freezing (policy and FedSeq's schedule) by the engine's own builder
+(:mod:`fedbug.engine.build`: ``units``, ``head_units``, ``sublayers``, ``rounds``,
+``unfreeze_rounds``). A phase is a run of rounds whose local steps train the same units step by
+step, split where the units change within a round (``steps``: FedRep's head steps, then its base;
+FedBug unfreezing a unit more every few steps). A policy that decides from training (a probe at
+an epoch's end) is counted as it starts, with no data seen. The config's ``units`` name the
+model's submodules;
 a method that wraps the model finds them under their new names. The fine-tuning rounds after T
 are not counted (nor does the paper).
 """
@@ -41,7 +51,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -62,8 +72,9 @@ from fedbug.engine.counting import counting_session
 from fedbug.engine.experiment import train_settings
 from fedbug.errors import ConfigError
 from fedbug.models import build_model, model_kwargs
-from fedbug.policies import StepCtx, build_policy
+from fedbug.policies import FreezePolicy, StepCtx
 from fedbug.policies.schedule import RoundSchedule
+from fedbug.report.groups import method_name
 from fedbug.system import freeze_flop_rows
 
 # each a ``method:`` of a config (a preset, or an algorithm's name)
@@ -76,8 +87,14 @@ LABELS = {
     "fedrod": "FedROD",
 }
 DEFAULT_SAMPLES_PER_CLIENT = 500
+#: the keys the rows read that the config's method may not: set, a row refused refuses the report
+ROW_KEYS = frozenset({"head_units", "sublayers", "unfreeze_rounds"})
+UPLOAD_HEADER = "params uploaded/client over the run"
 
-Phases = list[tuple[int, int, tuple[int, ...]]]
+T = TypeVar("T")
+#: a round's local steps: (first step, last step, the units they train), runs of equal units
+Steps = tuple[tuple[int, int, tuple[int, ...]], ...]
+Phases = list[tuple[int, int, Steps]]
 
 
 def _example_batch(
@@ -104,10 +121,10 @@ def refused(cfg: Any, method: str) -> str | None:
     return ALGORITHMS.get(algorithm).check_config(cfg.model_copy(update={"algorithm": algorithm}))
 
 
-def round_phases(units_of_round: Callable[[int], tuple[int, ...]], rounds: int) -> Phases:
+def round_phases(units_of_round: Callable[[int], T], rounds: int) -> list[tuple[int, int, T]]:
     """Rounds 1..``rounds`` as phases (first round, last round, trained units): runs of
-    consecutive rounds that train the same units."""
-    phases: Phases = []
+    consecutive rounds that train the same units (also used for the steps of a round)."""
+    phases: list[tuple[int, int, T]] = []
     for t in range(1, rounds + 1):
         units = units_of_round(t)
         if phases and phases[-1][2] == units:
@@ -195,15 +212,19 @@ def _build(
     return Built(alg, parts.units, parts.space, parts.layout, session, flops, steps, per_epoch)
 
 
-def _phases(b: Built, schedule: RoundSchedule | None, s: Setting) -> Phases:
-    """The units of each round's first local step, as a client of the method trains them."""
-    policy = (schedule or build_policy("none")).start_client(b.session.task)
+def _phases(b: Built, freezing: FreezePolicy, s: Setting) -> Phases:
+    """The units each local step of each round trains, as a client of the method trains them
+    (its freeze policy's, less those its algorithm does not allow at that step)."""
+    policy = freezing.start_client(b.session.task)
 
-    def units_of_round(t: int) -> tuple[int, ...]:
-        step = StepCtx(1, b.steps, b.layout.policy_units, t, 0, s.rounds)
-        return tuple(sorted(step_units(policy, b.session, step, b.per_epoch, b.layout.extra)))
+    def steps_of_round(t: int) -> Steps:
+        def units(k: int) -> tuple[int, ...]:
+            step = StepCtx(k, b.steps, b.layout.policy_units, t, 0, s.rounds)
+            return tuple(sorted(step_units(policy, b.session, step, b.per_epoch, b.layout.extra)))
 
-    return round_phases(units_of_round, s.rounds)
+        return tuple(round_phases(units, b.steps))
+
+    return round_phases(steps_of_round, s.rounds)
 
 
 def _count(value: float) -> int:
@@ -223,32 +244,36 @@ def cost_report(
 
 
 def _method_phases(
-    b: Built, phases: Phases, x: torch.Tensor, y: torch.Tensor, copies: int, per_round: float
+    b: Built, phases: Phases, x: torch.Tensor, y: torch.Tensor, copies: int, clients: float
 ) -> list[dict[str, Any]]:
-    """Each phase of a method: the units it trains, their parameters (trained, uploaded), a
-    batch's measured FLOPs and step memory, and its rounds' FLOPs measured and by the paper's
-    proxy (parameters x batches; ``per_round``: the batches trained a round, all clients
-    counted)."""
+    """Each phase of a method (its rounds, and its steps within them): the units it trains,
+    their parameters (trained; uploaded: the shared ones no earlier step of the round trained,
+    as a round uploads each trained unit once), a batch's measured FLOPs and step memory, and
+    its FLOPs measured and by the paper's proxy (parameters x batches, ``clients`` counted)."""
     names = [u.name for u in b.units]
     params = b.space.unit_param_numel
     shared = b.algorithm.shared_mask(len(b.units))
     out = []
-    for first, last, trained in phases:
-        n_rounds = last - first + 1
-        p = sum(params[u] for u in trained)
-        step = b.flops.unit_cost(b.units, trained, x, y)
-        out.append(
-            {
-                "rounds": [first, last],
-                "units": [names[u] for u in trained],
-                "params": p,
-                "upload_params": sum(params[u] for u in trained if shared[u]),
-                "flops_batch": step.flops,
-                "paper_flops": _count(p * n_rounds * per_round),
-                "flops": _count(step.flops * n_rounds * per_round),
-                "peak_mem": step.memory(copies).total,
-            }
-        )
+    for first, last, steps in phases:
+        seen: set[int] = set()
+        for a, z, trained in steps:
+            batches = (z - a + 1) * (last - first + 1) * clients
+            p = sum(params[u] for u in trained)
+            step = b.flops.unit_cost(b.units, trained, x, y)
+            new, seen = set(trained) - seen, seen | set(trained)
+            out.append(
+                {
+                    "rounds": [first, last],
+                    "steps": [a, z],
+                    "units": [names[u] for u in trained],
+                    "params": p,
+                    "upload_params": sum(params[u] for u in new if shared[u]),
+                    "flops_batch": step.flops,
+                    "paper_flops": _count(p * batches),
+                    "flops": _count(step.flops * batches),
+                    "peak_mem": step.memory(copies).total,
+                }
+            )
     return out
 
 
@@ -296,29 +321,66 @@ class Counted:
     left_out: dict[str, str]
 
 
+def _row_configs(cfg: Any) -> dict[str, Any]:
+    """The config of each row: the config's own method first (named as a sweep names it)
+    unless a row of :data:`METHODS` runs the same algorithm, policy and schedule; each of
+    :data:`METHODS` with the config's options but no freeze policy of the config's."""
+    rows = {}
+    for method in METHODS:
+        doc = apply_method({"method": method})
+        update = {"algorithm": doc["algorithm"], "policy": "none"}
+        rows[method] = cfg.model_copy(update={**update, "schedule": doc.get("schedule", "none")})
+    own = (cfg.algorithm, cfg.policy, cfg.schedule)
+    if any((r.algorithm, r.policy, r.schedule) == own for r in rows.values()):
+        return rows
+    name = method_name(cfg.model_dump())
+    if name in rows:  # a preset's name over another policy: its parts name it
+        name = method_name({**cfg.model_dump(), "method": None})
+    return {name: cfg, **rows}
+
+
 def _count_methods(
     cfg: Any, s: Setting, model: nn.Module, x: torch.Tensor, y: torch.Tensor, copies: int
 ) -> Counted:
-    """Each method of :data:`METHODS` this config can run, counted as a run of it trains."""
-    share = s.clients / s.num_clients
+    """Each row this config can run, counted as a run of it trains; a row of :data:`METHODS`
+    its model cannot take is left out with why. FedAvg and the config's own method refuse, as
+    does any row where the config sets a key of :data:`ROW_KEYS` (the user's, to fix)."""
+    given = ROW_KEYS & cfg.model_fields_set
     counted = Counted({}, {}, [], {})
     counted.left_out = {m: why for m in METHODS if m != "fedavg" and (why := refused(cfg, m))}
-    for method in (m for m in METHODS if m not in counted.left_out):
-        doc = apply_method({"method": method})
-        algorithm, mode = doc["algorithm"], doc.get("schedule", "none")
-        if algorithm not in counted.builds:
-            counted.builds[algorithm] = _build(cfg, algorithm, model, x, y, s)
-        b = counted.builds[algorithm]
-        # the method's schedule alone: cost tables count no freeze policy of the config's
-        _, schedule = build_freezing(
-            cfg.model_copy(update={"policy": "none", "schedule": mode}), b.layout
-        )
-        if schedule is not None:
-            counted.schedules.append(schedule)
-        per_round = b.steps * s.clients  # batches trained a round, over all clients counted
-        out = _method_phases(b, _phases(b, schedule, s), x, y, copies, per_round)
-        counted.methods[method] = _method_totals(out, share)
+    rows = _row_configs(cfg)
+    for name, row in rows.items():
+        if name in counted.left_out:
+            continue
+        try:
+            counted.methods[name] = _count_method(row, counted, s, (model, x, y), copies)
+        except ConfigError as e:
+            if name == "fedavg" or name not in METHODS or given:
+                raise
+            counted.left_out[name] = str(e)
+        except ValueError as e:  # a session only a round can start (counting_session)
+            counted.left_out[name] = str(e)
     return counted
+
+
+def _count_method(
+    row: Any,
+    counted: Counted,
+    s: Setting,
+    example: tuple[nn.Module, torch.Tensor, torch.Tensor],
+    copies: int,
+) -> dict[str, Any]:
+    """One row's totals: its algorithm built (once per algorithm), its freezing on its
+    layout (:func:`~fedbug.engine.build.build_freezing`), its steps counted phase by phase."""
+    model, x, y = example
+    if row.algorithm not in counted.builds:
+        counted.builds[row.algorithm] = _build(row, row.algorithm, model, x, y, s)
+    b = counted.builds[row.algorithm]
+    freezing, schedule = build_freezing(row, b.layout)
+    if schedule is not None:
+        counted.schedules.append(schedule)
+    out = _method_phases(b, _phases(b, freezing, s), x, y, copies, s.clients)
+    return _method_totals(out, s.clients / s.num_clients)
 
 
 def _fig2_rows(plain: Built, x: torch.Tensor, y: torch.Tensor, copies: int) -> list[dict[str, Any]]:
@@ -392,13 +454,23 @@ def format_cost_report(report: dict[str, Any]) -> str:
     lines = [*_fig2_lines(report), "", *_table6_lines(report), "", *_measured_lines(report)]
     lines += ["", comparison_sentence(report)]
     for name, reason in report.get("left_out", {}).items():
-        lines.append(f"not counted: {LABELS[name]}, which this config cannot run ({reason})")
+        lines.append(f"not counted: {_label(name)}, which this config cannot run ({reason})")
     return "\n".join(lines)
 
 
 def _counted(report: dict[str, Any]) -> list[str]:
-    """The methods counted, in the table's order."""
-    return [n for n in METHODS if n in report["methods"]]
+    """The methods counted, in the table's order (the config's own first)."""
+    return list(report["methods"])
+
+
+def _label(name: str) -> str:
+    """A row's name in the text: FedSeq's for its methods, the sweep's for the config's."""
+    return LABELS.get(name, name)
+
+
+def _name_width(report: dict[str, Any]) -> int:
+    """The width of the rows' names: the longest (15 at least)."""
+    return max(15, *(len(_label(n)) for n in report["methods"]))
 
 
 def _fig2_lines(report: dict[str, Any]) -> list[str]:
@@ -434,16 +506,20 @@ def _table6_lines(report: dict[str, Any]) -> list[str]:
         f"({st['samples_per_client']} samples, {st['local_epochs']} epoch(s)), "
         f"{st['rounds']} rounds; sub-layers "
         + " | ".join("+".join(g) for g in st["sublayers"])
-        + f" unfreezing after rounds {st['unfreeze_rounds']}, head {'+'.join(st['head'])}",
-        f"{'method':<15} {'params trained per phase':<28} {'paper (params x batches)':>26} "
-        f"{'measured FLOPs':>24} {'upload params/client':>21}",
+        + f" unfreezing after rounds {st['unfreeze_rounds']}, head {'+'.join(st['head']) or '-'}",
     ]
-    for name in _counted(report):
+    names = _counted(report)
+    params = {n: " / ".join(f"{ph['params']:,}" for ph in methods[n]["phases"]) for n in names}
+    w, p = _name_width(report), max(28, *(len(v) for v in params.values()))
+    lines.append(
+        f"{'method':<{w}} {'params trained per phase':<{p}} {'paper (params x batches)':>26} "
+        f"{'measured FLOPs':>24}  {UPLOAD_HEADER}"
+    )
+    for name in names:
         m = methods[name]
-        params = " / ".join(f"{ph['params']:,}" for ph in m["phases"])
         lines.append(
-            f"{LABELS[name]:<15} {params:<28} {_billions(m['paper_flops']):>26} "
-            f"{_billions(m['flops']):>24} {m['upload_params']:>21,}"
+            f"{_label(name):<{w}} {params[name]:<{p}} {_billions(m['paper_flops']):>26} "
+            f"{_billions(m['flops']):>24}  {m['upload_params']:>{len(UPLOAD_HEADER)},}"
         )
     return lines
 
@@ -452,16 +528,17 @@ def _measured_lines(report: dict[str, Any]) -> list[str]:
     """Each method's FLOPs and step memory a batch, phase by phase."""
     st, methods = report["setting"], report["methods"]
     lines = [f"measured FLOPs a batch of {st['batch_size']} (forward + backward):"]
+    w = _name_width(report)
     for name in _counted(report):
         per = " / ".join(f"{ph['flops_batch']:,}" for ph in methods[name]["phases"])
         lines.append(
-            f"  {LABELS[name]:<15} {per}   ({_ratio(report, name, 'flops'):.3f}x FedAvg measured, "
+            f"  {_label(name):<{w}} {per}   ({_ratio(report, name, 'flops'):.3f}x FedAvg measured, "
             f"{_ratio(report, name, 'paper_flops'):.3f}x by the proxy)"
         )
     lines += ["", _memory_note(st)]
     for name in _counted(report):
         per = " / ".join(f"{ph['peak_mem']:,}" for ph in methods[name]["phases"])
-        lines.append(f"  {LABELS[name]:<15} {per}")
+        lines.append(f"  {_label(name):<{w}} {per}")
     return lines
 
 
@@ -509,16 +586,14 @@ def plot_cost(report: dict[str, Any], path: Path) -> None:
         (axes[0], "paper_flops", "paper proxy (params x batches)"),
         (axes[1], "flops", "measured (torch.utils.flop_counter)"),
     ):
-        for name in (n for n in METHODS if n in report["methods"]):
-            xs, ys, total = [0], [0.0], 0.0
+        for name in report["methods"]:
+            per_round = [0.0] * (rounds + 1)
             for ph in report["methods"][name]["phases"]:
                 first, last = ph["rounds"]
-                per = ph[key] / (last - first + 1)
                 for t in range(first, last + 1):
-                    total += per
-                    xs.append(t)
-                    ys.append(total / 1e9)
-            ax.plot(xs, ys, label=LABELS[name])
+                    per_round[t] += ph[key] / (last - first + 1)
+            totals = [sum(per_round[: t + 1]) / 1e9 for t in range(rounds + 1)]
+            ax.plot(range(rounds + 1), totals, label=_label(name))
         ax.set_xlim(0, rounds)
         ax.set_xlabel("round")
         ax.set_ylabel("cumulative FLOPs (billions)")
