@@ -10,7 +10,7 @@ one stderr line naming the file and pointing to ``fedbug repair``, no traceback,
 byte for byte as it was; never a hang (each example under SIGALRM). ``fedbug repair`` rebuilds a
 few damaged checkpoints equal to the original.
 
-``FEDBUG_FUZZ_EXAMPLES=N`` runs N random examples instead of the fixed ones (``derandomize``) of
+``FEDBUG_FUZZ_EXAMPLES=N`` runs N random examples instead of the fixed 100 (``derandomize``) of
 the default suite; ``-s`` prints the tally."""
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def check_outcome(runs: dict[str, Any], run_dir: Path, rc: int, err: str, before
 
 
 @settings(
-    max_examples=EXAMPLES or 150,
+    max_examples=EXAMPLES or 100,
     derandomize=not EXAMPLES,
     deadline=None,
     database=None,
