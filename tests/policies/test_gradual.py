@@ -156,3 +156,22 @@ def test_a_stage_too_short_to_freeze_anything_is_one_warning():
         "so a client with 2 local steps trains as under policy: none; raise gu_ratio or the "
         "local steps"
     ]
+
+
+def test_the_build_checks_one_step_context_warns_of_no_stage():
+    """The build's "trains no unit" check asks the policy about one step, a context no client
+    has: it warned of a one-step GU stage under every FedBug config (fedbug cost showed it),
+    and used up the policy's one warning for the clients that would deserve it."""
+    import warnings
+
+    from fedbug.engine import Experiment
+    from fedbug.engine.build import build_freezing
+
+    cfg = tiny_config(policy="bottom_up", bottom_up={"gu_ratio": 0.5})
+    layout = Experiment(cfg).layout
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        policy, _ = build_freezing(cfg, layout)
+        assert seen == []
+        policy.trainable_units(StepCtx(1, 1, layout.policy_units))  # a real one-step client
+    assert len(seen) == 1 and "GU stage of 0.5 x 1 local steps" in str(seen[0].message)

@@ -12,6 +12,8 @@ where the algorithm's wrapper puts them (FedROD's ``PersonalHeadModel`` holds th
 
 from __future__ import annotations
 
+import copy
+import warnings
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -141,19 +143,28 @@ def build_freezing(cfg: BaseConfig, layout: Layout) -> tuple[FreezePolicy, Round
     n = layout.policy_units
     policy = build_policy(cfg.policy, cfg.options(cfg.policy))
     policy.setup(layout)
-    if not len(policy.trainable_units(StepCtx(1, 1, n))):
+    if not _trains_any(policy, StepCtx(1, 1, n)):
         raise ConfigError(f"policy {cfg.policy!r} trains no unit of this model")
     if cfg.schedule == "none":
         return policy, None
     schedule = RoundSchedule.build(cfg.schedule, layout.sublayers, cfg.rounds, cfg.unfreeze_rounds)
     both = Intersection((policy, schedule))
     for t in sorted({t + 1 for t in schedule.unfreeze_rounds}):
-        if not len(both.trainable_units(StepCtx(1, 1, n, t, 0, cfg.rounds))):
+        if not _trains_any(both, StepCtx(1, 1, n, t, 0, cfg.rounds)):
             raise ConfigError(
                 f"policy {cfg.policy!r} under schedule {cfg.schedule!r} trains no unit in round "
                 f"{t}; use another policy or schedule"
             )
     return both, schedule
+
+
+def _trains_any(policy: FreezePolicy, ctx: StepCtx) -> bool:
+    """Whether ``policy`` trains a unit at ``ctx``, asked of a copy with its warnings off: the
+    check's one-step context is no client's, so what the policy would say of it (a GU stage
+    too short for one step) is not said, and the policy still says it for a real client."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return len(copy.deepcopy(policy).trainable_units(ctx)) > 0
 
 
 def classifier_of(model: nn.Module, example: Tensor, units: UnitNames | None = None) -> str:
