@@ -75,7 +75,8 @@ def _crc32_computed() -> contextlib.AbstractContextManager[Any]:
         from torch.utils.serialization import config
     except ImportError:
         return contextlib.nullcontext()
-    return config.patch({"save.compute_crc32": True})
+    # a config module torch installs at run time: its stub has no patch()
+    return config.patch({"save.compute_crc32": True})  # type: ignore[attr-defined]
 
 
 def _check_zip(payload: bytes, path: Path, fix: str) -> None:
