@@ -35,3 +35,16 @@ def test_a_session_only_a_round_starts_counts_the_algorithms_loss():
     exp = Experiment(tiny_config(algorithm="apf", **SYSTEM))
     loss = counting_loss(exp.cfg, exp.algorithm, torch.tensor([0, 1]), exp.mean_samples)
     assert loss == exp.algorithm.loss
+
+
+def test_a_session_that_fails_outside_a_round_is_counted_with_the_algorithms_loss():
+    """A user's session reading a payload it does not get here (KeyError) falls back as a
+    built-in one that refuses with a ValueError does."""
+    from types import SimpleNamespace
+
+    def start_client(task, labels):
+        return task.payload["c"]  # no payload outside a round
+
+    algorithm = SimpleNamespace(start_client=start_client, loss="the algorithm's loss")
+    cfg = tiny_config()
+    assert counting_loss(cfg, algorithm, None, 10.0) == "the algorithm's loss"

@@ -175,3 +175,14 @@ def test_the_build_checks_one_step_context_warns_of_no_stage():
         assert seen == []
         policy.trainable_units(StepCtx(1, 1, layout.policy_units))  # a real one-step client
     assert len(seen) == 1 and "GU stage of 0.5 x 1 local steps" in str(seen[0].message)
+
+
+def test_a_policy_that_cannot_be_copied_is_asked_itself():
+    """A user's policy holding a lock (deepcopy refuses it) still passes the build's check."""
+    import threading
+
+    from fedbug.engine.build import _trains_any
+
+    policy = BottomUp(0.5)
+    policy.lock = threading.Lock()  # type: ignore[attr-defined]
+    assert _trains_any(policy, StepCtx(1, 10, 3))

@@ -162,9 +162,13 @@ def _trains_any(policy: FreezePolicy, ctx: StepCtx) -> bool:
     """Whether ``policy`` trains a unit at ``ctx``, asked of a copy with its warnings off: the
     check's one-step context is no client's, so what the policy would say of it (a GU stage
     too short for one step) is not said, and the policy still says it for a real client."""
+    try:
+        asked = copy.deepcopy(policy)
+    except (TypeError, copy.Error):  # a user's policy holding a lock or a file: the policy itself
+        asked = policy
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return len(copy.deepcopy(policy).trainable_units(ctx)) > 0
+        return len(asked.trainable_units(ctx)) > 0
 
 
 def classifier_of(model: nn.Module, example: Tensor, units: UnitNames | None = None) -> str:

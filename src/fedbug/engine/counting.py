@@ -29,9 +29,10 @@ def counting_session(
 def counting_loss(cfg: Any, algorithm: Algorithm, labels: Tensor, samples: float) -> LossFn:
     """The loss of :func:`counting_session`. A session that only a round can start (one that
     needs the worker's runtime, the server's payload or the client's width: APF, Fjord and the
-    width methods refuse with a ValueError) is counted with the algorithm's own loss, the one
-    those sessions train with (HeteroFL's ``masked_loss`` only masks logits: no counted FLOPs)."""
+    width methods refuse with a ValueError; a user's session may fail otherwise, reading a payload
+    or a runtime it does not get here) is counted with the algorithm's own loss, the one those
+    sessions train with (HeteroFL's ``masked_loss`` only masks logits: no counted FLOPs)."""
     try:
         return counting_session(cfg, algorithm, labels, samples).loss
-    except ValueError:
+    except Exception:  # any session that cannot start outside a round: as before, the algorithm's
         return algorithm.loss
