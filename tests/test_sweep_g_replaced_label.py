@@ -76,3 +76,17 @@ def test_g_given_twice_for_one_key_is_refused_before_any_run(tmp_path, capsys):
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "-g lr given twice; give its values once: -g lr=0.1,0.2" in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_an_entry_whose_keys_a_cells_method_does_not_read_loses_its_label_too():
+    """FedAvg in a grid over FedProx's mu entries was labelled "mu small (algorithm=fedavg)"."""
+    grid = {
+        "algorithm": ["fedavg", "fedprox"],
+        "mu": [{"label": "mu small", "fedprox.mu": 0.01}, {"label": "mu big", "fedprox.mu": 0.1}],
+    }
+    cells, _ = expand_noted(dict(TINY_DOC), grid)
+    assert [c.label for c, _ in cells] == [
+        "algorithm=fedavg",
+        "mu small (algorithm=fedprox, fedprox.mu=0.01)",
+        "mu big (algorithm=fedprox, fedprox.mu=0.1)",
+    ]

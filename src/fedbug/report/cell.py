@@ -88,8 +88,13 @@ class Cell:
 
         values: dict[str, Any] = {}
         for k, v in self.values.items():
-            if is_variant_group(k, v):
-                values[k] = {kk: vv for kk, vv in v.items() if kk == LABEL or keep(kk)}
+            if is_variant_group(k, v):  # an entry that loses a key loses its label with it
+                cut = any(kk != LABEL and not keep(kk) for kk in v)
+                values[k] = {
+                    kk: vv
+                    for kk, vv in v.items()
+                    if (kk != LABEL and keep(kk)) or (kk == LABEL and not cut)
+                }
             elif keep(k):
                 values[k] = v
         return Cell(values, self.given, self.method)
