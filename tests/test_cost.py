@@ -405,3 +405,14 @@ def test_cost_help_says_what_its_options_are():
     for cmd in ("repair", "cost", "attack"):
         assert "--jobs" not in helps[cmd]["--import"] and "--ray" not in helps[cmd]["--import"]
     assert "executor: processes" in helps["repair"]["--import"]
+
+
+def test_under_full_upload_a_round_uploads_every_shared_unit():
+    """``upload: full``: FedSeq's rounds upload the whole shared base (as FedBABU's do), not
+    only the sub-layers they train (it counted partial uploads whatever the config said)."""
+    part = cost_report(load_config(None, doc=SMALL))["methods"]
+    full = cost_report(load_config(None, doc={**SMALL, "upload": "full"}))["methods"]
+    assert part["fedseq-vanilla"]["upload_params"] < part["fedbabu"]["upload_params"]
+    for name in ("fedseq-vanilla", "fedseq-anti", "fedbabu"):
+        assert full[name]["upload_params"] == full["fedbabu"]["upload_params"]
+    assert full["fedavg"]["upload_params"] == part["fedavg"]["upload_params"]

@@ -244,11 +244,18 @@ def cost_report(
 
 
 def _method_phases(
-    b: Built, phases: Phases, x: torch.Tensor, y: torch.Tensor, copies: int, clients: float
+    b: Built,
+    phases: Phases,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    copies: int,
+    clients: float,
+    full_upload: bool = False,
 ) -> list[dict[str, Any]]:
     """Each phase of a method (its rounds, and its steps within them): the units it trains,
     their parameters (trained; uploaded: the shared ones no earlier step of the round trained,
-    as a round uploads each trained unit once), a batch's measured FLOPs and step memory, and
+    as a round uploads each trained unit once; under ``upload: full`` every shared unit, counted
+    at a round's first step), a batch's measured FLOPs and step memory, and
     its FLOPs measured and by the paper's proxy (parameters x batches, ``clients`` counted)."""
     names = [u.name for u in b.units]
     params = b.space.unit_param_numel
@@ -261,6 +268,8 @@ def _method_phases(
             p = sum(params[u] for u in trained)
             step = b.flops.unit_cost(b.units, trained, x, y)
             new, seen = set(trained) - seen, seen | set(trained)
+            if full_upload:
+                new = set(range(len(params))) if a == steps[0][0] else set()
             out.append(
                 {
                     "rounds": [first, last],
@@ -379,7 +388,8 @@ def _count_method(
     freezing, schedule = build_freezing(row, b.layout)
     if schedule is not None:
         counted.schedules.append(schedule)
-    out = _method_phases(b, _phases(b, freezing, s), x, y, copies, s.clients)
+    full = row.upload == "full"
+    out = _method_phases(b, _phases(b, freezing, s), x, y, copies, s.clients, full)
     return _method_totals(out, s.clients / s.num_clients)
 
 
