@@ -10,11 +10,11 @@ import dataclasses
 
 import pytest
 import torch
+from tiny import tiny_config
 
 from fedbug.engine.client_task import client_task, lr_at
 from fedbug.engine.experiment import train_settings
 from fedbug.errors import ConfigError
-from tests.tiny import tiny_config
 
 
 def test_the_rate_decays_a_round_after_the_first():
