@@ -250,3 +250,16 @@ def test_a_reconstruction_that_diverged_is_scored_as_zeros_and_flagged(recorded_
     out = score(recorded_run, "diverged", up, x, up.labels)
     assert out["diverged"] is True and out["scored"]
     assert all(p["psnr"] == p["psnr"] for p in out["per_image"])  # finite numbers, not NaN
+
+
+def test_a_large_batchs_grid_wraps_at_ten_images_a_row(tmp_path):
+    """68 images were one row 9,520 pixels wide; now pairs of rows of at most 10."""
+    import struct
+
+    from fedbug.attack.scoring import save_grid
+
+    true = torch.rand(23, 1, 8, 8)
+    path = tmp_path / "grid.png"
+    save_grid(true, true.clone(), path)
+    width, height = struct.unpack(">II", path.read_bytes()[16:24])
+    assert width <= 1.4 * 10 * 100 + 1 and height >= 3 * 3 * 100 - 1, (width, height)

@@ -64,25 +64,37 @@ def label_recovery(true: Tensor, found: Tensor) -> float:
     return float(torch.minimum(t, f[: len(t)]).sum()) / max(1, true.numel())
 
 
+#: images a row of the attack's grid holds; a larger batch wraps onto more pairs of rows
+GRID_COLUMNS = 10
+
+
 def save_grid(true: Tensor, found: Tensor, path: Path | BinaryIO) -> None:
-    """A PNG: the true images in the top row, the reconstructions below, each scaled to the
-    true images' range."""
+    """A PNG: the true images in a row, their reconstructions in the row below, at most
+    :data:`GRID_COLUMNS` a row (a batch of 68 was one row 9,520 pixels wide), each scaled to
+    the true images' range."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n = true.shape[0]
+    cols = min(n, GRID_COLUMNS)
+    blocks = -(-n // cols)
     lo, hi = float(true.min()), float(true.max())
-    fig, axes = plt.subplots(2, n, figsize=(1.4 * n, 3), squeeze=False)
-    for row, (name, imgs) in enumerate((("true", true), ("reconstructed", found))):
-        for i in range(n):
-            ax = axes[row][i]
-            img = _as_numpy(imgs[i : i + 1].clamp(lo, hi))[0]
-            ax.imshow(img[..., 0] if img.shape[-1] == 1 else (img - lo) / (hi - lo), cmap="gray")
-            ax.set_xticks([])
-            ax.set_yticks([])
-        axes[row][0].set_ylabel(name)
+    fig, axes = plt.subplots(2 * blocks, cols, figsize=(1.4 * cols, 3 * blocks), squeeze=False)
+    for b in range(blocks):
+        for row, (name, imgs) in enumerate((("true", true), ("reconstructed", found))):
+            for j in range(cols):
+                ax, i = axes[2 * b + row][j], b * cols + j
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if i >= n:
+                    ax.axis("off")
+                    continue
+                img = _as_numpy(imgs[i : i + 1].clamp(lo, hi))[0]
+                gray = img[..., 0] if img.shape[-1] == 1 else (img - lo) / (hi - lo)
+                ax.imshow(gray, cmap="gray")
+            axes[2 * b + row][0].set_ylabel(name)
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)
