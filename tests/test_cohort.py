@@ -21,6 +21,18 @@ from fedbug.policies import POLICIES
 FLOATS = ("train_loss", "test_loss", "test_acc", "client_drift")
 
 
+#: unequal clients of one local epoch, one thread: where Adam's per-unit step counts differ
+#: between a group's clients (the Adam tests here and tests/test_optimizers.py)
+UNEQUAL_EPOCH = {
+    "partition": "iid",
+    "unbalanced_sigma": 0.8,
+    "local_steps": None,
+    "local_epochs": 1,
+    "batch_size": 8,
+    "threads": 1,
+}
+
+
 def pair_config(algorithm, policy, **over):
     has_global = ALGORITHMS.get(algorithm).has_global_model
     return tiny_config(
@@ -264,19 +276,7 @@ def test_fedseq_round_schedules(method):
 def test_adam_with_step_counts_per_client_and_unit(algorithm, policy, over):
     """Adam's bias corrections read each unit's own step count, which gradual unfreezing and
     unequal client sizes make differ between the clients of a group."""
-    cfg = pair_config(
-        algorithm,
-        policy,
-        optimizer="adam",
-        lr=0.01,
-        partition="iid",
-        unbalanced_sigma=0.8,
-        local_steps=None,
-        local_epochs=1,
-        batch_size=8,
-        threads=1,
-        **over,
-    )
+    cfg = pair_config(algorithm, policy, optimizer="adam", lr=0.01, **UNEQUAL_EPOCH, **over)
     assert_close_to_sequential(cfg)
 
 

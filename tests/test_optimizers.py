@@ -8,7 +8,7 @@ import typing
 
 import pytest
 import torch
-from test_cohort import assert_close_to_sequential, pair_config
+from test_cohort import UNEQUAL_EPOCH, assert_close_to_sequential, pair_config
 from tiny import TwoLayer, runtime
 
 from fedbug.config.schema import BaseConfig
@@ -42,18 +42,7 @@ def test_the_cohort_executor_gives_the_sequential_numbers_under_each(name):
     """The harness of tests/test_cohort.py (each unit within 1e-4 of its change), on the
     config its Adam test takes (one thread; unequal clients of one epoch)."""
     over = {"lr": 0.01} if name == "adam" else {"momentum": 0.9}
-    cfg = pair_config(
-        "fedavg",
-        "none",
-        optimizer=name,
-        partition="iid",
-        unbalanced_sigma=0.8,
-        local_steps=None,
-        local_epochs=1,
-        batch_size=8,
-        threads=1,
-        **over,
-    )
+    cfg = pair_config("fedavg", "none", optimizer=name, **UNEQUAL_EPOCH, **over)
     assert_close_to_sequential(cfg)
 
 
