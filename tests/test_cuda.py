@@ -182,3 +182,28 @@ def test_the_cohort_executor_on_the_gpu_follows_the_sequential_one(over, tol):
     )
     assert native < 1e-4
     assert gap < tol
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {},  # FedAvg with bottom-up unfreezing: a graph per unit set
+        {"algorithm": "scaffold", "momentum": 0.9, "policy": "none"},
+        {"algorithm": "feddecorr", "policy": "none"},
+    ],
+)
+def test_cuda_graphs_replay_the_eager_cohort_executors_numbers(over):
+    """cohort: {cuda_graphs: true} replays the vectorised gradient from graphs captured in the
+    first round (deterministic kernels: the eager executor's, recorded once); the numbers are the
+    eager cohort executor's (tests/test_cohort_graphs.py holds the data flow on the CPU)."""
+    ds = random_images()
+    kw = {"executor": "cohort", "rounds": 3, "local_steps": 6, **over}
+    w0 = ClientSide(cnn(device="cpu", **kw), dataset=ds).initial_weights()
+    eager = fedbug.run(cnn(**kw), dataset=ds)
+    graphed = fedbug.run(cnn(cohort={"cuda_graphs": True}, **kw), dataset=ds)
+    gap = moved_apart(graphed.weights, eager.weights, w0)
+    print(f"cuda_graphs - eager cohort on the GPU over the run's change: {gap:.1e}")
+    assert gap < 1e-6
+    assert without_timing(graphed.records)[-1]["test_acc"] == pytest.approx(
+        without_timing(eager.records)[-1]["test_acc"], abs=2e-3
+    )

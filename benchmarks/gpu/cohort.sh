@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The cohort executor on a GPU (issue 34, item 3), in one go (about 5 minutes on one H100):
+# The cohort executor on a GPU (issue 34, item 3), in one go (about 7 minutes on one H100):
 # its GPU equality test first (a crash shows in seconds), then workload W with the sequential
 # and the cohort executor beside the bare loop (autotuned, then deterministic), 1,000
 # participants a round of configs/scale-10k.yaml with both executors (the cohort one in chunks
 # sized to a memory budget), the vmapped gradient alone against other forms
 # (benchmarks/gpu/cohort_forms.py), and last what CUDA graphs and torch.compile would give the
-# sequential executor's step (benchmarks/gpu/step.py). Where the cohort executor's numbers part
-# from the sequential one's on a GPU: python -m benchmarks.gpu.cohort_gap.
+# sequential executor's step (benchmarks/gpu/step.py). The cohort executor runs eager and with
+# cohort.cuda_graphs (its vectorised gradient replayed from CUDA graphs) in each place. Where
+# the cohort executor's numbers part from the sequential one's on a GPU:
+# python -m benchmarks.gpu.cohort_gap.
 #
 #   bash benchmarks/gpu/cohort.sh OUT_DIR [W_ROUNDS]
 #
@@ -20,8 +22,8 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
-FEDBUG_TEST_GPU=1 timeout 120 "$py" -m pytest -q -rP -p no:cacheprovider tests/test_cuda.py \
-  -k cohort 2>&1 | tee "$out/cohort-test.log" | grep -E "passed|failed|error|cohort -" | tail -20
+FEDBUG_TEST_GPU=1 timeout 150 "$py" -m pytest -q -rP -p no:cacheprovider tests/test_cuda.py \
+  -k "cohort or cuda_graphs" 2>&1 | tee "$out/cohort-test.log" | grep -E "passed|failed|error|cohort -" | tail -20
 
 speed() {
   timeout 150 "$py" -m benchmarks.speed.speed --json --rounds "$rounds" "$@" > "$out/w.json" \
@@ -32,8 +34,10 @@ speed() {
 }
 speed --device cuda --nondeterministic
 speed --device cuda --nondeterministic --executor cohort
+speed --device cuda --nondeterministic --executor cohort --cuda-graphs
 speed --device cuda
 speed --device cuda --executor cohort
+speed --device cuda --executor cohort --cuda-graphs
 "$py" -c "
 import json, sys
 for line in open(sys.argv[1]):
@@ -46,10 +50,11 @@ for line in open(sys.argv[1]):
 data=yes
 "$py" -c "import sys; from fedbug.data.fashion_mnist import locate; sys.exit(locate() is None)" \
   || { echo "scale-10k skipped: no Fashion-MNIST here" | tee "$out/scale.txt"; data=; }
-for ex in ${data:+sequential cohort}; do
+for ex in ${data:+sequential cohort cohort-graphs}; do
   extra=(); [ "$ex" = cohort ] && extra=(-s cohort.memory_mb=20000)
+  [ "$ex" = cohort-graphs ] && extra=(-s cohort.memory_mb=10000 -s cohort.cuda_graphs=true)
   rm -rf "/tmp/gpu-scale-$ex"
-  timeout 240 "$py" -m fedbug.cli run configs/scale-10k.yaml -s device=cuda -s executor=$ex \
+  timeout 240 "$py" -m fedbug.cli run configs/scale-10k.yaml -s device=cuda -s executor=${ex%-graphs} \
     -s deterministic=false -s clients_per_round=1000 -s rounds=2 -s eval_every=2 "${extra[@]}" \
     --out "/tmp/gpu-scale-$ex" -q \
     && "$py" -c "import json,glob; rs=[json.loads(l) for l in open(glob.glob('/tmp/gpu-scale-$ex/*/metrics.jsonl')[0])]; print('scale-10k 1000/round $ex: train s per round', [round(r['time_train'],2) for r in rs], 'acc', rs[-1].get('test_acc'))" \
@@ -58,7 +63,9 @@ done
 
 # a cohort group step split into the vmapped gradient and the rest (W's model, batch 50 and 2)
 for b in 50 2; do
-  timeout 120 "$py" -m benchmarks.speed.cohort_step --device cuda --batch $b 2>&1 | tail -2
+  for g in "" --cuda-graphs; do
+    timeout 120 "$py" -m benchmarks.speed.cohort_step --device cuda --batch $b $g 2>&1 | tail -2
+  done
 done | tee "$out/cohort-step.txt"
 
 # the vmapped gradient alone (10 and 100 clients), eager and in a CUDA graph, beside a loop

@@ -13,6 +13,7 @@ GPU, each is a kernel launch).
 
     python -m benchmarks.speed.cohort_step --batch 2     # about 20 s
     python -m benchmarks.speed.cohort_step --batch 50 --device cuda
+    python -m benchmarks.speed.cohort_step --batch 50 --device cuda --cuda-graphs
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=2, help="samples a client a step (2)")
     ap.add_argument("--steps", type=int, default=20, help="group steps timed in all (20)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument(
+        "--cuda-graphs", action="store_true", help="cohort.cuda_graphs: the gradient in graphs"
+    )
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
                partition="iid", clients_per_round=10, rounds=2, local_steps=args.steps,
                batch_size=args.batch, lr=0.05, weight_decay=1e-3, eval_every=1000,
                count_flops=False, threads=1, executor="cohort", device=args.device,
-               deterministic=not cuda)  # fmt: skip
+               deterministic=not cuda, cohort={"cuda_graphs": args.cuda_graphs})  # fmt: skip
     Ex = cohort.CohortExecutor
     saved = {n: getattr(Ex, n) for n in ("group_step", "gradients", "train_chunk")}
     group: list[float] = []
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     counted(Ex, "group_step", whole)
     counted(Ex, "gradients", inner)
     engine.run_experiment(
-        load_config(None, doc={**doc, "local_steps": 2, "rounds": 1}), dataset=data
+        load_config(None, doc={**doc, "local_steps": 2, "rounds": 1, "cohort": {}}), dataset=data
     )
     for n, fn in saved.items():
         setattr(Ex, n, fn)

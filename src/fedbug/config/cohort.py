@@ -37,6 +37,13 @@ class CohortParams(BaseModel):
         description="a memory budget for a chunk, in MiB: as many clients as a full step's "
         "counted memory (activations, gradients) and their stacked vectors fit, at least one",
     )
+    cuda_graphs: bool = Field(
+        False,
+        description="on a CUDA device: capture the vectorised gradient once per group shape "
+        "(units, clients, batch) in a CUDA graph and replay it, one launch a step instead of "
+        "the gradient's kernels; each graph keeps its own activations' memory (not counted by "
+        "memory_mb)",
+    )
 
 
 def _vectorised(alg: type, hook: str) -> bool:
@@ -62,6 +69,11 @@ def cohort_incompatibility(cfg: Any) -> str | None:
             f"{cfg.algorithm} acts inside each client's step ({', '.join(hooks)}), which is not "
             f"vectorised yet; use one whose gradient terms are (fedavg, fedprox, feddyn, scaffold, "
             f"...) {fix}"
+        )
+    if cfg.cohort.cuda_graphs and not str(cfg.device).startswith(("cuda", "auto")):
+        return (
+            f"cohort: {{cuda_graphs: true}} captures CUDA graphs, and device: {cfg.device} has "
+            "none; set device: cuda (or auto, on a machine with a CUDA GPU) or cuda_graphs: false"
         )
     if cfg.precision != "fp32":
         return (

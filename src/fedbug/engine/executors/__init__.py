@@ -22,13 +22,15 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
         return SequentialExecutor(exp.make_runtime(), exp.client_data)
     if name == "cohort":
         from fedbug.engine.executors.cohort import CohortExecutor, refuse_model
+        from fedbug.engine.executors.graphs import GraphCache, capture_for
 
         runtime = exp.make_runtime()
         refuse_model(runtime.model, exp.space, exp.augmentation() is not None)
         params = exp.cfg.cohort
+        graphs = GraphCache(capture_for(runtime.device)) if params.cuda_graphs else None
         sizes = exp.sizes.__getitem__
         return CohortExecutor(
-            runtime, exp.client_data, params.max_clients, params.memory_mb, sizes=sizes
+            runtime, exp.client_data, params.max_clients, params.memory_mb, sizes, graphs
         )
     if name == "processes":
         from fedbug.engine.executors.processes import ProcessExecutor, WorkerSpec

@@ -41,6 +41,7 @@ from fedbug.engine.client import (
     unit_regions,
 )
 from fedbug.engine.executors.base import Executor
+from fedbug.engine.executors.graphs import GraphCache
 from fedbug.errors import ConfigError, first_line
 
 Step = tuple[tuple[int, ...], Tensor, Tensor]
@@ -82,8 +83,11 @@ class CohortExecutor(Executor):
         max_clients: int | None = None,
         memory_mb: float | None = None,
         sizes: Callable[[int], int] | None = None,
+        graphs: GraphCache | None = None,
     ) -> None:
         self.rt = runtime
+        #: the vectorised gradients' CUDA graphs (``cohort.cuda_graphs``); None: eager
+        self.graphs = graphs
         #: a client's number of samples (default: its data's length, read through client_data)
         self.sizes = sizes or (lambda c: len(client_data(c)))
         self._sample_bytes: int | None = None
@@ -224,32 +228,51 @@ class CohortExecutor(Executor):
         """Write into ``ctx.grads`` (zero outside ``units``) the gradients of each client's
         loss with the algorithm's term (``extra_loss``, run inside the vectorised map for one
         client, with that client's features); return each client's task loss, as the
-        sequential step records it."""
-        on = set(units)
-        rt, w = self.rt, ctx.weights
+        sequential step records it. Under ``cuda_graphs`` the map is replayed from a graph
+        captured for the group's units, number of clients and batch shapes."""
+        on, w = set(units), ctx.weights
+        fn = self.gradient_fn(on, ctx, loss)
+        try:
+            if self.graphs is None:
+                g, value = fn(w, x, y)
+            else:
+                key = (tuple(units), tuple(w.shape), tuple(x.shape), tuple(y.shape), y.dtype)
+                g, value = self.graphs(key, fn, w, x, y)
+        except RuntimeError as e:  # an impure loss or model: in-place updates, .item(), draws
+            raise ConfigError(
+                f"executor: cohort maps the loss and the model over the clients with "
+                f"torch.func.vmap{' in a CUDA graph' if self.graphs else ''}, which refused "
+                f"them ({first_line(e)[:200]}); make the loss a pure function of the output and "
+                "labels (no in-place updates of captured tensors, no .item()), or use executor: "
+                "sequential"
+            ) from None
+        finally:
+            self.rt._features = None  # the hook's capture lived inside the map
+        for n, o, k, _s, u in self.params:
+            if u in on:
+                ctx.grads[:, o : o + k] = g[n].reshape(len(w), k)
+        return value.detach()
+
+    def gradient_fn(
+        self, on: set[int], ctx: LocalCtx, loss: Any
+    ) -> Callable[[Tensor, Tensor, Tensor], tuple[dict[str, Tensor], Tensor]]:
+        """The group's gradients as a pure function of its stacked weights, batches and labels:
+        each trained parameter's gradient (stacked over the clients) and each client's task
+        loss. It reads nothing else that changes between steps (what a graph needs)."""
+        rt, params = self.rt, self.params
         model, alg = rt.model, rt.algorithm
-        trained = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in self.params if u in on}
-        fixed = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in self.params if u not in on}
 
         def client_loss(tr: dict[str, Tensor], fx: dict[str, Tensor], xb: Tensor, yb: Tensor):
             base = loss(functional_call(model, {**tr, **fx}, (xb,)), yb)
             return alg.extra_loss(ctx, base, rt._features), base
 
-        try:
+        def fn(w: Tensor, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+            trained = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in params if u in on}
+            fixed = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in params if u not in on}
             g, (_, value) = vmap(grad_and_value(client_loss, has_aux=True))(trained, fixed, x, y)
-        except RuntimeError as e:  # an impure loss or model: in-place updates, .item(), draws
-            raise ConfigError(
-                f"executor: cohort maps the loss and the model over the clients with "
-                f"torch.func.vmap, which refused them ({first_line(e)[:200]}); make the loss a "
-                "pure function of the output and labels (no in-place updates of captured tensors, "
-                "no .item()), or use executor: sequential"
-            ) from None
-        finally:
-            rt._features = None  # the hook's capture lived inside the map
-        for n, o, k, _s, u in self.params:
-            if u in on:
-                ctx.grads[:, o : o + k] = g[n].reshape(len(w), k)
-        return value.detach()
+            return g, value.detach()
+
+        return fn
 
 
 class Chunk:
