@@ -89,3 +89,25 @@ def recorded_run(tmp_path_factory: pytest.TempPathFactory):
         for name in ("plot_run", "plot_partition"):
             mp.setattr(f"fedbug.engine.run_folder.{name}", lambda *a, **k: None)
         return run(load_config(None, sets), tmp_path_factory.mktemp("att") / "run").run_dir
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory: pytest.TempPathFactory):
+    """A finished two-seed sweep (digits/mlp, 2 rounds; about 3 s) of ``sweep.yaml`` into
+    ``out``, its cells ``base-s0`` and ``base-s1`` without per-run plots: the config file's
+    folder. The reliability drills of ``sweep --resume`` share it."""
+    import yaml
+
+    from fedbug.cli import main
+
+    root = tmp_path_factory.mktemp("sweep")
+    doc = {"name": "s20", "dataset": "digits", "model": "mlp", "num_clients": 4,
+           "clients_per_round": 2, "rounds": 2, "local_steps": 1, "batch_size": 8,
+           "count_flops": False, "threads": 1}  # fmt: skip
+    (root / "sweep.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.MonkeyPatch.context() as mp:  # no per-run plots (most of a tiny run's time)
+        for name in PLOTS:
+            mp.setattr(f"{PLOTS_MODULE}.{name}", _no_plot)
+        argv = ["sweep", str(root / "sweep.yaml"), "--seeds", "2", "--out", str(root / "out")]
+        assert main([*argv, "-q"]) == 0
+    return root

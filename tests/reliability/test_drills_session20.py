@@ -136,22 +136,7 @@ def test_an_update_its_config_could_give_is_still_attacked(
 # ---------------------------------------------------------------- sweep --resume's summaries
 
 
-SWEEP = {"name": "s20", "dataset": "digits", "model": "mlp", "num_clients": 4,
-         "clients_per_round": 2, "rounds": 2, "local_steps": 1, "batch_size": 8,
-         "count_flops": False, "threads": 1}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def finished_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished two-seed sweep (about 3 s): its config file's folder."""
-    root = tmp_path_factory.mktemp("sweep")
-    (root / "sweep.yaml").write_text(yaml.safe_dump(SWEEP))
-    with pytest.MonkeyPatch.context() as mp:  # no per-run plots (most of a tiny run's time)
-        for name in ("plot_run", "plot_partition"):
-            mp.setattr(f"fedbug.engine.run_folder.{name}", lambda *a, **k: None)
-        argv = ["sweep", str(root / "sweep.yaml"), "--seeds", "2", "--out", str(root / "out")]
-        assert main([*argv, "-q"]) == 0
-    return root
+# finished_sweep (a finished two-seed sweep, its cells base-s0 and base-s1): tests/conftest.py
 
 
 def _digests(folder: Path) -> dict[str, str]:
