@@ -5,7 +5,8 @@ folders are not a report's to write into, and what a killed report left there.
 exit 2), since the report's ``accuracy.png`` would replace theirs (a user reads a run folder's
 files as that run's; names that cannot collide would make a report folder unlike every other).
 Each file is written atomically; the temporary files of a report that was killed while it wrote
-(``.report.json.tmp-PID``, its process gone) are removed by the next report into that folder.
+(``.report.json.tmp-PID``, its process gone) are removed by the next report into that folder,
+and a sweep's (``.sweep.json.tmp-PID``) by the next sweep into its folder.
 """
 
 from __future__ import annotations
@@ -18,22 +19,22 @@ from fedbug.report.figures import figure_names
 from fedbug.report.table4 import PFL_FIGURES
 from fedbug.results import TMP_MARK, pid_alive
 
-#: the files a report may write in its --out (which of the figures depends on the runs, and
-#: in which formats on --format)
-REPORT_FILES = (
-    "report.md",
-    "report.json",
-    *figure_names(
-        (
-            "accuracy",
-            "accuracy_time",
-            "round_length",
-            "beta",
-            "participation",
-            *(Path(name).stem for name in PFL_FIGURES),
-        )
-    ),
+#: the figures a report may write (which of them depends on the runs, and in which formats on
+#: --format)
+FIGURE_FILES = figure_names(
+    (
+        "accuracy",
+        "accuracy_time",
+        "round_length",
+        "beta",
+        "participation",
+        *(Path(name).stem for name in PFL_FIGURES),
+    )
 )
+#: the files a report may write in its --out
+REPORT_FILES = ("report.md", "report.json", *FIGURE_FILES)
+#: the files a sweep writes in its own folder beside its runs' folders
+SWEEP_FILES = ("sweep.md", "sweep.json", *FIGURE_FILES)
 #: a file that makes a folder a run's own, or a sweep's: no report is written there
 OWNED_BY = {
     "summary.json": "run",
@@ -57,11 +58,18 @@ def prepare_out(out: Path) -> list[Path]:
                 f"accuracy.png would replace the {whose}'s own; give the report a folder of its "
                 f"own, e.g. --out {str(out / 'report')!r}"
             )
+    return remove_dead_temps(out, REPORT_FILES)
+
+
+def remove_dead_temps(out: Path, names: tuple[str, ...]) -> list[Path]:
+    """Remove from ``out`` the temporary files (``.NAME.tmp-PID``) of writers of ``names`` that
+    are gone (killed mid-write); returns those removed. Another file's, or a live writer's, is
+    left alone."""
     removed = []
     for p in out.glob(f".*{TMP_MARK}*"):
         name, _, pid = p.name[1:].rpartition(TMP_MARK)
-        if name not in REPORT_FILES or not (pid.isascii() and pid.isdigit() and len(pid) <= 10):
-            continue  # not a report's, or not a pid: not ours to remove
+        if name not in names or not (pid.isascii() and pid.isdigit() and len(pid) <= 10):
+            continue  # not one of names, or not a pid: not ours to remove
         if not pid_alive(int(pid)):
             with contextlib.suppress(OSError):
                 p.unlink()

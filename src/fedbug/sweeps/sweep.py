@@ -32,6 +32,7 @@ from fedbug.report.groups import group_runs as group_runs
 from fedbug.report.groups import method_name as method_name
 from fedbug.report.groups import read_sweep_cells as read_sweep_cells
 from fedbug.report.groups import sweep_order as sweep_order
+from fedbug.report.out_folder import SWEEP_FILES, remove_dead_temps
 from fedbug.report.plain import plain_report, report_groups
 from fedbug.report.table import diverged_label as diverged_label
 from fedbug.report.table import format_table as format_table
@@ -303,6 +304,7 @@ def run_sweep(
     if None not in unused:  # none where a cell runs executor: cohort (the block is read)
         warnings.warn(str(unused[0]), stacklevel=2)
     out.mkdir(parents=True, exist_ok=True)
+    remove_dead_temps(out, SWEEP_FILES)  # a sweep killed while it wrote its table or figures
     jobs = [
         (seeded, run_folder(out, cell, seeded.seed))
         for cell, cfg in cells
