@@ -342,7 +342,8 @@ def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
     the same config and seed give the same numbers); None otherwise. A damaged one (summary.json or
     metrics.jsonl), or one whose summary disagrees with its folder as ``fedbug report`` checks it
     (:func:`~fedbug.engine.run_folder.checked_run`: its figures edited, checksum and all), is a
-    :class:`~fedbug.errors.ResultsError` naming the file, not a shorter history or a wrong row."""
+    :class:`~fedbug.errors.ResultsError` naming the file, not a shorter history or a wrong row.
+    What a killed writer left in the folder (``.lock``) is removed (:meth:`RunDir.tidy`)."""
     from fedbug.config import config_hash
     from fedbug.engine.run_folder import checked_run
     from fedbug.results import RunDir
@@ -355,4 +356,6 @@ def finished_run(cfg: Any, run_dir: Path) -> dict[str, Any] | None:
     if not ended or summary.get("config_hash") != config_hash(cfg):
         return None
     fix = "move the folder away and run the sweep again with --resume (it runs that one again)"
-    return checked_run(rd, f"{fix}, or restore the run's own summary.json from a copy")
+    run = checked_run(rd, f"{fix}, or restore the run's own summary.json from a copy")
+    rd.tidy()  # the .lock of a sweep killed as the run ended: no run takes this folder again
+    return run

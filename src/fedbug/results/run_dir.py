@@ -60,6 +60,19 @@ class RunDir(RunFolderLock):
                 removed.append(p)
         return removed
 
+    def tidy(self) -> list[Path]:
+        """Remove what a killed writer left in a folder no run will lock again (a finished
+        sweep cell that ``sweep --resume`` reads back): its ``.lock`` and temporary files, under
+        the folder's lock, taken and released here. A folder with neither is not touched.
+        Returns the temporary files removed."""
+        if not self.lock_path.exists() and not any(self.path.glob(f".*{TMP_MARK}*")):
+            return []
+        self.acquire_lock()
+        try:
+            return self.remove_stale_temps()
+        finally:
+            self.release_lock()
+
     def write_json(self, name: str, obj: Any) -> None:
         """Write ``name`` atomically; ``summary.json`` gets its checksum (:data:`CRC_KEY`)."""
         self.check_held()
