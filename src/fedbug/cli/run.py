@@ -255,6 +255,7 @@ def sweep_job(
     the rounds (in this process only)."""
     from fedbug.api import run
     from fedbug.config.cohort import UNUSED_COHORT
+    from fedbug.engine.run_folder import NOTHING_TO_RESUME
     from fedbug.errors import DivergenceError
     from fedbug.results import RunDir
 
@@ -265,6 +266,8 @@ def sweep_job(
     try:
         with warnings.catch_warnings():  # said once for the whole sweep (run_sweep)
             warnings.filterwarnings("ignore", message=UNUSED_COHORT)
+            # a cell killed before it wrote its config.yaml starts again, as one not yet begun
+            warnings.filterwarnings("ignore", message=NOTHING_TO_RESUME)
             return _result(run(cfg, run_dir, resume=again, on_round=on_round, on_phase=on_phase))
     except DivergenceError:
         return RunDir(run_dir).read_run()

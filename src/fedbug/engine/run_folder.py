@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from fedbug.engine.states import ClientStates, LocalModelMean
 
 _CHECKPOINT_KEYS = ("round", "weights", "server_state", "client_states", "simulation")
+#: how the warning of a ``--resume`` that finds no run in its folder begins (a sweep's cell
+#: killed before it wrote its config starts again without it, as a cell not yet begun does)
+NOTHING_TO_RESUME = "nothing to resume in"
 
 
 def check_checkpoint_fits(
@@ -138,7 +141,7 @@ def open_run(
         # killed before its first checkpoint: round 1 again, as an uninterrupted run did
         if resume and not (rd.path / "config.yaml").exists():
             warnings.warn(
-                f"nothing to resume in {str(rd.path)!r} (no run was started there): starting a "
+                f"{NOTHING_TO_RESUME} {str(rd.path)!r} (no run was started there): starting a "
                 "new run",
                 stacklevel=4,
             )
