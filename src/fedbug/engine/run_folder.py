@@ -212,10 +212,12 @@ def save_checkpoint(
 def write_summary(
     rd: RunDir, cfg: BaseConfig, summary: dict[str, Any], records: list[dict[str, Any]]
 ) -> None:
-    """summary.json and the accuracy plot of the records."""
-    rd.write_json("summary.json", summary)
+    """The accuracy plot of the records, then summary.json: the summary is the run's last
+    file, so a folder that holds one holds the rest (``sweep --resume`` reads such a run back
+    instead of running it; a run killed before its summary resumes from its checkpoint)."""
     if records:
         plot_run(records, rd.path / "accuracy.png", f"{cfg.name} (seed {cfg.seed})")
+    rd.write_json("summary.json", summary)
 
 
 def _finished(rd: RunDir, chash: str) -> bool:
