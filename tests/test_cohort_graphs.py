@@ -10,12 +10,12 @@ The capture itself is tested on a GPU (tests/test_cuda.py)."""
 import pytest
 import torch
 from test_cohort import UNEQUAL_EPOCH
-from tiny import method_needs, tiny_config, without_timing
-from torch.utils._pytree import tree_flatten
+from tiny import method_needs, tiny_config, user_data_config, without_timing
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fedbug.engine import run_experiment
 from fedbug.engine.executors import graphs
-from fedbug.engine.executors.graphs import GraphCache, StaticCall
+from fedbug.engine.executors.graphs import ALIGN, GraphCache, StaticCall, aligned_like, layout
 from fedbug.errors import ConfigError
 
 
@@ -34,14 +34,38 @@ def replayed_closure(fn):
     return replay, out
 
 
+def pooled_closure(pool):
+    """The stand-in with one memory pool for all its "graphs", as the executor's CUDA graphs
+    share one: every capture's outputs are views at the start of the same buffer, so a replay
+    overwrites what any other graph returned (the executor must read a group's gradient before
+    the next group's replay)."""
+
+    def capture(fn):
+        flat, spec = tree_flatten(fn())
+        if "buffer" not in pool:
+            pool["buffer"] = torch.empty(1 << 22)
+        views, at = [], 0
+        for t in flat:
+            views.append(pool["buffer"][at : at + t.numel()].view_as(t).copy_(t))
+            at += t.numel()
+
+        def replay():
+            for v, f in zip(views, tree_flatten(fn())[0], strict=True):
+                v.copy_(f)
+
+        return replay, tree_unflatten(views, spec)
+
+    return capture
+
+
 @pytest.fixture
-def captures(monkeypatch):
-    """Every cohort executor built here captures with the stand-in; yields the caches made."""
-    made = []
+def captures(monkeypatch, request):
+    """Every cohort executor built here captures with a stand-in (each graph its own outputs;
+    parametrized indirectly with "pooled": all in one pool); yields the caches made."""
+    pooled = getattr(request, "param", "own") == "pooled"
 
     def capture_for(device):
-        made.append(device)
-        return replayed_closure
+        return pooled_closure({}) if pooled else replayed_closure
 
     monkeypatch.setattr(graphs, "capture_for", capture_for)
     caches = []
@@ -63,7 +87,7 @@ def test_a_static_call_copies_its_inputs_and_returns_the_captures_outputs():
         return {"sum": a + b}, a * b
 
     a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])
-    call = StaticCall(fn, [a, b], replayed_closure)
+    call = StaticCall(fn, [a.clone(), b.clone()], replayed_closure)
     first = call(a, b)
     assert first[0]["sum"].tolist() == [4.0, 6.0] and first[1].tolist() == [3.0, 8.0]
     again = call(torch.tensor([10.0, 20.0]), torch.tensor([1.0, 0.5]))
@@ -74,7 +98,12 @@ def test_a_static_call_copies_its_inputs_and_returns_the_captures_outputs():
         call(a)  # one input short: refused, not replayed on a stale buffer
 
 
-def test_a_cache_captures_once_per_key_and_runs_eagerly_beyond_its_limit():
+def fresh(*values):
+    """A new tensor of ``values`` (a new allocation: 64-byte aligned on the CPU)."""
+    return torch.tensor(values)
+
+
+def test_a_cache_captures_a_key_at_its_second_call_and_runs_eagerly_beyond_its_limit():
     captured = []
 
     def counting(fn):
@@ -83,15 +112,31 @@ def test_a_cache_captures_once_per_key_and_runs_eagerly_beyond_its_limit():
 
     cache = GraphCache(counting, limit=2)
     double = lambda t: t * 2  # noqa: E731
-    x = torch.ones(3)
-    assert cache("a", double, x).tolist() == [2.0] * 3
-    assert cache("a", double, x + 1).tolist() == [4.0] * 3
-    assert cache("b", double, x).tolist() == [2.0] * 3
+    x = fresh(1.0, 1.0, 1.0)
+    assert cache("a", double, x).tolist() == [2.0] * 3  # first call: eager, no capture
+    assert not captured and not cache.calls
+    assert cache("a", double, fresh(2.0, 3.0, 4.0)).tolist() == [4.0, 6.0, 8.0]  # captured
+    assert cache("a", double, fresh(0.0, 1.0, 2.0)).tolist() == [0.0, 2.0, 4.0]  # replayed
+    assert len(captured) == 1 and x.tolist() == [1.0] * 3
+    for key in ("b", "b"):
+        assert cache(key, double, x).tolist() == [2.0] * 3
     assert len(captured) == 2
+    cache("a", double, x[1:])  # another shape and alignment: another graph's first call
+    cache("c", double, x)  # met once: eager, no warning yet
     with pytest.warns(UserWarning, match="keeps 2 graphs"):
         assert cache("c", double, x * 5).tolist() == [10.0] * 3
-    assert cache("d", double, x).tolist() == [2.0] * 3  # one warning, then silent
+    assert cache("c", double, x).tolist() == [2.0] * 3  # one warning, then silent
     assert len(captured) == 2 and cache.eager_calls == 2
+    (a, b) = cache.calls.values()
+    assert a.inputs[0] is b.inputs[0]  # one input buffer per layout
+
+
+def test_a_buffer_repeats_its_inputs_strides_and_alignment():
+    t = torch.zeros(4, 40)[:, 3:].t()  # neither contiguous nor aligned
+    b = aligned_like(t)
+    assert b.shape == t.shape and b.stride() == t.stride()
+    assert b.data_ptr() % ALIGN == t.data_ptr() % ALIGN == 12
+    assert layout(b) == layout(t)
 
 
 @pytest.mark.parametrize(
@@ -122,7 +167,10 @@ def test_graphed_gradients_equal_the_eager_cohort_executor_to_the_bit(captures, 
     assert without_timing(graphed.records) == without_timing(eager.records)
 
 
+@pytest.mark.parametrize("captures", ["own", "pooled"], indirect=True)
 def test_each_unit_set_and_group_shape_has_its_own_graph(captures):
+    """Unequal clients under gradual unfreezing: graphs of several unit sets, group sizes and
+    batch shapes, replayed in turn; pooled, each replay overwrites the others' outputs."""
     cfg = tiny_config(
         executor="cohort",
         cohort={"cuda_graphs": True},
@@ -130,13 +178,18 @@ def test_each_unit_set_and_group_shape_has_its_own_graph(captures):
         bottom_up={"gu_ratio": 0.5},
         **UNEQUAL_EPOCH,
     )
-    run_experiment(cfg)
+    eager = run_experiment(
+        cfg.model_copy(update={"cohort": cfg.cohort.model_copy(update={"cuda_graphs": False})})
+    )
+    graphed = run_experiment(cfg)
+    assert torch.equal(graphed.weights, eager.weights)
     (cache,) = captures
-    units = {key[0] for key in cache.calls}
-    shapes = {key[1:4] for key in cache.calls}
+    assert cache.calls and set(cache.calls) <= set(cache.uses)
+    units = {units for units, _ in cache.uses}
+    (w, x, _y) = zip(*(layouts for _, layouts in cache.uses))
     assert len(units) > 1  # the frozen prefix shrinks: one graph per trained set
-    assert len({s[0][0] for s in shapes}) > 1  # fewer clients once shorter rounds end
-    assert len({s[1][1] for s in shapes}) > 1  # a short last batch
+    assert len({shape[0] for shape, *_ in w}) > 1  # fewer clients once shorter rounds end
+    assert len({shape[1] for shape, *_ in x}) > 1  # a short last batch
 
 
 def test_cuda_graphs_on_a_device_without_cuda_is_one_line(tmp_path):
@@ -150,3 +203,23 @@ def test_cuda_graphs_on_a_device_without_cuda_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"device is cpu; set device: cuda on a machine"):
         run_experiment(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_channels_last_batch_keeps_its_layout_in_the_graphs_buffer(captures):
+    """Three-channel images go in channels_last: the graph's batch buffer has the batch's
+    strides, so it runs the eager call's convolution kernels (a contiguous copy ran others,
+    1e-6 apart, which a max-pool tie or a ReLU turns into a 2% gradient)."""
+    from test_cuda import random_images
+
+    ds = random_images(n_train=48, n_test=16)
+    doc = dict(
+        model="standard_cnn", executor="cohort", clients_per_round=3, num_clients=6, batch_size=4,
+        local_steps=None, local_epochs=1, unbalanced_sigma=0.8, count_flops=False,
+    )  # fmt: skip
+    cfg = user_data_config(**doc)
+    eager = run_experiment(cfg, dataset=ds)
+    graphed = run_experiment(user_data_config(**doc, cohort={"cuda_graphs": True}), dataset=ds)
+    (cache,) = captures
+    batches = [b for (_, (shape, *_)), b in cache.buffers.items() if len(shape) == 5]
+    assert batches and all(b.stride()[2] == 1 for b in batches)  # channels vary fastest
+    assert cache.calls and torch.equal(graphed.weights, eager.weights)

@@ -190,20 +190,42 @@ def test_the_cohort_executor_on_the_gpu_follows_the_sequential_one(over, tol):
         {},  # FedAvg with bottom-up unfreezing: a graph per unit set
         {"algorithm": "scaffold", "momentum": 0.9, "policy": "none"},
         {"algorithm": "feddecorr", "policy": "none"},
+        # unequal clients: groups that shrink, at rows past the first (other alignment)
+        {"unbalanced_sigma": 0.8, "local_steps": None, "local_epochs": 1, "partition": "iid"},
     ],
 )
 def test_cuda_graphs_replay_the_eager_cohort_executors_numbers(over):
-    """cohort: {cuda_graphs: true} replays the vectorised gradient from graphs captured in the
-    first round (deterministic kernels: the eager executor's, recorded once); the numbers are the
-    eager cohort executor's (tests/test_cohort_graphs.py holds the data flow on the CPU)."""
+    """cohort: {cuda_graphs: true} replays the vectorised gradient from graphs captured at a
+    shape's second use, on input buffers of the inputs' strides and alignment (so the kernels
+    the eager call chooses); the numbers are the eager cohort executor's (to the bit on the CPU;
+    held here within 1e-5 of the run's change, and the figure printed), and graphs were made
+    (tests/test_cohort_graphs.py holds the data flow on the CPU)."""
+    from fedbug.engine.executors.graphs import GraphCache
+
+    made: list[GraphCache] = []
+    init = GraphCache.__init__
+
+    def keep(self: GraphCache, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
     ds = random_images()
     kw = {"executor": "cohort", "rounds": 3, "local_steps": 6, **over}
     w0 = ClientSide(cnn(device="cpu", **kw), dataset=ds).initial_weights()
     eager = fedbug.run(cnn(**kw), dataset=ds)
-    graphed = fedbug.run(cnn(cohort={"cuda_graphs": True}, **kw), dataset=ds)
+    GraphCache.__init__ = keep  # type: ignore[method-assign]
+    try:
+        graphed = fedbug.run(cnn(cohort={"cuda_graphs": True}, **kw), dataset=ds)
+    finally:
+        GraphCache.__init__ = init  # type: ignore[method-assign]
     gap = moved_apart(graphed.weights, eager.weights, w0)
-    print(f"cuda_graphs - eager cohort on the GPU over the run's change: {gap:.1e}")
-    assert gap < 1e-6
+    (cache,) = made
+    print(
+        f"cuda_graphs - eager cohort on the GPU over the run's change: {gap:.1e} "
+        f"({len(cache.calls)} graphs, {cache.eager_calls} eager calls past the limit)"
+    )
+    assert cache.calls
+    assert gap < 1e-5
     assert without_timing(graphed.records)[-1]["test_acc"] == pytest.approx(
         without_timing(eager.records)[-1]["test_acc"], abs=2e-3
     )

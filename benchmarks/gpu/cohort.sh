@@ -11,19 +11,26 @@
 # python -m benchmarks.gpu.cohort_gap.
 #
 #   bash benchmarks/gpu/cohort.sh OUT_DIR [W_ROUNDS]
+#   PARTS="test w step" bash benchmarks/gpu/cohort.sh OUT_DIR 4    # then PARTS="scale forms seq"
 #
 # Run from the repository root with fedbug importable and pytest installed (PYTHON=... picks
 # the interpreter). Writes OUT_DIR/cohort-test.log, cohort-speed.jsonl (one JSON line per W
-# variant), scale.txt, cohort-step.txt, forms.txt and step.json. W_ROUNDS: W's rounds, the first a warm-up (default 4).
+# variant), scale.txt, cohort-step.txt, forms.txt and step.json. W_ROUNDS: W's rounds, the
+# first a warm-up (default 4). PARTS (default all: test w step scale forms seq) picks what
+# runs, in that order; all of it is about 8 minutes on an H100, beyond one 600-second call
+# with a machine's start, so split it in two calls on the warm machine as above.
 set -uo pipefail
 out=${1:?usage: bash benchmarks/gpu/cohort.sh OUT_DIR [W_ROUNDS]}
 rounds=${2:-4}
+parts=" ${PARTS:-test w step scale forms seq} "
+part() { [[ "$parts" == *" $1 "* ]]; }
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
-FEDBUG_TEST_GPU=1 timeout 150 "$py" -m pytest -q -rP -p no:cacheprovider tests/test_cuda.py \
-  -k "cohort or cuda_graphs" 2>&1 | tee "$out/cohort-test.log" | grep -E "passed|failed|error|cohort -" | tail -20
+part test && FEDBUG_TEST_GPU=1 timeout 150 "$py" -m pytest -q -rP -p no:cacheprovider \
+  tests/test_cuda.py -k "cohort or cuda_graphs" 2>&1 | tee "$out/cohort-test.log" \
+  | grep -E "passed|failed|error|cohort -|cuda_graphs -" | tail -20
 
 speed() {
   timeout 150 "$py" -m benchmarks.speed.speed --json --rounds "$rounds" "$@" > "$out/w.json" \
@@ -32,6 +39,7 @@ speed() {
     || { echo "benchmarks.speed.speed $* failed:"; tail -8 "$out/w.err"; }
   rm -f "$out/w.json" "$out/w.err"
 }
+if part w; then
 speed --device cuda --nondeterministic
 speed --device cuda --nondeterministic --executor cohort
 speed --device cuda --nondeterministic --executor cohort --cuda-graphs
@@ -45,14 +53,27 @@ for line in open(sys.argv[1]):
     f, b = d['fedbug'], d['bare']
     print(' '.join(d['args']), '| fedbug train %.3f s (%.0f samples/s) round %.3f s | bare train %.3f s | ratio_train %.2f' % (f['train'], f['samples_per_s_train'], f['wall'], b['train'], d['ratio_train']))
 " "$out/cohort-speed.jsonl"
+fi
 
-# 1,000 participants a round of scale-10k (2 rounds; needs Fashion-MNIST on the machine)
+# a cohort group step split into the vmapped gradient and the rest (W's model, batch 50 and 2)
+if part step; then
+  for b in 50 2; do
+    for g in "" --cuda-graphs; do
+      echo "cohort_step --batch $b ${g:-(eager)}:"
+      timeout 120 "$py" -m benchmarks.speed.cohort_step --device cuda --batch $b $g 2>&1 | tail -2
+    done
+  done | tee "$out/cohort-step.txt"
+fi
+
+# 1,000 participants a round of scale-10k (2 rounds; needs Fashion-MNIST on the machine), the
+# cohort executor eager and with graphs in chunks of the same budget
 data=yes
-"$py" -c "import sys; from fedbug.data.fashion_mnist import locate; sys.exit(locate() is None)" \
-  || { echo "scale-10k skipped: no Fashion-MNIST here" | tee "$out/scale.txt"; data=; }
+part scale || data=
+[ -n "$data" ] && { "$py" -c "import sys; from fedbug.data.fashion_mnist import locate; sys.exit(locate() is None)" \
+  || { echo "scale-10k skipped: no Fashion-MNIST here" | tee "$out/scale.txt"; data=; }; }
 for ex in ${data:+sequential cohort cohort-graphs}; do
-  extra=(); [ "$ex" = cohort ] && extra=(-s cohort.memory_mb=20000)
-  [ "$ex" = cohort-graphs ] && extra=(-s cohort.memory_mb=10000 -s cohort.cuda_graphs=true)
+  extra=(); [ "$ex" != sequential ] && extra=(-s cohort.memory_mb=20000)
+  [ "$ex" = cohort-graphs ] && extra+=(-s cohort.cuda_graphs=true)
   rm -rf "/tmp/gpu-scale-$ex"
   timeout 240 "$py" -m fedbug.cli run configs/scale-10k.yaml -s device=cuda -s executor=${ex%-graphs} \
     -s deterministic=false -s clients_per_round=1000 -s rounds=2 -s eval_every=2 "${extra[@]}" \
@@ -61,17 +82,14 @@ for ex in ${data:+sequential cohort cohort-graphs}; do
     | tee -a "$out/scale.txt"
 done
 
-# a cohort group step split into the vmapped gradient and the rest (W's model, batch 50 and 2)
-for b in 50 2; do
-  for g in "" --cuda-graphs; do
-    timeout 120 "$py" -m benchmarks.speed.cohort_step --device cuda --batch $b $g 2>&1 | tail -2
-  done
-done | tee "$out/cohort-step.txt"
-
 # the vmapped gradient alone (10 and 100 clients), eager and in a CUDA graph, beside a loop
-timeout 120 "$py" -m benchmarks.gpu.cohort_forms --device cuda --clients 10,100 --iters 10 \
-  > "$out/forms.txt" 2>&1; tail -12 "$out/forms.txt"
+if part forms; then
+  timeout 120 "$py" -m benchmarks.gpu.cohort_forms --device cuda --clients 10,100 --iters 10 \
+    > "$out/forms.txt" 2>&1; tail -12 "$out/forms.txt"
+fi
 
 # the sequential step's levers: eager, torch.compile, reduce-overhead, one captured CUDA graph
-timeout 240 "$py" -m benchmarks.gpu.step --device cuda --steps 100 --reps 3 --json \
-  > "$out/step.json" 2> "$out/step.err" && cat "$out/step.json" || tail -20 "$out/step.err"
+if part seq; then
+  timeout 240 "$py" -m benchmarks.gpu.step --device cuda --steps 100 --reps 3 --json \
+    > "$out/step.json" 2> "$out/step.err" && cat "$out/step.json" || tail -20 "$out/step.err"
+fi

@@ -20,6 +20,7 @@ each unit's change. What cannot be vectorised is refused before the run
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -231,13 +232,14 @@ class CohortExecutor(Executor):
         sequential step records it. Under ``cuda_graphs`` the map is replayed from a graph
         captured for the group's units, number of clients and batch shapes."""
         on, w = set(units), ctx.weights
-        fn = self.gradient_fn(on, ctx, loss)
         try:
             if self.graphs is None:
-                g, value = fn(w, x, y)
-            else:
-                key = (tuple(units), tuple(w.shape), tuple(x.shape), tuple(y.shape), y.dtype)
-                g, value = self.graphs(key, fn, w, x, y)
+                g, value = self.gradient_fn(on, ctx, loss)(w, x, y)
+            else:  # the context without tensors: a graph would keep the capture's
+                fn = self.gradient_fn(on, tensorless(ctx), loss)
+                g, value = self.graphs(tuple(units), fn, w, x, y)  # and the inputs' layout
+        except torch.OutOfMemoryError:
+            raise
         except RuntimeError as e:  # an impure loss or model: in-place updates, .item(), draws
             raise ConfigError(
                 f"executor: cohort maps the loss and the model over the clients with "
@@ -245,7 +247,7 @@ class CohortExecutor(Executor):
                 f"them ({first_line(e)[:200]}); make the loss a pure function of the output and "
                 "labels (no in-place updates of captured tensors, no .item()), or use executor: "
                 "sequential"
-            ) from None
+            ) from e
         finally:
             self.rt._features = None  # the hook's capture lived inside the map
         for n, o, k, _s, u in self.params:
@@ -273,6 +275,15 @@ class CohortExecutor(Executor):
             return g, value.detach()
 
         return fn
+
+
+def tensorless(ctx: LocalCtx) -> LocalCtx:
+    """``ctx`` with empty tensors where it had the group's (what a graph's ``extra_loss`` sees:
+    a tensor of the capture's step would be freed, or stale, by a later replay)."""
+    none = torch.empty(0, device=ctx.weights.device)
+    return dataclasses.replace(
+        ctx, weights=none, grads=none, received=none, state={}, num_samples=none, payload={}
+    )
 
 
 class Chunk:
