@@ -39,10 +39,10 @@ class CohortParams(BaseModel):
     )
     cuda_graphs: bool = Field(
         False,
-        description="on a CUDA device: capture the vectorised gradient once per group shape "
-        "(units, clients, batch) in a CUDA graph and replay it, one launch a step instead of "
-        "the gradient's kernels; each graph keeps its own activations' memory (not counted by "
-        "memory_mb)",
+        description="on a CUDA device: capture the vectorised gradient in a CUDA graph per "
+        "group shape (units, clients, batch shapes and layout) at its second use and replay it, "
+        "one launch a step instead of the gradient's kernels; the eager numbers; at most 32 "
+        "graphs, their memory (one pool) not counted by memory_mb",
     )
 
 
