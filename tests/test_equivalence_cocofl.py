@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from equivalence_checks import RTOL, check_inputs, check_units
+from equivalence_checks import RTOL, check_inputs, check_units, rtol_elsewhere
 from equivalence_checks import load as _load
 
 from benchmarks.equivalence import cocofl_case
@@ -75,4 +75,4 @@ def test_one_round_of_qresnet18_matches(path: Path):
     fb = cocofl_case.fedbug_round(case)
     assert fb.blocks == [cocofl_case.block_of(f) for f in case.freezes]
     got = cocofl_case.split_stats(fb.space, fb.weights, fb.initial)
-    check_units(got, doc["global"], "round 1, global", "CoCoFL")
+    check_units(got, doc["global"], "round 1, global", "CoCoFL", rtol=rtol_elsewhere(2e-2))

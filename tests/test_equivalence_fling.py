@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from equivalence_checks import check_inputs, check_units
+from equivalence_checks import check_inputs, check_units, rtol_elsewhere
 from equivalence_checks import load as _load
 
 from benchmarks.equivalence import fling_cases
@@ -97,7 +97,8 @@ def test_fedbug_matches_flings_rounds(path: Path):
     before = fb.initial
     for r, (rnd, want) in enumerate(zip(case.fling_rounds, doc["rounds"])):
         at = f"round {rnd + 1}"
-        check_units(unit_stats(fb.space, fb.rounds[r], fb.initial), want["global"], at, "Fling")
+        stats = unit_stats(fb.space, fb.rounds[r], fb.initial)
+        check_units(stats, want["global"], at, "Fling", rtol=rtol_elsewhere(1e-3))
         moved = [not torch.equal(before[s], fb.rounds[r][s]) for s in fb.space.unit_slices]
         assert moved == want["moved"], at
         assert sent[r] == want["bytes_up"], at
