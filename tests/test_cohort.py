@@ -97,6 +97,27 @@ def test_every_accepted_pair_gives_the_sequential_numbers(algorithm, policy):
     assert_close_to_sequential(cfg)
 
 
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"policy": "bottom_up", "momentum": 0.9, "clip_grad_norm": 1.0, "model": "digits_cnn"},
+        {"algorithm": "feddecorr"},
+        {"algorithm": "scaffold", "momentum": 0.9},
+        {"optimizer": "adam", "lr": 0.01, "policy": "bottom_up", **UNEQUAL_EPOCH},
+    ],
+)
+def test_each_clients_own_gradient_on_streams_gives_the_sequential_numbers(over):
+    """cohort: {gradient: streams}: each client's gradient with the sequential step's kernels
+    (its own forward and backward, not a vectorised map), clients in turn on the CPU: the
+    sequential executor's numbers (within float32 rounding: the stacked optimiser's)."""
+    algorithm, policy = over.get("algorithm", "fedavg"), over.get("policy", "none")
+    cfg = tiny_config(
+        **{"threads": 1, **method_needs(algorithm, policy), **over},
+        cohort={"gradient": "streams"},
+    )
+    assert_close_to_sequential(cfg)
+
+
 def test_unequal_rounds_partial_batches_and_a_conv_model():
     """Clients of different sizes (epochs of different step counts, a short last batch): the
     longer rounds go on alone; the digits CNN through vmap's batched convolutions; FedBug's

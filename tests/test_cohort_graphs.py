@@ -149,6 +149,9 @@ def test_a_buffer_repeats_its_inputs_strides_and_alignment():
         {"algorithm": "feddyn", "lr_decay": 0.9},
         {"optimizer": "adam", "lr": 0.01, "policy": "bottom_up", **UNEQUAL_EPOCH},
         {"algorithm": "fedbabu", "evaluation": "personalized", "finetune_epochs": 1},
+        # each client's own gradient (cohort.gradient: streams), in one "graph" per group
+        {"cohort": {"gradient": "streams"}, "algorithm": "feddecorr", "model": "digits_cnn"},
+        {"cohort": {"gradient": "streams"}, "optimizer": "adam", "lr": 0.01, **UNEQUAL_EPOCH},
     ],
 )
 def test_graphed_gradients_equal_the_eager_cohort_executor_to_the_bit(captures, over):
@@ -158,9 +161,11 @@ def test_graphed_gradients_equal_the_eager_cohort_executor_to_the_bit(captures, 
     features, SCAFFOLD's and FedDyn's corrections around the gradient."""
     algorithm, policy = over.get("algorithm", "fedavg"), over.get("policy", "none")
     base = {**method_needs(algorithm, policy), "rounds": 3, "threads": 1, **over}
-    eager = run_experiment(tiny_config(executor="cohort", **base))
+    cohort = base.pop("cohort", {})
+    eager = run_experiment(tiny_config(executor="cohort", cohort=cohort, **base))
     assert not captures
-    graphed = run_experiment(tiny_config(executor="cohort", cohort={"cuda_graphs": True}, **base))
+    graphs = {**cohort, "cuda_graphs": True}
+    graphed = run_experiment(tiny_config(executor="cohort", cohort=graphs, **base))
     (cache,) = captures
     assert cache.calls and not cache.eager_calls
     assert torch.equal(graphed.weights, eager.weights)

@@ -155,6 +155,7 @@ def test_a_killed_gpu_run_resumes_to_the_uninterrupted_numbers(tmp_path):
         ({}, 1e-3),
         ({"algorithm": "scaffold", "momentum": 0.9}, 1e-3),
         ({"optimizer": "adam", "lr": 0.001}, 2e-2),
+        ({"cohort": {"gradient": "streams"}}, 1e-3),  # the sequential kernels, on streams
     ],
 )
 def test_the_cohort_executor_on_the_gpu_follows_the_sequential_one(over, tol):
@@ -192,6 +193,8 @@ def test_the_cohort_executor_on_the_gpu_follows_the_sequential_one(over, tol):
         {"algorithm": "feddecorr", "policy": "none"},
         # unequal clients: groups that shrink, at rows past the first (other alignment)
         {"unbalanced_sigma": 0.8, "local_steps": None, "local_epochs": 1, "partition": "iid"},
+        # each client's own gradient, clients on streams: the graph's parallel branches
+        {"cohort": {"gradient": "streams"}, "algorithm": "feddecorr", "policy": "none"},
     ],
 )
 def test_cuda_graphs_replay_the_eager_cohort_executors_numbers(over):
@@ -211,11 +214,12 @@ def test_cuda_graphs_replay_the_eager_cohort_executors_numbers(over):
 
     ds = random_images()
     kw = {"executor": "cohort", "rounds": 3, "local_steps": 6, **over}
+    cohort = kw.pop("cohort", {})
     w0 = ClientSide(cnn(device="cpu", **kw), dataset=ds).initial_weights()
-    eager = fedbug.run(cnn(**kw), dataset=ds)
+    eager = fedbug.run(cnn(cohort=cohort, **kw), dataset=ds)
     GraphCache.__init__ = keep  # type: ignore[method-assign]
     try:
-        graphed = fedbug.run(cnn(cohort={"cuda_graphs": True}, **kw), dataset=ds)
+        graphed = fedbug.run(cnn(cohort={**cohort, "cuda_graphs": True}, **kw), dataset=ds)
     finally:
         GraphCache.__init__ = init  # type: ignore[method-assign]
     gap = moved_apart(graphed.weights, eager.weights, w0)

@@ -6,7 +6,7 @@ where the model is built."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,6 +43,14 @@ class CohortParams(BaseModel):
         "group shape (units, clients, batch shapes and layout) at its second use and replay it, "
         "one launch a step instead of the gradient's kernels; the eager numbers; at most 32 "
         "graphs, their memory (one pool) not counted by memory_mb",
+    )
+    gradient: Literal["vmap", "streams"] = Field(
+        "vmap",
+        description="how a group's gradients are computed: vmap, one vectorised map over the "
+        "clients (a grouped kernel per layer); streams, each client's own gradient with the "
+        "ordinary kernels, clients side by side on up to 16 CUDA streams (one after another "
+        "on the CPU), meant with cuda_graphs, where the streams become one graph's parallel "
+        "branches; the same numbers within float32 rounding",
     )
 
 

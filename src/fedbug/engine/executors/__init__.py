@@ -23,14 +23,16 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
     if name == "cohort":
         from fedbug.engine.executors.cohort import CohortExecutor, refuse_model
         from fedbug.engine.executors.graphs import GraphCache, capture_for
+        from fedbug.engine.executors.streams import Lanes
 
         runtime = exp.make_runtime()
         refuse_model(runtime.model, exp.space, exp.augmentation() is not None)
         params = exp.cfg.cohort
         graphs = GraphCache(capture_for(runtime.device)) if params.cuda_graphs else None
+        lanes = Lanes(runtime.device) if params.gradient == "streams" else None
         sizes = exp.sizes.__getitem__
         return CohortExecutor(
-            runtime, exp.client_data, params.max_clients, params.memory_mb, sizes, graphs
+            runtime, exp.client_data, params.max_clients, params.memory_mb, sizes, graphs, lanes
         )
     if name == "processes":
         from fedbug.engine.executors.processes import ProcessExecutor, WorkerSpec

@@ -6,7 +6,10 @@ policy and the algorithm, its bookkeeping, its result); only the arithmetic of a
 At each step the clients whose step has the same trainable units and batch shape form a group,
 and the group's gradients come from one ``torch.func.vmap`` of ``grad`` over
 ``functional_call`` with the clients' weights stacked along a leading axis (gradients only for
-the units that train: a frozen unit costs no backward below it). SGD then moves every client of
+the units that train: a frozen unit costs no backward below it); under ``cohort.gradient:
+streams`` each client's own gradient instead, the clients side by side on CUDA streams
+(:mod:`fedbug.engine.executors.streams`: the sequential step's kernels, its numbers on a GPU
+too, and faster than the grouped kernels in CUDA graphs). SGD then moves every client of
 the group at once, exactly as ``torch.optim.SGD`` (or Adam) moves one (weight decay on the
 trained parameters, momentum buffers and Adam's moments begun at a parameter's first step,
 per-client gradient clipping over the trained units). Clients whose rounds are longer simply
@@ -43,6 +46,7 @@ from fedbug.engine.client import (
 )
 from fedbug.engine.executors.base import Executor
 from fedbug.engine.executors.graphs import GraphCache
+from fedbug.engine.executors.streams import Lanes
 from fedbug.errors import ConfigError, first_line
 
 Step = tuple[tuple[int, ...], Tensor, Tensor]
@@ -85,10 +89,14 @@ class CohortExecutor(Executor):
         memory_mb: float | None = None,
         sizes: Callable[[int], int] | None = None,
         graphs: GraphCache | None = None,
+        lanes: Lanes | None = None,
     ) -> None:
         self.rt = runtime
         #: the vectorised gradients' CUDA graphs (``cohort.cuda_graphs``); None: eager
         self.graphs = graphs
+        #: ``cohort.gradient: streams``: each client's own gradient, clients on these streams;
+        #: None: one vmap over the clients
+        self.lanes = lanes
         #: a client's number of samples (default: its data's length, read through client_data)
         self.sizes = sizes or (lambda c: len(client_data(c)))
         self._sample_bytes: int | None = None
@@ -243,7 +251,8 @@ class CohortExecutor(Executor):
         except RuntimeError as e:  # an impure loss or model: in-place updates, .item(), draws
             raise ConfigError(
                 f"executor: cohort maps the loss and the model over the clients with "
-                f"torch.func.vmap{' in a CUDA graph' if self.graphs else ''}, which refused "
+                f"torch.func.{'vmap' if self.lanes is None else 'grad'}"
+                f"{' in a CUDA graph' if self.graphs else ''}, which refused "
                 f"them ({first_line(e)[:200]}); make the loss a pure function of the output and "
                 "labels (no in-place updates of captured tensors, no .item()), or use executor: "
                 "sequential"
@@ -268,13 +277,31 @@ class CohortExecutor(Executor):
             base = loss(functional_call(model, {**tr, **fx}, (xb,)), yb)
             return alg.extra_loss(ctx, base, rt._features), base
 
+        one_client = grad_and_value(client_loss, has_aux=True)
+        names = [n for n, _o, _k, _s, u in params if u in on]
+
         def fn(w: Tensor, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor]:
             trained = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in params if u in on}
             fixed = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in params if u not in on}
-            g, (_, value) = vmap(grad_and_value(client_loss, has_aux=True))(trained, fixed, x, y)
+            g, (_, value) = vmap(one_client)(trained, fixed, x, y)
             return g, value.detach()
 
-        return fn
+        lanes = self.lanes
+        if lanes is None:
+            return fn
+
+        def on_streams(w: Tensor, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+            def client(i: int) -> tuple[dict[str, Tensor], Tensor]:
+                row = {n: w[i, o : o + k].view(s) for n, o, k, s, _ in params}
+                trained = {n: row.pop(n) for n in names}
+                g, (_, value) = one_client(trained, row, x[i], y[i])
+                return g, value.detach()
+
+            out = lanes.map(client, len(w))
+            values = torch.stack([v for _, v in out])
+            return {n: torch.stack([g[n] for g, _ in out]) for n in names}, values
+
+        return on_streams
 
 
 def tensorless(ctx: LocalCtx) -> LocalCtx:
