@@ -209,7 +209,7 @@ def test_a_resumed_cohort_run_equals_the_uninterrupted_one(tmp_path):
     "over, message",
     [
         ({"algorithm": "fedrod", "evaluation": "personalized"}, "algorithm fedrod acts inside"),
-        ({"precision": "bf16"}, "not precision bf16; use precision: fp32, or use executor: seq"),
+        ({"precision": "bf16"}, r"not precision bf16; use precision: fp32 \(or tf32 on a GPU\)"),
         ({"dp_sgd": {}}, "per-sample gradients; remove dp_sgd, or use executor: sequential$"),
     ],
 )

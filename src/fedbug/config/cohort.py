@@ -83,10 +83,10 @@ def cohort_incompatibility(cfg: Any) -> str | None:
             f"cohort: {{cuda_graphs: true}} captures CUDA graphs, and device: {cfg.device} has "
             "none; set device: cuda (or auto, on a machine with a CUDA GPU) or cuda_graphs: false"
         )
-    if cfg.precision != "fp32":
+    if cfg.precision not in ("fp32", "tf32"):  # tf32: float32 tensors, TensorFloat-32 kernels
         return (
             f"executor: cohort runs in float32, not precision {cfg.precision}; use precision: "
-            f"fp32, {fix}"
+            f"fp32 (or tf32 on a GPU), {fix}"
         )
     if getattr(cfg, "dp_sgd", None) is not None:
         return (
