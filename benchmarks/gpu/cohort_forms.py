@@ -9,11 +9,15 @@ an H100 (``results/h100-2026-11-27/w-profile.txt``). This times, for C clients o
 - ``bmm``: convolutions written as unfold (im2col) and a batched matrix product over clients,
   the whole forward batched by hand, one ``autograd.grad`` of the clients' summed losses;
 - ``loop``: C ordinary single-client gradients, one after another (the sequential kernels);
-- ``vmap-graph`` and ``bmm-graph``: the first two captured once in a CUDA graph and replayed.
+- ``streams``: the same C gradients side by side on up to 16 CUDA streams
+  (``cohort: {gradient: streams}``, :class:`fedbug.engine.executors.streams.Lanes`);
+- ``vmap-graph``, ``bmm-graph``, ``loop-graph`` and ``streams-graph``: those captured once in a
+  CUDA graph and replayed (the streams as the graph's parallel branches).
 
 It checks that ``bmm`` gives ``vmap``'s gradients (to float32 rounding) before timing.
 
     python -m benchmarks.gpu.cohort_forms --device cuda --clients 10,100 --json
+    python -m benchmarks.gpu.cohort_forms --device cuda --tf32   # TensorFloat-32 kernels
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
+from fedbug.engine.executors.streams import Lanes
 from fedbug.models import build_model
 
 BATCH, SHAPE, CLASSES = 50, (3, 32, 32), 10
@@ -68,20 +73,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clients", default="10,100")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--forms", default="vmap,bmm,loop,vmap-graph,bmm-graph")
+    ap.add_argument(
+        "--forms", default="vmap,bmm,loop,streams,vmap-graph,bmm-graph,loop-graph,streams-graph"
+    )
+    ap.add_argument("--tf32", action="store_true", help="TensorFloat-32 matmuls and convolutions")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     torch.backends.cudnn.benchmark = True
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
     model = build_model("standard_cnn", SHAPE, CLASSES, 0).to(dev)
-    results: dict[str, Any] = {"device": str(dev), "batch": BATCH, "by_clients": {}}
+    results: dict[str, Any] = {
+        "device": str(dev),
+        "batch": BATCH,
+        "tf32": args.tf32,
+        "by_clients": {},
+    }
     for c in [int(s) for s in args.clients.split(",")]:
         row = measure(model, c, dev, args)
         results["by_clients"][c] = row
         if not args.json:
-            print(f"C={c}: bmm - vmap gradients {row['bmm_vs_vmap_max_rel_gap']:.1e}")
+            print(
+                f"C={c}: bmm - vmap gradients {row['bmm_vs_vmap_max_rel_gap']:.1e}, streams - "
+                f"vmap {row['streams_vs_vmap_max_rel_gap']:.1e}"
+            )
             for k, v in row["median_ms"].items():
                 print(f"  {k:11s} {v:8.3f} ms  {row['samples_per_s'][k]:10.0f} samples/s")
             for k, why in row["failed"].items():
@@ -117,13 +133,29 @@ def measure(model: torch.nn.Module, c: int, dev: torch.device, args: Any) -> dic
         rows = [grad(one_loss)({n: v[i] for n, v in params.items()}, x[i], y[i]) for i in range(c)]
         return {n: torch.stack([r[n] for r in rows]) for n in names}
 
-    a, b = form_vmap(), form_bmm()
+    lanes = Lanes(dev)
+
+    def form_streams() -> dict[str, Tensor]:
+        def one(i: int) -> dict[str, Tensor]:
+            return grad(one_loss)({n: v[i] for n, v in params.items()}, x[i], y[i])
+
+        rows = lanes.map(one, c)
+        return {n: torch.stack([r[n] for r in rows]) for n in names}
+
+    a, b, s = form_vmap(), form_bmm(), form_streams()
     gap = max(float((a[n] - b[n]).norm() / a[n].norm()) for n in names)
+    gap_streams = max(float((a[n] - s[n]).norm() / a[n].norm()) for n in names)
     wanted = args.forms.split(",")
-    forms: dict[str, Callable[[], Any]] = {"vmap": form_vmap, "bmm": form_bmm, "loop": form_loop}
+    forms: dict[str, Callable[[], Any]] = {
+        "vmap": form_vmap,
+        "bmm": form_bmm,
+        "loop": form_loop,
+        "streams": form_streams,
+    }
     failed: dict[str, str] = {}
     if dev.type == "cuda":
-        for name, fn in (("vmap-graph", form_vmap), ("bmm-graph", form_bmm)):
+        for name, fn in list(forms.items()):
+            name += "-graph"
             if name in wanted:
                 try:
                     forms[name] = captured(fn, dev)
@@ -144,6 +176,7 @@ def measure(model: torch.nn.Module, c: int, dev: torch.device, args: Any) -> dic
     med = {k: statistics.median(v) for k, v in ms.items()}
     return {
         "bmm_vs_vmap_max_rel_gap": gap,
+        "streams_vs_vmap_max_rel_gap": gap_streams,
         "median_ms": med,
         "samples_per_s": {k: c * BATCH / (v / 1e3) for k, v in med.items()},
         "failed": failed,

@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--cuda-graphs", action="store_true", help="cohort.cuda_graphs: the gradient in graphs"
     )
+    ap.add_argument(
+        "--gradient", choices=["vmap", "streams"], default="vmap", help="cohort.gradient (vmap)"
+    )
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -90,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
                partition="iid", clients_per_round=10, rounds=2, local_steps=args.steps,
                batch_size=args.batch, lr=0.05, weight_decay=1e-3, eval_every=1000,
                count_flops=False, threads=1, executor="cohort", device=args.device,
-               deterministic=not cuda, cohort={"cuda_graphs": args.cuda_graphs})  # fmt: skip
+               deterministic=not cuda,
+               cohort={"cuda_graphs": args.cuda_graphs, "gradient": args.gradient})  # fmt: skip
     Ex = cohort.CohortExecutor
     saved = {n: getattr(Ex, n) for n in ("group_step", "gradients", "train_chunk")}
     group: list[float] = []

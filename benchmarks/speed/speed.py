@@ -32,6 +32,8 @@ evaluation / bare round (training + mean).
     python -m benchmarks.speed.speed --json --out w.json
     python -m benchmarks.speed.speed --quick --executor cohort   # the round's clients together
     python -m benchmarks.speed.speed --device cuda --executor cohort --cuda-graphs   # in graphs
+    python -m benchmarks.speed.speed --device cuda --executor cohort --cuda-graphs \
+        --cohort-gradient streams   # each client's own gradient, clients on parallel streams
     python -m benchmarks.speed.speed --quick --levers  # each lever's gain, paired (see levers())
 
 ``--levers`` times each lever of the speed issue against its "off" setting on W's model and
@@ -118,6 +120,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--cuda-graphs", action="store_true",
         help="executor cohort: the vectorised gradient replayed from CUDA graphs (a GPU only)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--cohort-gradient", choices=["vmap", "streams"], default="vmap",
+        help="executor cohort: cohort.gradient (streams: each client's own kernels, clients on "
+        "parallel CUDA streams)",
     )  # fmt: skip
     ap.add_argument(
         "--bare-memory-format", choices=["contiguous", "channels_last"], default="contiguous",
@@ -291,7 +298,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "executor": args.executor,
     }
     if args.executor == "cohort":
-        doc["cohort"] = {"max_clients": args.cohort_clients, "cuda_graphs": args.cuda_graphs}
+        doc["cohort"] = {
+            "max_clients": args.cohort_clients,
+            "cuda_graphs": args.cuda_graphs,
+            "gradient": args.cohort_gradient,
+        }
     if args.eval_batch:
         doc["eval_batch_size"] = args.eval_batch
     if args.memory_format:
