@@ -233,3 +233,44 @@ def test_cuda_graphs_replay_the_eager_cohort_executors_numbers(over):
     assert without_timing(graphed.records)[-1]["test_acc"] == pytest.approx(
         without_timing(eager.records)[-1]["test_acc"], abs=2e-3
     )
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"optimizer": "adam", "lr": 0.001},  # Adam's bias corrections, made on the host
+        {"cohort": {"cuda_graphs": True, "gradient": "streams"}, "momentum": 0.9},
+    ],
+)
+def test_the_cohort_executors_steps_never_wait_for_the_gpu(over, monkeypatch):
+    """After the first round (captures, first counts), no group step and no drawing of a step's
+    batches makes the host wait for the GPU: a copy from pageable host memory (`.to("cuda")`)
+    or a read-back would, and the executor's Python would then add to the kernels' time instead
+    of running ahead of them. torch.cuda's sync debug mode raises at any such call."""
+    from fedbug.engine.executors.cohort import CohortExecutor
+
+    first: list[int] = []
+    watched = 0
+
+    def strict(name: str) -> None:
+        inner = getattr(CohortExecutor, name)
+
+        def call(self: Any, c: Any, x: Any, chunk: Any) -> Any:
+            nonlocal watched
+            rnd = chunk.rounds[c if isinstance(c, int) else c[0]].task.round
+            first[:] = first or [rnd]
+            if rnd == first[0]:
+                return inner(self, c, x, chunk)
+            watched += 1
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return inner(self, c, x, chunk)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
+        monkeypatch.setattr(CohortExecutor, name, call)
+
+    strict("group_step")
+    strict("next_step")
+    fedbug.run(cnn(executor="cohort", rounds=3, local_steps=6, **over), dataset=random_images())
+    assert watched > 0

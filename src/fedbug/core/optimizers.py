@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from fedbug.core.device import from_host
 from fedbug.core.units import ParamSpace, unit_regions
 
 
@@ -118,8 +119,8 @@ class StackedAdam(StackedOptimizer):
             rows.write(self.v, s, v)
             self.t[host, u] += 1
             t = self.t[host, u].unsqueeze(1)
-            step_size = (self.lr / (1 - b1**t)).float().to(w.device)
-            root = ((1 - b2**t) ** 0.5).float().to(w.device)
+            step_size = from_host((self.lr / (1 - b1**t)).float(), w.device)
+            root = from_host(((1 - b2**t) ** 0.5).float(), w.device)
             w.sub_(step_size * (m / (v.sqrt() / root).add(self.eps)))
             rows.write(self.weights, s, w)
 

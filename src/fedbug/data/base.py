@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, TensorDataset
 
+from fedbug.core.device import from_host
 from fedbug.core.registry import Registry
 from fedbug.errors import DataError
 
@@ -178,7 +179,7 @@ class FederatedDataset:
         x = x.to(torch.float32)
         if self.scale != 1.0:
             x = x / self.scale
-        return (x - self._mean_t.to(x.device)) / self._std_t.to(x.device)
+        return (x - from_host(self._mean_t, x.device)) / from_host(self._std_t, x.device)
 
     @classmethod
     def from_clients(

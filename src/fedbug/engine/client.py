@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm, ClientSession, LocalCtx
-from fedbug.core.device import autocast, to_device
+from fedbug.core.device import autocast, from_host, to_device
 from fedbug.core.flops import (
     FlopCache,
     LossFn,
@@ -579,7 +579,8 @@ class ShuffledBatches:
         ``device``."""
         bs, pos = self.batch_size, (k - 1) % self.per_epoch
         if pos == 0:
-            self.perm = torch.randperm(self.n, generator=self.gen).to(device)
+            perm = torch.randperm(self.n, generator=self.gen)
+            self.perm = perm if device is None else from_host(perm, device)
         return self.perm[pos * bs : (pos + 1) * bs]
 
 

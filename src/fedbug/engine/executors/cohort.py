@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedbug.algorithms import LocalCtx
+from fedbug.core.device import from_host
 from fedbug.core.optimizers import StackedOptimizer, optimizer_entry
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask
 from fedbug.core.units import ParamSpace
@@ -323,7 +324,7 @@ class Chunk:
         self.received = torch.stack([r.received for r in rounds])
         keys = rounds[0].state.keys() if rounds else ()
         self.state = {k: torch.stack([r.state[k] for r in rounds]) for k in keys}
-        self.samples = torch.tensor([[float(r.n)] for r in rounds], device=dev)
+        self.samples = from_host(torch.tensor([[float(r.n)] for r in rounds]), dev)
         #: each client's task losses summed over its steps (one addition a group step)
         self.loss_sums = torch.zeros(len(rounds), device=dev)
         self._rows: dict[tuple[int, ...], Rows] = {}
@@ -379,7 +380,7 @@ class Rows(NamedTuple):
         first = clients[0] if clients else 0
         consecutive = list(clients) == list(range(first, first + len(clients)))
         span = slice(first, first + len(clients)) if consecutive else None
-        return cls(host.to(device), host, span)
+        return cls(from_host(host, device), host, span)
 
     def take(self, t: Tensor) -> Tensor:
         """These rows of ``t``: a view where they are consecutive, else a copy."""
