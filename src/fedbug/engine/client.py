@@ -435,11 +435,22 @@ class LocalRound:
 
     def count(self, units: tuple[int, ...], x: Tensor, y: Tensor) -> None:
         """The step's FLOPs and memory (where counted)."""
+        self.charge(self.cost(units, x, y), len(y))
+
+    def cost(self, units: tuple[int, ...], x: Tensor, y: Tensor) -> StepCost | None:
+        """A step's counted cost on this batch (None where nothing is counted): the same for
+        every client's batch of one shape and loss (the cohort executor counts a group once)."""
         rt = self.rt
         if rt.settings.count_flops and len(y):
-            cost = rt.step_cost(units, x, y, self.session.loss)
+            return rt.step_cost(units, x, y, self.session.loss)
+        return None
+
+    def charge(self, cost: StepCost | None, batch: int) -> None:
+        """Add a step's :meth:`cost` (of ``batch`` samples) to the round's FLOPs and peak."""
+        if cost is not None:
+            rt = self.rt
             self.flops += cost.flops
-            per_sample = len(y) if rt.private is not None else 0
+            per_sample = batch if rt.private is not None else 0
             self.peak = peak_memory(self.peak, cost.memory(rt.state_copies, per_sample))
 
     def backward(self, x: Tensor, y: Tensor) -> None:

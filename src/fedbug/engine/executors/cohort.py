@@ -220,8 +220,9 @@ class CohortExecutor(Executor):
         rt.algorithm.adjust_grads_after_clipping(ctx)
         opt.step(rows, ctx.grads, units, self.space)
         rows.add(chunk.loss_sums, losses)
-        for c, (_, xs, ys) in zip(clients, steps):
-            rounds[c].count(units, xs, ys)
+        cost = rounds[clients[0]].cost(units, x[0], y[0])  # one batch shape and loss a group
+        for c in clients:
+            rounds[c].charge(cost, len(y[0]))
 
     def fresh_grads(self, w: Tensor, units: Sequence[int]) -> Tensor:
         """A group's gradient, shaped as its weights: zero outside ``units`` (what
