@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbug.config import BaseConfig
-from fedbug.core.process import die_with_parent
+from fedbug.core.process import die_with_parent, quiet_resource_tracker
 from fedbug.core.user_modules import import_from_env
 from fedbug.errors import FedbugError
 
@@ -190,6 +190,7 @@ def run_jobs(
     workers start than there are jobs."""
     workers = pool_size(workers, len(jobs))
     ctx = mp.get_context("spawn")
+    quiet_resource_tracker()  # a SIGKILLed sweep's semaphores removed without a warning
     q = ctx.Queue()
     stop = threading.Event()
 

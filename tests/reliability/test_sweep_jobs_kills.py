@@ -1,0 +1,250 @@
+"""SIGKILL of ``fedbug sweep --jobs 2`` (the parent and its worker processes) and of ``fedbug run
+--resume`` itself (RELIABILITY.md, "Drills"): killed anywhere, then resumed to the end, each holds
+what an unkilled sweep or run holds (records, summary figures and weights, the files of each
+folder, the table), with no ``.lock`` or temporary file left and no finished cell run again.
+
+A sweep's workers are spawned Pythons, which the forking helper of ``tests/test_crash_drill.py``
+cannot arm, so the ``--jobs 2`` kills are driven from outside: the sweep runs as a command with
+each write paused (``FEDBUG_TEST_SLOW_WRITES``), and the test polls its folder, killing the
+parent or a worker (the pid a cell's ``.lock`` or temporary file names) when a named file
+appears. The ``run --resume`` kills are the helper's events, as in ``test_sweep_kills.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_crash_drill import Runner
+from test_sweep_kills import finished_cells, sweep_state
+from tiny import without_timing
+
+from fedbug.cli import main
+from fedbug.results import SLOW_WRITES_ENV, load_checkpoint_file
+from fedbug.sweeps.jobs import WORKER_DIED
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="/proc and /dev/shm")
+
+SWEEP = {"name": "kd", "dataset": "digits", "model": "mlp", "num_clients": 4,
+         "clients_per_round": 2, "rounds": 2, "local_steps": 1, "batch_size": 16,
+         "eval_batch_size": 512, "checkpoint_every": 1, "count_flops": False, "threads": 1,
+         "grid": {"lr": [0.05, 0.1]}}  # fmt: skip
+
+#: (what to wait for, whom to kill): a cell's metrics.jsonl one line longer than when the
+#: sweep started (its worker in the next round), or a temporary file of the name appearing
+#: anywhere in the sweep's folder (its writer between the write and the rename)
+Kill = tuple[str, str]
+
+
+def _lock_pid(cell: Path) -> int | None:
+    try:
+        return int((cell / ".lock").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _target(folder: Path, parent: int, lines: dict[str, int], kill: Kill) -> int | None:
+    """The pid to kill now under ``kill`` (``parent``'s, or the worker writing), or None."""
+    what, whom = kill
+    if what == "next round":
+        for cell in sorted(p for p in folder.iterdir() if p.is_dir()):
+            metrics = cell / "metrics.jsonl"
+            if metrics.exists() and metrics.read_bytes().count(b"\n") > lines.get(cell.name, 0):
+                pid = _lock_pid(cell)
+                if pid is not None and pid != parent and Path(f"/proc/{pid}").exists():
+                    return parent if whom == "parent" else pid
+        return None
+    for tmp in folder.rglob(f".{what}.tmp-*"):
+        return parent if whom == "parent" else int(tmp.name.rsplit("-", 1)[1])
+    return None
+
+
+def _metrics_lines(folder: Path) -> dict[str, int]:
+    if not folder.is_dir():
+        return {}
+    return {p.parent.name: p.read_bytes().count(b"\n") for p in folder.glob("*/metrics.jsonl")}
+
+
+def _group_gone(pgid: int, seconds: float = 10.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def sweep_killed(cfg: Path, out: Path, kill: Kill | None, resume: bool) -> dict:
+    """``fedbug sweep --jobs 2`` (``--resume``) as a command, SIGKILLed per ``kill`` (None:
+    to its end): its exit, stderr, the pid killed, and whether all its processes ended."""
+    cmd = [sys.executable, "-m", "fedbug.cli", "sweep", str(cfg), "--out", str(out), "-q"]
+    env = dict(os.environ, **{SLOW_WRITES_ENV: "0.2"})
+    folder = out / "kd-sweep"
+    lines = _metrics_lines(folder)
+    proc = subprocess.Popen(
+        [*cmd, "--jobs", "2", *(["--resume"] if resume else [])],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    killed, end = None, time.monotonic() + 240
+    try:
+        while kill is not None and proc.poll() is None and time.monotonic() < end:
+            killed = _target(folder, proc.pid, lines, kill) if folder.is_dir() else None
+            if killed is not None:
+                os.kill(killed, signal.SIGKILL)
+                break
+            time.sleep(0.005)
+        err = proc.communicate(timeout=240)[1]  # EOF: every process holding stderr ended
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return {"rc": proc.returncode, "killed": killed, "parent": proc.pid, "stderr": err,
+            "gone": _group_gone(proc.pid)}  # fmt: skip
+
+
+def _leftovers(out: Path) -> list[str]:
+    return sorted(p.name for p in out.rglob("*") if ".tmp-" in p.name or p.name == ".lock")
+
+
+def _resumed_without_rerun(cfg: Path, out: Path, kill: Kill | None) -> dict:
+    """A ``sweep --resume --jobs 2`` killed per ``kill``; no cell finished before it may have
+    been run again."""
+    before = finished_cells(out / "kd-sweep")
+    res = sweep_killed(cfg, out, kill, resume=True)
+    after = finished_cells(out / "kd-sweep")
+    assert {k: after.get(k) for k in before} == before, f"{kill}: a finished cell ran again"
+    return res
+
+
+@pytest.mark.slow
+def test_a_parallel_sweep_killed_in_its_workers_and_parent_ends_as_the_unkilled(tmp_path):
+    """A worker SIGKILLed alone mid-round: the sweep exits 3 with one line, its other worker
+    stopped. Its ``--resume --jobs 2`` killed as a worker renames its summary, and the next
+    killed writing ``sweep.json``: the parent's SIGKILL takes its workers along and prints
+    nothing. One more ``--resume --jobs 2``: the unkilled sweep (``--jobs 1``, same threads)."""
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(yaml.safe_dump(SWEEP), encoding="utf-8")
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "base"), "-q"]) == 0
+    want = sweep_state(tmp_path / "base" / "kd-sweep")
+    out = tmp_path / "out"
+
+    first = sweep_killed(cfg, out, ("next round", "worker"), resume=False)
+    assert first["killed"] not in (None, first["parent"]), first
+    assert first["rc"] == 3 and first["gone"], first
+    assert first["stderr"] == f"fedbug: error: {WORKER_DIED}\n"
+    plans: list[tuple[Kill, Callable[[list[str]], bool]]] = [
+        (("summary.json", "parent"), lambda left: any(".summary.json.tmp-" in n for n in left)),
+        (("sweep.json", "parent"), lambda left: any(".sweep.json.tmp-" in n for n in left)),
+    ]
+    for kill, landed in plans:
+        res = _resumed_without_rerun(cfg, out, kill)
+        assert res["killed"] == res["parent"] and res["rc"] == -signal.SIGKILL, (kill, res)
+        assert res["gone"] and landed(_leftovers(out)), (kill, _leftovers(out))
+        assert res["stderr"] == "", (kill, res["stderr"])  # was the resource tracker's warning
+    last = _resumed_without_rerun(cfg, out, None)
+    assert last["rc"] == 0 and last["stderr"] == "", last
+    assert _leftovers(out) == []
+    assert sweep_state(out / "kd-sweep") == want
+
+
+KILLED_HOLDING_A_LOCK = """\
+import os, signal, multiprocessing as mp
+from fedbug.core.process import quiet_resource_tracker
+quiet_resource_tracker()
+lock = mp.get_context("spawn").Lock()  # a sweep's pool and queue hold nine of these
+print(lock._semlock.name, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_process_s_semaphores_are_removed_without_a_warning(tmp_path):
+    """A process SIGKILLed with a semaphore open (a ``sweep --jobs`` parent's pool and queue)
+    leaves multiprocessing's resource tracker to remove it. It still does; before, it also
+    printed "UserWarning: resource_tracker: There appear to be 9 leaked semaphore objects to
+    clean up at shutdown" and its source line under the killed sweep."""
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_HOLDING_A_LOCK],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGKILL
+    name = done.stdout.strip().lstrip("/")
+    assert name.startswith("mp-")
+    assert done.stderr == ""
+    assert not Path(f"/dev/shm/sem.{name}").exists()  # removed by the tracker
+
+
+def test_a_set_warning_filter_is_kept_beside_the_tracker_s(monkeypatch):
+    """``PYTHONWARNINGS`` as the user set it, around the tracker's start only."""
+    from fedbug.core import process
+
+    seen = []
+    monkeypatch.setenv("PYTHONWARNINGS", "error::DeprecationWarning")
+    monkeypatch.setattr(
+        "multiprocessing.resource_tracker.ensure_running",
+        lambda: seen.append(os.environ["PYTHONWARNINGS"]),
+    )
+    process.quiet_resource_tracker()
+    assert seen == [f"error::DeprecationWarning,{process.TRACKER_QUIET}"]
+    assert os.environ["PYTHONWARNINGS"] == "error::DeprecationWarning"
+
+
+RUN = {k: v for k, v in SWEEP.items() if k != "grid"} | {"name": "rk", "rounds": 4}
+
+# run --resume kills: the run's kill, then each --resume's (the helper's events, counted per
+# process: ["train", 3, 2] is round 3's second client), then one --resume to the end
+RESUME_PLANS = {
+    "mid-round, its resume mid-round twice": [["train", 2, 1], ["train", 3, 2], ["train", 4, 1]],
+    "mid-round, its resume mid-summary twice": [
+        ["train", 3, 1], ["write", "summary.json", 1, "mid"], ["write", "summary.json", 1, "mid"]
+    ],
+    "torn metrics line, its resume's too": [["metrics", 2, "mid"], ["metrics", 3, "mid"]],
+}  # fmt: skip
+
+
+def run_state(out: Path) -> tuple[dict, torch.Tensor]:
+    (rd,) = [p for p in out.iterdir() if p.is_dir()]
+    summary = json.loads((rd / "summary.json").read_text(encoding="utf-8"))
+    lines = (rd / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    keys = ("status", "rounds", "final_acc", "final_loss", "best_acc", "weights_sha256")
+    state = {
+        "records": without_timing(json.loads(line) for line in lines),
+        "summary": {k: summary[k] for k in keys},
+        "files": sorted(p.name for p in rd.iterdir()),
+    }
+    return state, load_checkpoint_file(rd / "checkpoint.pt")["weights"]
+
+
+@pytest.mark.slow
+def test_run_resume_killed_mid_round_and_mid_summary_ends_as_the_unkilled_run(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(RUN), encoding="utf-8")
+    runner = Runner(tmp_path)
+    try:
+        argv = ["run", str(cfg), "-q", "--out"]
+        base = runner.run([*argv, str(tmp_path / "base")], slow=True)
+        assert base["rc"] == 0, base["stderr"]
+        want, weights = run_state(tmp_path / "base")
+        for name, plan in RESUME_PLANS.items():
+            out = tmp_path / name.replace(" ", "-").replace(",", "").replace("'", "")
+            for i, event in enumerate(plan):
+                res = runner.run([*argv, str(out), *(["--resume"] if i else [])], event, True)
+                assert res["signal"] == signal.SIGKILL and not res["hung"], (name, event, res)
+            res = runner.run([*argv, str(out), "--resume"])
+            assert res["rc"] == 0 and res["stderr"] == "", (name, res)
+            assert _leftovers(out) == [], name
+            got, got_weights = run_state(out)
+            assert got == want, name
+            assert torch.equal(got_weights, weights), name
+    finally:
+        runner.close()
