@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ from tiny import without_timing
 
 from fedbug.cli import main
 from fedbug.results import SLOW_WRITES_ENV, load_checkpoint_file
-from fedbug.sweeps.jobs import WORKER_DIED
+from fedbug.sweeps.jobs import WORKER_DIED, _lost, worker_died
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="/proc and /dev/shm")
 
@@ -142,7 +143,8 @@ def test_a_parallel_sweep_killed_in_its_workers_and_parent_ends_as_the_unkilled(
     first = sweep_killed(cfg, out, ("next round", "worker"), resume=False)
     assert first["killed"] not in (None, first["parent"]), first
     assert first["rc"] == 3 and first["gone"], first
-    assert first["stderr"] == f"fedbug: error: {WORKER_DIED}\n"
+    (cell,) = [c for c in (out / "kd-sweep").iterdir() if _lock_pid(c) == first["killed"]]
+    assert first["stderr"] == f"fedbug: error: {worker_died([cell])}\n"  # was: no run named
     plans: list[tuple[Kill, Callable[[list[str]], bool]]] = [
         (("summary.json", "parent"), lambda left: any(".summary.json.tmp-" in n for n in left)),
         (("sweep.json", "parent"), lambda left: any(".sweep.json.tmp-" in n for n in left)),
@@ -156,6 +158,23 @@ def test_a_parallel_sweep_killed_in_its_workers_and_parent_ends_as_the_unkilled(
     assert last["rc"] == 0 and last["stderr"] == "", last
     assert _leftovers(out) == []
     assert sweep_state(out / "kd-sweep") == want
+
+
+def test_a_dead_worker_s_unfinished_runs_are_named():
+    """Of the workers a pool started (11, 12, 13), 11 is gone (replaced by 14) and 13 died, not
+    yet replaced: the unfinished jobs they had started (0 and 2; job 3, 11's earlier one, is
+    finished) are the runs lost; 12's job 1 is not."""
+    pool = SimpleNamespace(
+        _pool=[SimpleNamespace(pid=12, exitcode=None), SimpleNamespace(pid=13, exitcode=-9),
+               SimpleNamespace(pid=14, exitcode=None)]
+    )  # fmt: skip
+    pending = [SimpleNamespace(ready=lambda done=done: done) for done in (0, 0, 0, 1)]
+    assert _lost(pool, {11, 12, 13}, {0: 11, 1: 12, 2: 13, 3: 11}, pending) == [0, 2]
+    assert _lost(pool, {11, 12, 13}, {1: 12}, pending) == []
+    assert worker_died([]) == WORKER_DIED  # a worker that failed to start held no run
+    named = worker_died([Path("s/a-s0"), Path("s/b-s0")])
+    assert named.startswith("the worker process of the sweep running s/a-s0, s/b-s0 ended")
+    assert named.endswith("--resume continues")
 
 
 KILLED_HOLDING_A_LOCK = """\

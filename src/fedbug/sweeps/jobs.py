@@ -9,8 +9,8 @@ forked from a process that has started torch's thread pools). Ctrl-C stops every
 run folder keeps its last checkpoint, and ``--resume`` continues. A worker dies with the sweep
 however the sweep ends (SIGKILL too: Linux's parent-death signal, and a check at its start for
 a parent already gone), so no orphan goes on training and holding its run folder's lock. A
-worker that dies under the sweep (killed, or unable to start) stops it with one error
-(:data:`WORKER_DIED`), where the pool alone would wait forever for the run it held.
+worker that dies under the sweep (killed, or unable to start) stops it with one error naming
+the run it held (:func:`worker_died`), where the pool alone would wait forever for that run.
 
 A sweep starts no more workers than it has runs (:func:`pool_size`); more workers than cores
 (:func:`available_cores`) share them, which the command line warns about.
@@ -43,6 +43,8 @@ RunOne = Callable[[BaseConfig, Path, Callable[[dict[str, Any]], None] | None], d
 OnJobRound = Callable[[int, dict[str, Any]], None]
 
 _QUEUE: Any = None
+#: the key of the message a pool's worker sends as it starts a job: its pid
+STARTED = "worker_pid"
 
 
 def available_cores() -> int:
@@ -108,13 +110,15 @@ def run_job(run_one: RunOne, index: int, cfg: BaseConfig, run_dir: Path) -> tupl
     """In a worker (a pool's process or a Ray task): one run, after importing the sweep's own
     modules (``--import``); its result, or its error as plain, picklable values
     (:func:`job_result` reads them back). In a pool's process each
-    round goes to the parent through the pool's queue."""
+    round goes to the parent through the pool's queue, after the worker's pid (:data:`STARTED`)."""
 
     def on_round(rec: dict[str, Any]) -> None:
         keep = ("round", "test_acc", "test_loss")
         _QUEUE.put((index, {k: rec[k] for k in keep if k in rec}))
 
     try:
+        if _QUEUE is not None:  # which worker runs it: the run a dead worker held is named
+            _QUEUE.put((index, {STARTED: os.getpid()}))
         import_from_env()  # the sweep's --import modules (FEDBUG_IMPORT), as the sweep has them
         return "ok", run_one(cfg, run_dir, on_round if _QUEUE is not None else None), 0
     except FedbugError as e:
@@ -159,22 +163,45 @@ WORKER_DIED = (
 )
 
 
+def worker_died(runs: list[Path]) -> str:
+    """:data:`WORKER_DIED`, naming the ``runs`` the dead workers held where they are known (a
+    worker that failed to start held none)."""
+    if not runs:
+        return WORKER_DIED
+    held = ", ".join(str(r) for r in runs)
+    return (
+        f"the worker process of the sweep running {held} ended before its run finished "
+        "(killed: out of memory, or a signal); the run folders keep their checkpoints: "
+        "--resume continues"
+    )
+
+
+def _lost(pool: Any, pids: set[int | None], held: dict[int, int], pending: list[Any]) -> list[int]:
+    """The jobs, unfinished, whose worker (``held``: job -> pid, as each worker said) is one of
+    the ``pids`` the pool started with that has died."""
+    alive = {w.pid for w in pool._pool if w.exitcode is None}
+    return sorted(i for i, pid in held.items() if pid in pids - alive and not pending[i].ready())
+
+
 def _worker_pids(pool: Any) -> set[int | None]:
     """The pids of ``pool``'s worker processes (a pool puts a new worker in a dead one's place,
     so a change is a worker that died)."""
     return {w.pid for w in pool._pool}
 
 
-def _outcome(pending: Any, pool: Any, pids: set[int | None]) -> tuple[str, Any, int]:
+def _outcome(
+    pending: Any, pool: Any, pids: set[int | None], lost: Callable[[], list[Path]]
+) -> tuple[str, Any, int]:
     """A job's outcome (:func:`run_job`) once it comes; a worker of ``pool`` that died meanwhile
-    raises :class:`JobError` (exit code 3, a stopped run): the pool never gives the job a dead
-    worker held to another, so waiting on would be forever."""
+    raises :class:`JobError` (exit code 3, a stopped run) naming the runs it held (``lost``):
+    the pool never gives the job a dead worker held to another, so waiting on would be
+    forever."""
     while True:
         try:
             return pending.get(timeout=0.5)
         except mp.TimeoutError:
             if _worker_pids(pool) != pids or any(w.exitcode is not None for w in pool._pool):
-                raise JobError(WORKER_DIED, 3) from None
+                raise JobError(worker_died(lost()), 3) from None
 
 
 def run_jobs(
@@ -193,6 +220,7 @@ def run_jobs(
     quiet_resource_tracker()  # a SIGKILLed sweep's semaphores removed without a warning
     q = ctx.Queue()
     stop = threading.Event()
+    held: dict[int, int] = {}  # job -> the pid of the worker that started it
 
     def drain() -> None:
         while not stop.is_set():
@@ -200,7 +228,9 @@ def run_jobs(
                 index, rec = q.get(timeout=0.2)
             except queue_mod.Empty:
                 continue
-            if on_round is not None:
+            if STARTED in rec:
+                held[index] = rec[STARTED]
+            elif on_round is not None:
                 on_round(index, rec)
 
     reader = threading.Thread(target=drain, daemon=True)
@@ -213,8 +243,12 @@ def run_jobs(
             for i, (cfg, run_dir) in enumerate(jobs)
         ]
         results = []
+
+        def lost() -> list[Path]:
+            return [jobs[k][1] for k in _lost(pool, workers_at_start, held, pending)]
+
         for i, p in enumerate(pending):
-            results.append(job_result(_outcome(p, pool, workers_at_start), jobs[i][1]))
+            results.append(job_result(_outcome(p, pool, workers_at_start, lost), jobs[i][1]))
             if on_done is not None:
                 on_done(i)
         pool.close()
