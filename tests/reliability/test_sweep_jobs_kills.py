@@ -130,21 +130,25 @@ def _resumed_without_rerun(cfg: Path, out: Path, kill: Kill | None) -> dict:
 
 @pytest.mark.slow
 def test_a_parallel_sweep_killed_in_its_workers_and_parent_ends_as_the_unkilled(tmp_path):
-    """A worker SIGKILLed alone mid-round: the sweep exits 3 with one line, its other worker
-    stopped. Its ``--resume --jobs 2`` killed as a worker renames its summary, and the next
-    killed writing ``sweep.json``: the parent's SIGKILL takes its workers along and prints
-    nothing. One more ``--resume --jobs 2``: the unkilled sweep (``--jobs 1``, same threads)."""
+    """The sweep's parent SIGKILLed while its workers train round 2: they die with it, nothing
+    printed. Its ``--resume --jobs 2`` with a worker SIGKILLed alone a round later: exit 3, one
+    line naming that worker's run, the other worker stopped. The next ``--resume --jobs 2``
+    killed as a worker renames its summary, the next writing ``sweep.json``. One more: the
+    unkilled sweep (``--jobs 1``, same threads)."""
     cfg = tmp_path / "sweep.yaml"
-    cfg.write_text(yaml.safe_dump(SWEEP), encoding="utf-8")
+    cfg.write_text(yaml.safe_dump({**SWEEP, "rounds": 3}), encoding="utf-8")
     assert main(["sweep", str(cfg), "--out", str(tmp_path / "base"), "-q"]) == 0
     want = sweep_state(tmp_path / "base" / "kd-sweep")
     out = tmp_path / "out"
 
-    first = sweep_killed(cfg, out, ("next round", "worker"), resume=False)
-    assert first["killed"] not in (None, first["parent"]), first
-    assert first["rc"] == 3 and first["gone"], first
-    (cell,) = [c for c in (out / "kd-sweep").iterdir() if _lock_pid(c) == first["killed"]]
-    assert first["stderr"] == f"fedbug: error: {worker_died([cell])}\n"  # was: no run named
+    first = sweep_killed(cfg, out, ("next round", "parent"), resume=False)
+    assert first["killed"] == first["parent"] and first["rc"] == -signal.SIGKILL, first
+    assert first["gone"] and first["stderr"] == "", first  # was the resource tracker's warning
+    alone = _resumed_without_rerun(cfg, out, ("next round", "worker"))
+    assert alone["killed"] not in (None, alone["parent"]), alone
+    assert alone["rc"] == 3 and alone["gone"], alone
+    (cell,) = [c for c in (out / "kd-sweep").iterdir() if _lock_pid(c) == alone["killed"]]
+    assert alone["stderr"] == f"fedbug: error: {worker_died([cell])}\n"  # was: no run named
     plans: list[tuple[Kill, Callable[[list[str]], bool]]] = [
         (("summary.json", "parent"), lambda left: any(".summary.json.tmp-" in n for n in left)),
         (("sweep.json", "parent"), lambda left: any(".sweep.json.tmp-" in n for n in left)),
@@ -153,7 +157,7 @@ def test_a_parallel_sweep_killed_in_its_workers_and_parent_ends_as_the_unkilled(
         res = _resumed_without_rerun(cfg, out, kill)
         assert res["killed"] == res["parent"] and res["rc"] == -signal.SIGKILL, (kill, res)
         assert res["gone"] and landed(_leftovers(out)), (kill, _leftovers(out))
-        assert res["stderr"] == "", (kill, res["stderr"])  # was the resource tracker's warning
+        assert res["stderr"] == "", (kill, res["stderr"])
     last = _resumed_without_rerun(cfg, out, None)
     assert last["rc"] == 0 and last["stderr"] == "", last
     assert _leftovers(out) == []
