@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -39,9 +38,8 @@ SWEEP = {"name": "kd", "dataset": "digits", "model": "mlp", "num_clients": 4,
          "eval_batch_size": 512, "checkpoint_every": 1, "count_flops": False, "threads": 1,
          "grid": {"lr": [0.05, 0.1]}}  # fmt: skip
 
-#: (what to wait for, whom to kill): a cell's metrics.jsonl one line longer than when the
-#: sweep started (its worker in the next round), or a temporary file of the name appearing
-#: anywhere in the sweep's folder (its writer between the write and the rename)
+#: (what to wait for, whom to kill): "next round", a cell's metrics.jsonl one line longer than
+#: when the sweep started (its worker in the next round); "parent" or "worker"
 Kill = tuple[str, str]
 
 
@@ -54,17 +52,13 @@ def _lock_pid(cell: Path) -> int | None:
 
 def _target(folder: Path, parent: int, lines: dict[str, int], kill: Kill) -> int | None:
     """The pid to kill now under ``kill`` (``parent``'s, or the worker writing), or None."""
-    what, whom = kill
-    if what == "next round":
-        for cell in sorted(p for p in folder.iterdir() if p.is_dir()):
-            metrics = cell / "metrics.jsonl"
-            if metrics.exists() and metrics.read_bytes().count(b"\n") > lines.get(cell.name, 0):
-                pid = _lock_pid(cell)
-                if pid is not None and pid != parent and Path(f"/proc/{pid}").exists():
-                    return parent if whom == "parent" else pid
-        return None
-    for tmp in folder.rglob(f".{what}.tmp-*"):
-        return parent if whom == "parent" else int(tmp.name.rsplit("-", 1)[1])
+    _, whom = kill
+    for cell in sorted(p for p in folder.iterdir() if p.is_dir()):
+        metrics = cell / "metrics.jsonl"
+        if metrics.exists() and metrics.read_bytes().count(b"\n") > lines.get(cell.name, 0):
+            pid = _lock_pid(cell)
+            if pid is not None and pid != parent and Path(f"/proc/{pid}").exists():
+                return parent if whom == "parent" else pid
     return None
 
 
@@ -132,9 +126,10 @@ def _resumed_without_rerun(cfg: Path, out: Path, kill: Kill | None) -> dict:
 def test_a_parallel_sweep_killed_in_its_workers_and_parent_ends_as_the_unkilled(tmp_path):
     """The sweep's parent SIGKILLed while its workers train round 2: they die with it, nothing
     printed. Its ``--resume --jobs 2`` with a worker SIGKILLed alone a round later: exit 3, one
-    line naming that worker's run, the other worker stopped. The next ``--resume --jobs 2``
-    killed as a worker renames its summary, the next writing ``sweep.json``. One more: the
-    unkilled sweep (``--jobs 1``, same threads)."""
+    line naming that worker's run, the other worker stopped. One more: the unkilled sweep
+    (``--jobs 1``, same threads). (Kills between a summary's temporary file and its rename, and
+    while ``sweep.json`` is written, are the ``--jobs 1`` drill's: tests/reliability/
+    test_sweep_kills.py; here they held too, 35 s more, left out of the suite.)"""
     cfg = tmp_path / "sweep.yaml"
     cfg.write_text(yaml.safe_dump({**SWEEP, "rounds": 3}), encoding="utf-8")
     assert main(["sweep", str(cfg), "--out", str(tmp_path / "base"), "-q"]) == 0
@@ -149,15 +144,6 @@ def test_a_parallel_sweep_killed_in_its_workers_and_parent_ends_as_the_unkilled(
     assert alone["rc"] == 3 and alone["gone"], alone
     (cell,) = [c for c in (out / "kd-sweep").iterdir() if _lock_pid(c) == alone["killed"]]
     assert alone["stderr"] == f"fedbug: error: {worker_died([cell])}\n"  # was: no run named
-    plans: list[tuple[Kill, Callable[[list[str]], bool]]] = [
-        (("summary.json", "parent"), lambda left: any(".summary.json.tmp-" in n for n in left)),
-        (("sweep.json", "parent"), lambda left: any(".sweep.json.tmp-" in n for n in left)),
-    ]
-    for kill, landed in plans:
-        res = _resumed_without_rerun(cfg, out, kill)
-        assert res["killed"] == res["parent"] and res["rc"] == -signal.SIGKILL, (kill, res)
-        assert res["gone"] and landed(_leftovers(out)), (kill, _leftovers(out))
-        assert res["stderr"] == "", (kill, res["stderr"])
     last = _resumed_without_rerun(cfg, out, None)
     assert last["rc"] == 0 and last["stderr"] == "", last
     assert _leftovers(out) == []
