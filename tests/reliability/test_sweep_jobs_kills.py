@@ -6,12 +6,11 @@ folder, the table), with no ``.lock`` or temporary file left and no finished cel
 A sweep's workers are spawned Pythons, which the forking helper of ``tests/test_crash_drill.py``
 cannot arm, so the ``--jobs 2`` kills are driven from outside: the sweep runs as a command with
 each write paused (``FEDBUG_TEST_SLOW_WRITES``), and the test polls its folder, killing the
-parent or a worker (the pid a cell's ``.lock`` or temporary file names) when a named file
-appears. The ``run --resume`` kills are the helper's events, as in ``test_sweep_kills.py``."""
+parent or a worker (the pid a cell's ``.lock`` names) when a cell's curve gains a line. The
+``run --resume`` kills are the helper's events, as in ``test_sweep_kills.py``."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,8 +23,7 @@ import pytest
 import torch
 import yaml
 from test_crash_drill import Runner
-from test_sweep_kills import finished_cells, sweep_state
-from tiny import without_timing
+from test_sweep_kills import SWEEP, finished_cells, run_state, sweep_state
 
 from fedbug.cli import main
 from fedbug.results import SLOW_WRITES_ENV, load_checkpoint_file
@@ -33,14 +31,9 @@ from fedbug.sweeps.jobs import WORKER_DIED, _lost, worker_died
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="/proc and /dev/shm")
 
-SWEEP = {"name": "kd", "dataset": "digits", "model": "mlp", "num_clients": 4,
-         "clients_per_round": 2, "rounds": 2, "local_steps": 1, "batch_size": 16,
-         "eval_batch_size": 512, "checkpoint_every": 1, "count_flops": False, "threads": 1,
-         "grid": {"lr": [0.05, 0.1]}}  # fmt: skip
-
-#: (what to wait for, whom to kill): "next round", a cell's metrics.jsonl one line longer than
-#: when the sweep started (its worker in the next round); "parent" or "worker"
-Kill = tuple[str, str]
+#: whom to kill ("parent" or "worker") once a cell's metrics.jsonl is one line longer than when
+#: the sweep started (its worker in the next round)
+Kill = str
 
 
 def _lock_pid(cell: Path) -> int | None:
@@ -51,14 +44,14 @@ def _lock_pid(cell: Path) -> int | None:
 
 
 def _target(folder: Path, parent: int, lines: dict[str, int], kill: Kill) -> int | None:
-    """The pid to kill now under ``kill`` (``parent``'s, or the worker writing), or None."""
-    _, whom = kill
+    """The pid to kill now under ``kill`` (``parent``'s, or the worker in its next round), or
+    None."""
     for cell in sorted(p for p in folder.iterdir() if p.is_dir()):
         metrics = cell / "metrics.jsonl"
         if metrics.exists() and metrics.read_bytes().count(b"\n") > lines.get(cell.name, 0):
             pid = _lock_pid(cell)
             if pid is not None and pid != parent and Path(f"/proc/{pid}").exists():
-                return parent if whom == "parent" else pid
+                return parent if kill == "parent" else pid
     return None
 
 
@@ -136,10 +129,10 @@ def test_a_parallel_sweep_killed_in_its_workers_and_parent_ends_as_the_unkilled(
     want = sweep_state(tmp_path / "base" / "kd-sweep")
     out = tmp_path / "out"
 
-    first = sweep_killed(cfg, out, ("next round", "parent"), resume=False)
+    first = sweep_killed(cfg, out, "parent", resume=False)
     assert first["killed"] == first["parent"] and first["rc"] == -signal.SIGKILL, first
     assert first["gone"] and first["stderr"] == "", first  # was the resource tracker's warning
-    alone = _resumed_without_rerun(cfg, out, ("next round", "worker"))
+    alone = _resumed_without_rerun(cfg, out, "worker")
     assert alone["killed"] not in (None, alone["parent"]), alone
     assert alone["rc"] == 3 and alone["gone"], alone
     (cell,) = [c for c in (out / "kd-sweep").iterdir() if _lock_pid(c) == alone["killed"]]
@@ -221,17 +214,9 @@ RESUME_PLANS = {
 }  # fmt: skip
 
 
-def run_state(out: Path) -> tuple[dict, torch.Tensor]:
+def run_and_weights(out: Path) -> tuple[dict, torch.Tensor]:
     (rd,) = [p for p in out.iterdir() if p.is_dir()]
-    summary = json.loads((rd / "summary.json").read_text(encoding="utf-8"))
-    lines = (rd / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    keys = ("status", "rounds", "final_acc", "final_loss", "best_acc", "weights_sha256")
-    state = {
-        "records": without_timing(json.loads(line) for line in lines),
-        "summary": {k: summary[k] for k in keys},
-        "files": sorted(p.name for p in rd.iterdir()),
-    }
-    return state, load_checkpoint_file(rd / "checkpoint.pt")["weights"]
+    return run_state(rd), load_checkpoint_file(rd / "checkpoint.pt")["weights"]
 
 
 @pytest.mark.slow
@@ -243,7 +228,7 @@ def test_run_resume_killed_mid_round_and_mid_summary_ends_as_the_unkilled_run(tm
         argv = ["run", str(cfg), "-q", "--out"]
         base = runner.run([*argv, str(tmp_path / "base")], slow=True)
         assert base["rc"] == 0, base["stderr"]
-        want, weights = run_state(tmp_path / "base")
+        want, weights = run_and_weights(tmp_path / "base")
         for name, plan in RESUME_PLANS.items():
             out = tmp_path / name.replace(" ", "-").replace(",", "").replace("'", "")
             for i, event in enumerate(plan):
@@ -252,7 +237,7 @@ def test_run_resume_killed_mid_round_and_mid_summary_ends_as_the_unkilled_run(tm
             res = runner.run([*argv, str(out), "--resume"])
             assert res["rc"] == 0 and res["stderr"] == "", (name, res)
             assert _leftovers(out) == [], name
-            got, got_weights = run_state(out)
+            got, got_weights = run_and_weights(out)
             assert got == want, name
             assert torch.equal(got_weights, weights), name
     finally:

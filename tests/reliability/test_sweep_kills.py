@@ -48,19 +48,23 @@ def _argv(cfg: Path, out: Path, *extra: str) -> list[str]:
     return ["sweep", str(cfg), "--out", str(out), "-q", "--jobs", "1", *extra]
 
 
+def run_state(rd: Path) -> dict[str, Any]:
+    """What a resumed run must share with the unkilled one: its records (timing aside), summary
+    figures and file names."""
+    summary = json.loads((rd / "summary.json").read_text(encoding="utf-8"))
+    lines = (rd / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return {
+        "records": without_timing(json.loads(line) for line in lines),
+        "summary": {k: summary[k] for k in SUMMARY_FIGURES},
+        "files": sorted(p.name for p in rd.iterdir()),
+    }
+
+
 def sweep_state(folder: Path) -> dict[str, Any]:
     """What a resumed sweep must share with the unkilled one: each run's records (timing
     aside), summary figures and file names, the table's rows (timing and paths aside) and the
     sweep folder's file names."""
-    runs = {}
-    for rd in sorted(p for p in folder.iterdir() if p.is_dir()):
-        summary = json.loads((rd / "summary.json").read_text(encoding="utf-8"))
-        lines = (rd / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-        runs[rd.name] = {
-            "records": without_timing(json.loads(line) for line in lines),
-            "summary": {k: summary[k] for k in SUMMARY_FIGURES},
-            "files": sorted(p.name for p in rd.iterdir()),
-        }
+    runs = {rd.name: run_state(rd) for rd in sorted(p for p in folder.iterdir() if p.is_dir())}
     rows = json.loads((folder / "sweep.json").read_text(encoding="utf-8"))["rows"]
     for row in rows:
         row.pop("seconds_mean")
