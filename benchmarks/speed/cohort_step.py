@@ -8,8 +8,10 @@ timed call). The executor's ``group_step`` and ``gradients`` are timed around ea
 second of two rounds (the first warms up); reported in milliseconds a group step: the group
 step, its gradient (``vmap(grad)`` over the clients) and the difference (the algorithm's terms,
 clipping, the optimiser's step, the stacked vectors' reads and writes), the chunk's time outside
-its group steps, and the tensor operations a group step dispatches outside the gradient (on a
-GPU, each is a kernel launch).
+its group steps, and the tensor operations dispatched outside the gradient (on a GPU, each a
+kernel launch or at least a trip through the dispatcher on the host): a group step's, and a
+round's in all (opening and closing the chunk, drawing the batches), over ``--steps`` local
+steps.
 
     python -m benchmarks.speed.cohort_step --batch 2     # about 20 s
     python -m benchmarks.speed.cohort_step --batch 50 --device cuda
@@ -73,6 +75,22 @@ def counted(cls: type, name: str, mode: CountOps) -> None:
     setattr(cls, name, wrapper)
 
 
+def counted_fn(cls: type, mode: CountOps) -> None:
+    """Count inside the functions ``cls.gradient_fn`` makes: what ``cuda_graphs`` captures."""
+    make = cls.gradient_fn
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        fn = make(*args, **kwargs)
+
+        def inside(*a: Any) -> Any:
+            with mode:
+                return fn(*a)
+
+        return inside
+
+    cls.gradient_fn = wrapper
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=2, help="samples a client a step (2)")
@@ -96,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
                deterministic=not cuda,
                cohort={"cuda_graphs": args.cuda_graphs, "gradient": args.gradient})  # fmt: skip
     Ex = cohort.CohortExecutor
-    saved = {n: getattr(Ex, n) for n in ("group_step", "gradients", "train_chunk")}
+    saved = {n: getattr(Ex, n) for n in ("group_step", "gradients", "gradient_fn", "train_chunk")}
     group: list[float] = []
     grad: list[float] = []
     chunk: list[float] = []
@@ -108,23 +126,27 @@ def main(argv: list[str] | None = None) -> None:
         setattr(Ex, n, fn)
     last = group[-args.steps :]  # the second round's (the first warms up)
     g, d = statistics.median(last), statistics.median(grad[-args.steps :])
-    whole, inner = CountOps(), CountOps()
+    whole, inner, chunk_ops = CountOps(), CountOps(), CountOps()
     counted(Ex, "group_step", whole)
-    counted(Ex, "gradients", inner)
-    engine.run_experiment(
-        load_config(None, doc={**doc, "local_steps": 2, "rounds": 1, "cohort": {}}), dataset=data
-    )
+    counted_fn(Ex, inner)
+    counted(Ex, "train_chunk", chunk_ops)
+    engine.run_experiment(load_config(None, doc={**doc, "rounds": 1, "cohort": {}}), dataset=data)
     for n, fn in saved.items():
         setattr(Ex, n, fn)
-    outside = {k: (v - inner.ops[k]) / 2 for k, v in whole.ops.items() if v > inner.ops[k]}
+    outside = {k: (v - inner.ops[k]) / args.steps for k, v in whole.ops.items() if v > inner.ops[k]}
+    round_ops = sum(chunk_ops.ops.values()) - sum(inner.ops.values())
     print(f"W's model, 10 clients x batch {args.batch}, {args.device}, 1 thread; ms a group step: "
           f"{1e3 * g:.1f}, of which the gradient {1e3 * d:.1f}, the rest of the step "
           f"{1e3 * (g - d):.1f}; outside its {len(last)} group steps a round's chunk took "
           f"{1e3 * (chunk[-1] - sum(last)):.0f} ms (opening and closing the clients, "
           "drawing their batches)")  # fmt: skip
     print(
-        f"operations a group step outside the gradient: {sum(outside.values()):.0f} "
+        f"operations a group step outside the captured gradient: {sum(outside.values()):.0f} "
         f"({', '.join(f'{k} {v:g}' for k, v in sorted(outside.items(), key=lambda kv: -kv[1]))})"
+    )
+    print(
+        f"operations a round of {args.steps} local steps outside the captured gradient: "
+        f"{round_ops} ({round_ops / args.steps:.0f} a step)"
     )
 
 

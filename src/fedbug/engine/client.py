@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +35,8 @@ from fedbug.core.units import ParamSpace, unit_regions
 from fedbug.engine.privacy.sample_level import PerSampleGradients
 from fedbug.policies import FreezePolicy, StepCtx
 from fedbug.policies.base import EpochAction, EpochCtx, PolicySession
+
+T = TypeVar("T")
 
 __all__ = [
     "ClientData",
@@ -261,6 +264,7 @@ class LocalRound:
         state: dict[str, Tensor],
         runtime: ClientRuntime,
         keep_batches: bool = False,
+        prepare: bool | None = None,
     ) -> None:
         rt = self.rt = runtime
         dev = rt.device
@@ -277,8 +281,11 @@ class LocalRound:
         )
         #: the samples prepared once for the round: a step's batch is then its rows (the
         #: preparation is elementwise, and indexing keeps the NHWC layout: the same numbers as
-        #: a batch prepared at its step, without normalising each sample every epoch again)
-        self.prepared = prepares_once(prepared_bytes(self.xs, rt), rt)
+        #: a batch prepared at its step, without normalising each sample every epoch again);
+        #: ``prepare`` decides instead of the samples' size (the cohort executor's clients
+        #: prepare once all or none)
+        once = prepares_once(prepared_bytes(self.xs, rt), rt) if prepare is None else prepare
+        self.prepared = once and rt.augment is None
         if self.prepared:
             self.xs = rt.prepare(self.xs)
         rt.model.train()
@@ -338,14 +345,22 @@ class LocalRound:
 
     def steps(self) -> Iterator[tuple[tuple[int, ...], Tensor, Tensor]]:
         """Each local step's (units, batch, labels), to be trained before the next is asked
-        for; a step the policy and the algorithm leave nothing to train is idle (counted, not
-        yielded), and a policy's end-of-epoch answer may send ``k`` back to 0 (a restart).
-        The cohort executor trains the steps of several clients' rounds together."""
+        for (:meth:`plan` with each step's :meth:`batch`)."""
+        for units, (x, y) in self.plan(self.batch):
+            yield units, x, y
+
+    def plan(self, draw: Callable[[int], T]) -> Iterator[tuple[tuple[int, ...], T]]:
+        """Each local step's units and ``draw(k)``, its batch (:meth:`batch`) or what it is
+        drawn from (:meth:`batch_indices`: the cohort executor gathers a group's batches at
+        once), to be trained before the next is asked for; ``draw`` runs at every step, idle
+        ones too, in order. A step the policy and the algorithm leave nothing to train is idle
+        (counted, not yielded), and a policy's end-of-epoch answer may send ``k`` back to 0
+        (a restart)."""
         rt, task = self.rt, self.task
         k = 0
         while k < self.local_steps:
             k += 1
-            x, y = self.batch(k)
+            drawn = draw(k)
             step = StepCtx(
                 k, self.local_steps, rt.policy_units, task.round, task.client, task.rounds
             )
@@ -354,7 +369,7 @@ class LocalRound:
                 self.idle += 1
                 continue
             self.epoch_ends = k % self.per_epoch == 0 and k < self.local_steps
-            yield units, x, y
+            yield units, drawn
             if self.epoch_ends:
                 k = self.end_of_epoch(k)
 

@@ -1,8 +1,10 @@
 """``executor: cohort``: a round's clients trained together, one vectorised step for all.
 
 Each client's round is planned by the same :class:`~fedbug.engine.client.LocalRound` the
-sequential executor runs (its batches from the client's own generator, its units from the
-policy and the algorithm, its bookkeeping, its result); only the arithmetic of a step is shared.
+sequential executor runs (its batches' samples from the client's own generator, its units from
+the policy and the algorithm, its bookkeeping, its result); only the arithmetic of a step is
+shared, and the reading of its batches (a chunk holds its clients' samples in one tensor, and a
+group's batches are one gather: :class:`Samples`).
 At each step the clients whose step has the same trainable units and batch shape form a group,
 and the group's gradients come from one ``torch.func.vmap`` of ``grad`` over
 ``functional_call`` with the clients' weights stacked along a leading axis (gradients only for
@@ -24,6 +26,7 @@ each unit's change. What cannot be vectorised is refused before the run
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -50,7 +53,9 @@ from fedbug.engine.executors.graphs import GraphCache
 from fedbug.engine.executors.streams import Lanes
 from fedbug.errors import ConfigError, first_line
 
-Step = tuple[tuple[int, ...], Tensor, Tensor]
+#: a client's step: its units and its batch's sample indices (in the chunk's :class:`Samples`,
+#: less the client's offset there)
+Step = tuple[tuple[int, ...], Tensor]
 
 
 def refuse_model(model: nn.Module, space: ParamSpace, augmented: bool) -> None:
@@ -150,42 +155,68 @@ class CohortExecutor(Executor):
         round, where they fit and nothing is augmented)."""
         if not tasks:
             return 0
-        if self._sample_bytes is None:  # one sample's, prepared: the same for every client
-            one = self.client_data(tasks[0].client).x[:1]
-            self._sample_bytes = prepared_bytes(one, self.rt) if len(one) else 0
-        held = (self.sizes(t.client) * self._sample_bytes for t in tasks)
+        one = self.one_sample_bytes(tasks[0])
+        held = (self.sizes(t.client) * one for t in tasks)
         return max((b for b in held if prepares_once(b, self.rt)), default=0)
+
+    def one_sample_bytes(self, task: ClientTask) -> int:
+        """One sample's bytes, prepared: the same for every client (counted once, from the
+        first client that holds a sample)."""
+        if self._sample_bytes is None:
+            one = self.client_data(task.client).x[:1]
+            if not len(one):
+                return 0
+            self._sample_bytes = prepared_bytes(one, self.rt)
+        return self._sample_bytes
 
     def train_chunk(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
     ) -> list[ClientResult]:
         rt = self.rt
-        rounds: list[LocalRound] = []
-        rows: list[Tensor] = []
-        for t in tasks:  # each opens as it would alone: received weights, its local parts
-            rounds.append(LocalRound(weights, t, self.client_data(t.client), states[t.client], rt))
-            rows.append(rt.flat.clone())
-        stacked = optimizer_entry(rt.settings.optimizer).stacked
-        opt = stacked(torch.stack(rows), rt.settings, tasks[0].lr, self.space.num_units)
-        chunk = Chunk(rounds, opt)
-        plans = [r.steps() for r in rounds]
+        chunk = self.open_chunk(weights, tasks, states)
+        rounds = chunk.rounds
+        plans = [r.plan(r.batch_indices) for r in rounds]
         active = list(range(len(rounds)))
         while active:
             pending: dict[tuple[Any, ...], list[tuple[int, Step]]] = defaultdict(list)
             for c in active:
                 step = self.next_step(c, plans[c], chunk)
-                if step is not None:
-                    units, x, y = step
-                    pending[units, tuple(x.shape), tuple(y.shape)].append((c, step))
+                if step is not None:  # a group: the same units, batches of one size
+                    pending[step[0], len(step[1])].append((c, step))
             active = [c for group in pending.values() for c, _ in group]
             for group in pending.values():
                 self.group_step([c for c, _ in group], [s for _, s in group], chunk)
+        # each client's task losses, read from the device at once
+        sums = (torch.stack([r.loss_sum for r in rounds]) + chunk.loss_sums).cpu()
         results = []
         for c, local in enumerate(rounds):
-            local.loss_sum = local.loss_sum + chunk.loss_sums[c]
+            local.loss_sum = sums[c]
             rt.flat.copy_(chunk.opt.weights[c])
             results.append(local.result())
         return results
+
+    def open_chunk(
+        self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
+    ) -> Chunk:
+        """The chunk's clients, each opened as it would be alone (received weights, its local
+        parts), their samples moved into one :class:`Samples` as each opens (prepared once
+        for the round where every client's are, else none), their weights stacked."""
+        rt = self.rt
+        sizes = [self.sizes(t.client) for t in tasks]
+        one = self.one_sample_bytes(tasks[0])
+        once = all(prepares_once(n * one, rt) for n in sizes)
+        samples = Samples(sizes)
+        rounds: list[LocalRound] = []
+        rows: list[Tensor] = []
+        for t in tasks:
+            data = self.client_data(t.client)
+            local = LocalRound(weights, t, data, states[t.client], rt, prepare=once)
+            samples.adopt(len(rounds), local)
+            rounds.append(local)
+            rows.append(rt.flat.clone())
+        stacked = optimizer_entry(rt.settings.optimizer).stacked
+        opt = stacked(torch.stack(rows), rt.settings, tasks[0].lr, self.space.num_units)
+        return Chunk(rounds, opt, samples)
 
     def next_step(self, c: int, plan: Iterator[Step], chunk: Chunk) -> Step | None:
         """Client ``c``'s next step. After a step that ended an epoch the policy answers first
@@ -203,16 +234,15 @@ class CohortExecutor(Executor):
         return step
 
     def group_step(self, clients: list[int], steps: list[Step], chunk: Chunk) -> None:
-        """One step of clients that train the same units on batches of one shape."""
+        """One step of clients that train the same units on batches of one size."""
         units, rounds, opt = steps[0][0], chunk.rounds, chunk.opt
         rows = chunk.rows(clients)
-        x = torch.stack([s[1] for s in steps])
-        y = torch.stack([s[2] for s in steps])
+        x, y = chunk.samples.batches(rows, [s[1] for s in steps], self.rt)
         for c in clients:
             rounds[c].mark(units)
-        w = rows.take(opt.weights)
-        ctx = chunk.ctx(self.space, w, self.fresh_grads(w, units), rows, units, rounds[clients[0]])
-        losses = self.gradients(units, x, y, ctx, rounds[clients[0]].session.loss)
+        lead = rounds[clients[0]]
+        ctx = chunk.ctx(self.space, rows.take(opt.weights), rows, units, lead)
+        losses = self.gradients(units, x, y, ctx, lead.session.loss)
         rt = self.rt
         rt.algorithm.adjust_grads(ctx)  # the algorithm's terms, written for stacked clients
         if rt.settings.clip_grad_norm:  # each client's gradient, as the sequential step clips
@@ -220,27 +250,20 @@ class CohortExecutor(Executor):
         rt.algorithm.adjust_grads_after_clipping(ctx)
         opt.step(rows, ctx.grads, units, self.space)
         rows.add(chunk.loss_sums, losses)
-        cost = rounds[clients[0]].cost(units, x[0], y[0])  # one batch shape and loss a group
+        cost = lead.cost(units, x[0], y[0])  # one batch shape and loss a group
         for c in clients:
-            rounds[c].charge(cost, len(y[0]))
-
-    def fresh_grads(self, w: Tensor, units: Sequence[int]) -> Tensor:
-        """A group's gradient, shaped as its weights: zero outside ``units`` (what
-        :meth:`gradients` does not write), and left as allocated inside, where it writes."""
-        grads, on = torch.empty_like(w), set(units)
-        frozen = [u for u in range(self.space.num_units) if u not in on]
-        for r in unit_regions(frozen, self.space):
-            grads[:, r].zero_()
-        return grads
+            rounds[c].charge(cost, y.shape[1])
 
     def gradients(
         self, units: Sequence[int], x: Tensor, y: Tensor, ctx: LocalCtx, loss: Any
     ) -> Tensor:
-        """Write into ``ctx.grads`` (zero outside ``units``) the gradients of each client's
-        loss with the algorithm's term (``extra_loss``, run inside the vectorised map for one
-        client, with that client's features); return each client's task loss, as the
-        sequential step records it. Under ``cuda_graphs`` the map is replayed from a graph
-        captured for the group's units, number of clients and batch shapes."""
+        """Set ``ctx.grads`` to the gradients of each client's loss with the algorithm's term
+        (``extra_loss``, run inside the vectorised map for one client, with that client's
+        features), stacked flat vectors zero outside ``units``; return each client's task
+        loss, as the sequential step records it. Under ``cuda_graphs`` the map is replayed
+        from a graph captured for the group's units, number of clients and batch shapes (its
+        gradient then lives in the graph's output, rewritten by the next replay: the step
+        reads it before)."""
         on, w = set(units), ctx.weights
         try:
             if self.graphs is None:
@@ -261,17 +284,15 @@ class CohortExecutor(Executor):
             ) from e
         finally:
             self.rt._features = None  # the hook's capture lived inside the map
-        for n, o, k, _s, u in self.params:
-            if u in on:
-                ctx.grads[:, o : o + k] = g[n].reshape(len(w), k)
+        ctx.grads = g
         return value.detach()
 
     def gradient_fn(
         self, on: set[int], ctx: LocalCtx, loss: Any
-    ) -> Callable[[Tensor, Tensor, Tensor], tuple[dict[str, Tensor], Tensor]]:
+    ) -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]:
         """The group's gradients as a pure function of its stacked weights, batches and labels:
-        each trained parameter's gradient (stacked over the clients) and each client's task
-        loss. It reads nothing else that changes between steps (what a graph needs)."""
+        the clients' stacked flat gradients (:meth:`flatten`) and each client's task loss. It
+        reads nothing else that changes between steps (what a graph needs)."""
         rt, params = self.rt, self.params
         model, alg = rt.model, rt.algorithm
 
@@ -282,17 +303,17 @@ class CohortExecutor(Executor):
         one_client = grad_and_value(client_loss, has_aux=True)
         names = [n for n, _o, _k, _s, u in params if u in on]
 
-        def fn(w: Tensor, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        def fn(w: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
             trained = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in params if u in on}
             fixed = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in params if u not in on}
             g, (_, value) = vmap(one_client)(trained, fixed, x, y)
-            return g, value.detach()
+            return self.flatten(g, len(w)), value.detach()
 
         lanes = self.lanes
         if lanes is None:
             return fn
 
-        def on_streams(w: Tensor, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        def on_streams(w: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
             def client(i: int) -> tuple[dict[str, Tensor], Tensor]:
                 row = {n: w[i, o : o + k].view(s) for n, o, k, s, _ in params}
                 trained = {n: row.pop(n) for n in names}
@@ -301,9 +322,31 @@ class CohortExecutor(Executor):
 
             out = lanes.map(client, len(w))
             values = torch.stack([v for _, v in out])
-            return {n: torch.stack([g[n] for g, _ in out]) for n in names}, values
+            g = {n: torch.stack([g[n] for g, _ in out]) for n in names}
+            return self.flatten(g, len(w)), values
 
         return on_streams
+
+    def flatten(self, g: Mapping[str, Tensor], clients: int) -> Tensor:
+        """The stacked flat gradients (``clients`` rows) of the parameters ``g`` names, zero
+        elsewhere: one concatenation (with a zero block a run of the others), inside a graph
+        where the gradient is captured, instead of a copy a parameter after its replay."""
+        pieces: list[Tensor] = []
+        zeros, end = 0, 0  # a run of entries not in g, and where the pieces reach
+        for n, o, k, _s, _u in self.params:
+            zeros += o - end
+            end = o + k
+            if n not in g:
+                zeros += k
+                continue
+            if zeros:
+                pieces.append(g[n].new_zeros(clients, zeros))
+                zeros = 0
+            pieces.append(g[n].reshape(clients, k))
+        zeros += self.space.total - end
+        if zeros or not pieces:
+            pieces.append(torch.zeros(clients, zeros, device=self.rt.device))
+        return torch.cat(pieces, dim=1)
 
 
 def tensorless(ctx: LocalCtx) -> LocalCtx:
@@ -317,17 +360,18 @@ def tensorless(ctx: LocalCtx) -> LocalCtx:
 
 class Chunk:
     """The clients trained together: their rounds, the optimiser over their stacked weights, and
-    what their steps read, stacked once (received weights, states, sample counts)."""
+    what their steps read, stacked once (received weights, states, sample counts, samples)."""
 
-    def __init__(self, rounds: list[LocalRound], opt: StackedOptimizer) -> None:
-        self.rounds, self.opt = rounds, opt
+    def __init__(self, rounds: list[LocalRound], opt: StackedOptimizer, samples: Samples) -> None:
+        self.rounds, self.opt, self.samples = rounds, opt, samples
         dev = opt.weights.device
         self.received = torch.stack([r.received for r in rounds])
         keys = rounds[0].state.keys() if rounds else ()
         self.state = {k: torch.stack([r.state[k] for r in rounds]) for k in keys}
-        self.samples = from_host(torch.tensor([[float(r.n)] for r in rounds]), dev)
+        self.num_samples = from_host(torch.tensor([[float(r.n)] for r in rounds]), dev)
         #: each client's task losses summed over its steps (one addition a group step)
         self.loss_sums = torch.zeros(len(rounds), device=dev)
+        self.no_grads = torch.empty(0, device=dev)  # a group's, until its gradient is set
         self._rows: dict[tuple[int, ...], Rows] = {}
 
     def rows(self, clients: list[int]) -> Rows:
@@ -342,23 +386,23 @@ class Chunk:
         self,
         space: ParamSpace,
         w: Tensor,
-        grads: Tensor,
         rows: Rows,
         units: Sequence[int],
         lead: LocalRound,
     ) -> LocalCtx:
-        """A group's :class:`LocalCtx`, its tensors stacked over the clients (``rows``); the
-        round-wide settings from ``lead``, the group's first client (passed as an object: the
-        row read back from the device would wait for the GPU every step)."""
+        """A group's :class:`LocalCtx`, its tensors stacked over the clients (``rows``; the
+        gradient empty until :meth:`CohortExecutor.gradients` sets it); the round-wide settings
+        from ``lead``, the group's first client (passed as an object: the row read back from
+        the device would wait for the GPU every step)."""
         first = lead.task
         return LocalCtx(
             space=space,
             weights=w,
-            grads=grads,
+            grads=self.no_grads,
             received=rows.take(self.received),
             regions=unit_regions(units, space),
             state={k: rows.take(v) for k, v in self.state.items()},
-            num_samples=rows.take(self.samples),
+            num_samples=rows.take(self.num_samples),
             mean_samples=first.mean_samples,
             payload=first.payload or {},
             lr=first.lr,
@@ -401,6 +445,59 @@ class Rows(NamedTuple):
     def add(self, t: Tensor, values: Tensor) -> None:
         """Add ``values`` (one per row) into these rows of ``t``, in place."""
         if self.span is not None:
-            t[self.span] += values
+            t[self.span].add_(values)
         else:
             t.index_add_(0, self.device, values)
+
+
+class Samples:
+    """The chunk's clients' samples and labels in one tensor each (client ``c``'s rows from its
+    offset on), so that a group step's batches are one gather: its clients' indices stacked,
+    shifted by their offsets, read at once (not a gather a client, then a stack)."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        starts = [sum(sizes[:c]) for c in range(len(sizes))]
+        self.sizes, self.starts, self.total = list(sizes), starts, sum(sizes)
+        self.x: Tensor | None = None
+        self.y: Tensor | None = None
+        self.offsets: Tensor | None = None  # (clients, 1), on the samples' device
+        self.prepared = True
+
+    def adopt(self, c: int, local: LocalRound) -> None:
+        """Move client ``c``'s samples (prepared or not, as its round holds them) here; its
+        round then reads them as a view, and its own copy is freed (the chunk holds its
+        clients' samples once, plus the one opening)."""
+        xs, ys, n, start = local.xs, local.ys, self.sizes[c], self.starts[c]
+        if len(xs) != n:
+            raise RuntimeError(f"client {local.task.client}: {len(xs)} samples, counted {n}")
+        if self.x is None or self.y is None:
+            self.x, self.y = like_rows(xs, self.total), like_rows(ys, self.total)
+            starts = torch.tensor(self.starts, dtype=torch.long).unsqueeze(1)
+            self.offsets = from_host(starts, xs.device)
+            self.prepared = local.prepared
+        self.x[start : start + n].copy_(xs)
+        self.y[start : start + n].copy_(ys)
+        local.xs, local.ys = self.x[start : start + n], self.y[start : start + n]
+
+    def batches(
+        self, rows: Rows, indices: Sequence[Tensor], rt: ClientRuntime
+    ) -> tuple[Tensor, Tensor]:
+        """A group's batches and labels (clients along the first axis): each client's
+        ``indices`` (its own rows) read from its samples, prepared where they were not yet."""
+        assert self.x is not None and self.y is not None and self.offsets is not None
+        at = torch.stack(list(indices))
+        at += rows.take(self.offsets)
+        x, y = self.x[at], self.y[at]
+        if not self.prepared:  # elementwise: a group's batch at once, as a client's alone
+            x = rt.prepare(x.flatten(0, 1)).unflatten(0, at.shape)
+        return x, y
+
+
+def like_rows(t: Tensor, n: int) -> Tensor:
+    """An uninitialised tensor of ``n`` rows like ``t``'s (its dtype, device and each row's
+    strides: an NHWC batch stays NHWC)."""
+    row = t.shape[1:]
+    numel = math.prod(row)
+    dense = len(t) < 2 or t.stride(0) == numel
+    strides = (numel, *t.stride()[1:]) if dense else torch.empty(0, *row).stride()
+    return torch.empty_strided((n, *row), strides, dtype=t.dtype, device=t.device)
