@@ -228,3 +228,26 @@ def test_a_channels_last_batch_keeps_its_layout_in_the_graphs_buffer(captures):
     batches = [b for (_, (shape, *_)), b in cache.buffers.items() if len(shape) == 5]
     assert batches and all(b.stride()[2] == 1 for b in batches)  # channels vary fastest
     assert cache.calls and torch.equal(graphed.weights, eager.weights)
+
+
+def test_a_groups_weights_have_one_layout_wherever_its_first_row_is(captures, monkeypatch):
+    """Unequal clients (the tiny MLP's length is not a multiple of 16 floats): the chunk's
+    rows begin on 64-byte boundaries, so groups of one size that begin at other rows than the
+    first share one weights layout (one graph, not one an alignment), aligned."""
+    from fedbug.engine.executors import cohort
+
+    starts, made = set(), cohort.Rows.of
+
+    def spy(clients, device):
+        rows = made(clients, device)
+        starts.add(rows.span.start if rows.span is not None else None)
+        return rows
+
+    monkeypatch.setattr(cohort.Rows, "of", spy)
+    cfg = tiny_config(executor="cohort", cohort={"cuda_graphs": True}, **UNEQUAL_EPOCH)
+    run_experiment(cfg)
+    assert any(s for s in starts)  # views of rows past the first
+    (cache,) = captures
+    weights = {layouts[0] for _, layouts in cache.uses}  # (shape, strides, dtype, device, align)
+    assert all(w[4] == 0 and w[1][0] % (ALIGN // 4) == 0 for w in weights), weights
+    assert len(weights) == len({w[0] for w in weights})  # one layout a group shape

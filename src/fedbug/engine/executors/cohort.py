@@ -49,7 +49,7 @@ from fedbug.engine.client import (
     unit_regions,
 )
 from fedbug.engine.executors.base import Executor
-from fedbug.engine.executors.graphs import GraphCache
+from fedbug.engine.executors.graphs import ALIGN, GraphCache
 from fedbug.engine.executors.streams import Lanes
 from fedbug.errors import ConfigError, first_line
 
@@ -207,15 +207,15 @@ class CohortExecutor(Executor):
         once = all(prepares_once(n * one, rt) for n in sizes)
         samples = Samples(sizes)
         rounds: list[LocalRound] = []
-        rows: list[Tensor] = []
+        rows = aligned_rows(len(tasks), rt.flat)
         for t in tasks:
             data = self.client_data(t.client)
             local = LocalRound(weights, t, data, states[t.client], rt, prepare=once)
             samples.adopt(len(rounds), local)
+            rows[len(rounds)].copy_(rt.flat)
             rounds.append(local)
-            rows.append(rt.flat.clone())
         stacked = optimizer_entry(rt.settings.optimizer).stacked
-        opt = stacked(torch.stack(rows), rt.settings, tasks[0].lr, self.space.num_units)
+        opt = stacked(rows, rt.settings, tasks[0].lr, self.space.num_units)
         return Chunk(rounds, opt, samples)
 
     def next_step(self, c: int, plan: Iterator[Step], chunk: Chunk) -> Step | None:
@@ -491,6 +491,17 @@ class Samples:
         if not self.prepared:  # elementwise: a group's batch at once, as a client's alone
             x = rt.prepare(x.flatten(0, 1)).unflatten(0, at.shape)
         return x, y
+
+
+def aligned_rows(n: int, like: Tensor) -> Tensor:
+    """``n`` uninitialised rows of ``like``'s length, each beginning on an :data:`ALIGN`-byte
+    boundary (the row stride rounded up; a fresh tensor begins on one): a group's stacked
+    weights then have one layout wherever its first row is, so a CUDA graph captured for a
+    group shape serves every group of that shape (:func:`~fedbug.engine.executors.graphs.
+    layout`), and no kernel is chosen by where a row happens to start."""
+    per = ALIGN // like.element_size()
+    stride = -(-like.numel() // per) * per
+    return torch.empty(n, stride, dtype=like.dtype, device=like.device)[:, : like.numel()]
 
 
 def like_rows(t: Tensor, n: int) -> Tensor:
