@@ -50,8 +50,10 @@ def deployment(tmp_path):
 
 @pytest.mark.slow
 def test_loopback_tls_deployment_equals_in_process(tmp_path, deployment):
-    """TLS and SuperNode authentication: two registered SuperNodes run two rounds equal to
-    in-process; a SuperNode with an unregistered key is refused (Flower's exit code 305)."""
+    """TLS and SuperNode authentication: two registered SuperNodes (served by warm workers: a
+    ClientApp process a message costs ~15 s here, and the killed-node test below keeps
+    Flower's default isolation) run two rounds equal to in-process; a SuperNode with an
+    unregistered key is refused (Flower's exit code 305)."""
     certs = make_certificates(tmp_path / "certs")
     deployment.start_superlink(
         "--ssl-ca-certfile",
@@ -69,7 +71,9 @@ def test_loopback_tls_deployment_equals_in_process(tmp_path, deployment):
         register(public, home)
     tls = ("--root-certificates", str(certs["ca"]))
     for i in range(2):
-        deployment.start_supernode(i, 2, *tls, "--auth-supernode-private-key", str(keys[i][0]))
+        deployment.start_supernode(
+            i, 2, *tls, "--auth-supernode-private-key", str(keys[i][0]), warm=True
+        )
     stranger = deployment.start_supernode(
         2, 2, *tls, "--auth-supernode-private-key", str(keys[2][0])
     )

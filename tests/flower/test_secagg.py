@@ -353,13 +353,15 @@ SMOKE = Path(__file__).resolve().parents[2] / "configs" / "flower-smoke.yaml"
 
 @pytest.mark.slow
 def test_a_loopback_deployment_sums_with_secagg(tmp_path):
-    """A SuperLink and 3 SuperNodes (each its own process): the smoke config (FedDyn, partial
-    uploads of the head) summed by SecAgg+ gives the in-process records within the bound."""
+    """A SuperLink and 3 SuperNodes (each its own process, served by a warm worker: SecAgg+'s
+    stages are several messages a round, each a new ClientApp process otherwise): the smoke
+    config (FedDyn, partial uploads of the head) summed by SecAgg+ gives the in-process
+    records within the bound."""
     d = Deployment(tmp_path / "flower")
     try:
         d.start_superlink()
         for i in range(3):
-            d.start_supernode(i, 3)
+            d.start_supernode(i, 3, warm=True)
         d.wait_for_nodes(3)
         flags = ["-s", "num_clients=3", "-s", "clients_per_round=3", "-s", "rounds=2"]
         assert main(["run", str(SMOKE), *flags, "--out", str(tmp_path / "here"), "-q"]) == 0
