@@ -265,19 +265,24 @@ class LocalRound:
         runtime: ClientRuntime,
         keep_batches: bool = False,
         prepare: bool | None = None,
+        received: Tensor | None = None,
     ) -> None:
         rt = self.rt = runtime
         dev = rt.device
         self.host = weights.device
-        # on the device: the received weights, the client's state and the round's payload; its
-        # data too, unless augmentation (drawn on the CPU) comes first (then batch by batch)
-        self.received = weights.to(dev)
+        # on the device: the received weights (``received``, where the caller moved them there
+        # once for several clients; never written), the client's state and the round's payload;
+        # its data too, unless augmentation (drawn on the CPU) comes first (then batch by
+        # batch); moved without the host waiting for the device's queue (``from_host``)
+        self.received = received if received is not None else from_host(weights, dev)
         self.state = to_device(state, dev)
         if task.payload is not None:
             task = dataclasses.replace(task, payload=to_device(task.payload, dev))
         self.task = task
         self.xs, self.ys = (
-            (data.x, data.y) if rt.augment is not None else (data.x.to(dev), data.y.to(dev))
+            (data.x, data.y)
+            if rt.augment is not None
+            else (from_host(data.x, dev), from_host(data.y, dev))
         )
         #: the samples prepared once for the round: a step's batch is then its rows (the
         #: preparation is elementwise, and indexing keeps the NHWC layout: the same numbers as

@@ -208,9 +208,11 @@ class CohortExecutor(Executor):
         samples = Samples(sizes)
         rounds: list[LocalRound] = []
         rows = aligned_rows(len(tasks), rt.flat)
+        received = from_host(weights, rt.device)  # once for the chunk's clients
         for t in tasks:
             data = self.client_data(t.client)
-            local = LocalRound(weights, t, data, states[t.client], rt, prepare=once)
+            state = states[t.client]
+            local = LocalRound(weights, t, data, state, rt, prepare=once, received=received)
             samples.adopt(len(rounds), local)
             rows[len(rounds)].copy_(rt.flat)
             rounds.append(local)
