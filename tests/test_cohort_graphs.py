@@ -232,8 +232,9 @@ def test_a_channels_last_batch_keeps_its_layout_in_the_graphs_buffer(captures):
 
 def test_a_groups_weights_have_one_layout_wherever_its_first_row_is(captures, monkeypatch):
     """Unequal clients (the tiny MLP's length is not a multiple of 16 floats): the chunk's
-    rows begin on 64-byte boundaries, so groups of one size that begin at other rows than the
-    first share one weights layout (one graph, not one an alignment), aligned."""
+    rows begin on 64-byte boundaries, and scattered rows are copied in that layout, so groups
+    of one size that begin at other rows than the first, or are not consecutive, share one
+    weights layout (one graph, not one an alignment or a gather), aligned."""
     from fedbug.engine.executors import cohort
 
     starts, made = set(), cohort.Rows.of
@@ -244,9 +245,11 @@ def test_a_groups_weights_have_one_layout_wherever_its_first_row_is(captures, mo
         return rows
 
     monkeypatch.setattr(cohort.Rows, "of", spy)
-    cfg = tiny_config(executor="cohort", cohort={"cuda_graphs": True}, **UNEQUAL_EPOCH)
+    cfg = tiny_config(
+        executor="cohort", cohort={"cuda_graphs": True}, clients_per_round=6, **UNEQUAL_EPOCH
+    )
     run_experiment(cfg)
-    assert any(s for s in starts)  # views of rows past the first
+    assert any(s for s in starts) and None in starts  # rows past the first; scattered rows
     (cache,) = captures
     weights = {layouts[0] for _, layouts in cache.uses}  # (shape, strides, dtype, device, align)
     assert all(w[4] == 0 and w[1][0] % (ALIGN // 4) == 0 for w in weights), weights

@@ -102,3 +102,17 @@ def test_a_chunk_whose_clients_do_not_all_prepare_once_prepares_none(monkeypatch
     monkeypatch.setattr(cohort.Samples, "batches", spy)
     assert_close_to_sequential(cfg)
     assert seen and not any(seen)
+
+
+def test_scattered_rows_of_a_padded_view_are_copied_in_its_layout():
+    """Rows 3 and 1 of a 4 x 6 view of 8-wide rows: copied with their padding (row stride 8),
+    the same values; a view whose last row's padding would lie past its storage (columns 2-6
+    of the same rows) is copied plainly."""
+    from fedbug.engine.executors.cohort import gather_rows
+
+    base = torch.arange(32.0).view(4, 8)
+    rows = torch.tensor([3, 1])
+    wide = gather_rows(base[:, :6], rows)
+    assert wide.stride() == (8, 1) and wide.tolist() == base[[3, 1], :6].tolist()
+    inner = gather_rows(base[:, 2:], rows)
+    assert inner.stride() == (6, 1) and inner.tolist() == base[[3, 1], 2:].tolist()

@@ -430,8 +430,9 @@ class Rows(NamedTuple):
         return cls(from_host(host, device), host, span)
 
     def take(self, t: Tensor) -> Tensor:
-        """These rows of ``t``: a view where they are consecutive, else a copy."""
-        return t[self.span] if self.span is not None else t.index_select(0, self.device)
+        """These rows of ``t``: a view where they are consecutive, else a copy (in the layout
+        of a view: :func:`gather_rows`)."""
+        return t[self.span] if self.span is not None else gather_rows(t, self.device)
 
     def region(self, t: Tensor, r: slice) -> Tensor:
         """These rows of ``t`` on the entries ``r``: a view where the rows are consecutive (to be
@@ -504,6 +505,20 @@ def aligned_rows(n: int, like: Tensor) -> Tensor:
     per = ALIGN // like.element_size()
     stride = -(-like.numel() // per) * per
     return torch.empty(n, stride, dtype=like.dtype, device=like.device)[:, : like.numel()]
+
+
+def gather_rows(t: Tensor, rows: Tensor) -> Tensor:
+    """Rows ``rows`` of ``t``, copied; where ``t`` is a view of wider rows (as the stacked
+    weights, :func:`aligned_rows`), copied with the rest of each row, so that the copy has the
+    view's layout (its row stride, each row aligned) and a graph captured on consecutive rows
+    serves scattered ones too."""
+    n, k = t.shape if t.dim() == 2 else (0, 0)
+    wide = t.dim() == 2 and t.stride(1) == 1 and t.stride(0) > k
+    end = t.storage_offset() + n * t.stride(0)  # where the last row's padding ends
+    if not wide or end * t.element_size() > t.untyped_storage().nbytes():
+        return t.index_select(0, rows)
+    full = t.as_strided((n, t.stride(0)), (t.stride(0), 1))
+    return full.index_select(0, rows)[:, :k]
 
 
 def like_rows(t: Tensor, n: int) -> Tensor:
