@@ -74,7 +74,7 @@ if part step; then
   for b in 50 2; do
     for g in "" --cuda-graphs "--cuda-graphs --gradient streams"; do
       echo "cohort_step --batch $b ${g:-(eager)}:"
-      timeout 120 "$py" -m benchmarks.speed.cohort_step --device cuda --batch $b $g 2>&1 | tail -2
+      timeout 120 "$py" -m benchmarks.speed.cohort_step --device cuda --batch $b $g 2>&1 | tail -3
     done
   done | tee "$out/cohort-step.txt"
 fi
