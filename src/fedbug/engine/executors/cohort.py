@@ -160,8 +160,8 @@ class CohortExecutor(Executor):
         return max((b for b in held if prepares_once(b, self.rt)), default=0)
 
     def one_sample_bytes(self, task: ClientTask) -> int:
-        """One sample's bytes, prepared: the same for every client (counted once, from the
-        first client that holds a sample)."""
+        """One sample's bytes, prepared: the same for every client (counted once, from
+        ``task``'s client; 0, and counted again at the next call, while it holds none)."""
         if self._sample_bytes is None:
             one = self.client_data(task.client).x[:1]
             if not len(one):
