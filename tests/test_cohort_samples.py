@@ -18,16 +18,16 @@ from fedbug.engine.experiment import Experiment
 CPU = torch.device("cpu")
 
 
-def opened(client, xs, ys, prepared=True):
+def opened(client, xs, ys):
     """What :meth:`Samples.adopt` reads of a client's opened round."""
-    return SimpleNamespace(xs=xs, ys=ys, prepared=prepared, task=SimpleNamespace(client=client))
+    return SimpleNamespace(xs=xs, ys=ys, task=SimpleNamespace(client=client))
 
 
 def chunk_of(xs_list, prepared=True):
-    samples = Samples([len(x) for x in xs_list])
+    samples = Samples([len(x) for x in xs_list], prepared)
     rounds = []
     for c, xs in enumerate(xs_list):
-        rounds.append(opened(c, xs, torch.arange(len(xs)) + 100 * c, prepared))
+        rounds.append(opened(c, xs, torch.arange(len(xs)) + 100 * c))
         mine = rounds[-1].xs
         samples.adopt(c, rounds[-1])
         assert torch.equal(rounds[-1].xs, mine) and rounds[-1].xs.stride() == mine.stride()
@@ -66,7 +66,7 @@ def test_samples_not_prepared_are_prepared_a_group_at_once():
 
 
 def test_a_client_whose_count_is_wrong_is_refused():
-    samples = Samples([2, 3])
+    samples = Samples([2, 3], prepared=True)
     with pytest.raises(RuntimeError, match="client 7: 4 samples, counted 2"):
         samples.adopt(0, opened(7, torch.zeros(4, 1), torch.zeros(4)))
 

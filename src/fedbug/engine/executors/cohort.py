@@ -205,7 +205,7 @@ class CohortExecutor(Executor):
         sizes = [self.sizes(t.client) for t in tasks]
         one = self.one_sample_bytes(tasks[0])
         once = all(prepares_once(n * one, rt) for n in sizes)
-        samples = Samples(sizes)
+        samples = Samples(sizes, prepared=once)
         rounds: list[LocalRound] = []
         rows = aligned_rows(len(tasks), rt.flat)
         received = from_host(weights, rt.device)  # once for the chunk's clients
@@ -458,13 +458,14 @@ class Samples:
     offset on), so that a group step's batches are one gather: its clients' indices stacked,
     shifted by their offsets, read at once (not a gather a client, then a stack)."""
 
-    def __init__(self, sizes: Sequence[int]) -> None:
+    def __init__(self, sizes: Sequence[int], prepared: bool) -> None:
         starts = [sum(sizes[:c]) for c in range(len(sizes))]
         self.sizes, self.starts, self.total = list(sizes), starts, sum(sizes)
         self.x: Tensor | None = None
         self.y: Tensor | None = None
         self.offsets: Tensor | None = None  # (clients, 1), on the samples' device
-        self.prepared = True
+        #: whether the clients' rounds prepared their samples (all or none of them)
+        self.prepared = prepared
 
     def adopt(self, c: int, local: LocalRound) -> None:
         """Move client ``c``'s samples (prepared or not, as its round holds them) here; its
@@ -477,18 +478,17 @@ class Samples:
             self.x, self.y = like_rows(xs, self.total), like_rows(ys, self.total)
             starts = torch.tensor(self.starts, dtype=torch.long).unsqueeze(1)
             self.offsets = from_host(starts, xs.device)
-            self.prepared = local.prepared
         self.x[start : start + n].copy_(xs)
         self.y[start : start + n].copy_(ys)
         local.xs, local.ys = self.x[start : start + n], self.y[start : start + n]
 
     def batches(
-        self, rows: Rows, indices: Sequence[Tensor], rt: ClientRuntime
+        self, rows: Rows, indices: list[Tensor], rt: ClientRuntime
     ) -> tuple[Tensor, Tensor]:
         """A group's batches and labels (clients along the first axis): each client's
         ``indices`` (its own rows) read from its samples, prepared where they were not yet."""
         assert self.x is not None and self.y is not None and self.offsets is not None
-        at = torch.stack(list(indices))
+        at = torch.stack(indices)
         at += rows.take(self.offsets)
         x, y = self.x[at], self.y[at]
         if not self.prepared:  # elementwise: a group's batch at once, as a client's alone
