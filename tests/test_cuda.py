@@ -274,3 +274,33 @@ def test_the_cohort_executors_steps_never_wait_for_the_gpu(over, monkeypatch):
     strict("next_step")
     fedbug.run(cnn(executor="cohort", rounds=3, local_steps=6, **over), dataset=random_images())
     assert watched > 0
+
+
+@pytest.mark.parametrize("algorithm", ["feddyn", "scaffold"])
+def test_a_cohort_chunks_opening_never_waits_for_the_gpu(algorithm, monkeypatch):
+    """A chunk's opening (each client's received weights, samples, state and the round's
+    payload moved to the GPU, the chunk's stacked vectors made) queues its copies without the
+    host waiting for the GPU after the first round: FedDyn's and SCAFFOLD's states and
+    SCAFFOLD's payload go through pinned memory as the weights and samples do."""
+    from fedbug.engine.executors.cohort import CohortExecutor
+
+    inner = CohortExecutor.open_chunk
+    first: list[int] = []
+    watched = 0
+
+    def open_chunk(self: Any, weights: Any, tasks: Any, states: Any) -> Any:
+        nonlocal watched
+        first[:] = first or [tasks[0].round]
+        if tasks[0].round == first[0]:
+            return inner(self, weights, tasks, states)
+        watched += 1
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return inner(self, weights, tasks, states)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(CohortExecutor, "open_chunk", open_chunk)
+    doc = {"algorithm": algorithm, "rounds": 3, "local_steps": 6}
+    fedbug.run(cnn(executor="cohort", **doc), dataset=random_images())
+    assert watched > 0

@@ -161,9 +161,11 @@ def from_host(t: Tensor, device: torch.device) -> Tensor:
 
 def to_device(obj: Any, device: torch.device) -> Any:
     """``obj`` with every tensor in it (dicts, lists, tuples) on ``device``; the same objects
-    where they are there already."""
+    where they are there already. A host tensor reaches a CUDA device through :func:`from_host`
+    (a client's state and a round's payload at a client's opening: no wait for the device's
+    queue); one on the device comes back with ``.to`` (the host reads it next: that waits)."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(device)
+        return from_host(obj, device)
     if isinstance(obj, dict):
         moved = {k: to_device(v, device) for k, v in obj.items()}
         return obj if all(moved[k] is v for k, v in obj.items()) else moved
