@@ -77,6 +77,12 @@ if part step; then
       timeout 120 "$py" -m benchmarks.speed.cohort_step --device cuda --batch $b $g 2>&1 | tail -3
     done
   done | tee "$out/cohort-step.txt"
+  # scale-10k's shape: a chunk of 200 FedDyn clients, 5 steps of 6 samples (opening, closing)
+  echo "cohort_step --clients 200 --batch 6 --steps 5 --algorithm feddyn (graphs, streams):" \
+    | tee -a "$out/cohort-step.txt"
+  timeout 120 "$py" -m benchmarks.speed.cohort_step --device cuda --clients 200 --batch 6 \
+    --steps 5 --algorithm feddyn --cuda-graphs --gradient streams 2>&1 | tail -3 \
+    | tee -a "$out/cohort-step.txt"
 fi
 
 # 1,000 participants a round of scale-10k (2 rounds; needs Fashion-MNIST on the machine), the

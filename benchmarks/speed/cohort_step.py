@@ -8,14 +8,18 @@ timed call). The executor's ``group_step`` and ``gradients`` are timed around ea
 second of two rounds (the first warms up); reported in milliseconds a group step: the group
 step, its gradient (``vmap(grad)`` over the clients) and the difference (the algorithm's terms,
 clipping, the optimiser's step, the stacked vectors' reads and writes), the chunk's time outside
-its group steps, and the tensor operations dispatched outside the gradient (on a GPU, each a
-kernel launch or at least a trip through the dispatcher on the host): a group step's, and a
-round's in all (opening and closing the chunk, drawing the batches), over ``--steps`` local
-steps.
+its group steps (its opening, each client's closing into a result, and the rest: the clients'
+Python between steps, drawing batches), and the tensor operations dispatched outside the
+gradient (on a GPU, each a kernel launch or at least a trip through the dispatcher on the
+host): a group step's, and a round's in all (opening and closing the chunk, drawing the
+batches), over ``--steps`` local steps. ``--clients`` and ``--algorithm`` change the round's
+shape (one chunk of that many clients; FedDyn keeps a state a client).
 
     python -m benchmarks.speed.cohort_step --batch 2     # about 20 s
     python -m benchmarks.speed.cohort_step --batch 50 --device cuda
     python -m benchmarks.speed.cohort_step --batch 50 --device cuda --cuda-graphs
+    python -m benchmarks.speed.cohort_step --clients 200 --batch 6 --steps 5 --algorithm feddyn
+                                            # scale-10k's shape: many clients, a few small steps
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from benchmarks.speed.speed import make_dataset
 from fedbug import engine
 from fedbug.config import load_config
+from fedbug.engine import client
 from fedbug.engine.executors import cohort
 
 
@@ -95,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=2, help="samples a client a step (2)")
     ap.add_argument("--steps", type=int, default=20, help="group steps timed in all (20)")
+    ap.add_argument("--clients", type=int, default=10, help="clients a round, one chunk (10)")
+    ap.add_argument("--algorithm", default="fedavg", help="the algorithm (fedavg)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument(
         "--cuda-graphs", action="store_true", help="cohort.cuda_graphs: the gradient in graphs"
@@ -107,10 +114,11 @@ def main(argv: list[str] | None = None) -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     torch.set_num_threads(1)
     data = make_dataset("cifar", 10, 0)
-    doc = dict(name="cohort-step", dataset="cifar10", model="standard_cnn", num_clients=100,
-               partition="iid", clients_per_round=10, rounds=2, local_steps=args.steps,
-               batch_size=args.batch, lr=0.05, weight_decay=1e-3, eval_every=1000,
-               count_flops=False, threads=1, executor="cohort", device=args.device,
+    doc = dict(name="cohort-step", dataset="cifar10", model="standard_cnn",
+               num_clients=max(100, args.clients), partition="iid",
+               clients_per_round=args.clients, rounds=2, algorithm=args.algorithm,
+               local_steps=args.steps, batch_size=args.batch, lr=0.05, weight_decay=1e-3,
+               eval_every=1000, count_flops=False, threads=1, executor="cohort", device=args.device,
                deterministic=not cuda,
                cohort={"cuda_graphs": args.cuda_graphs, "gradient": args.gradient})  # fmt: skip
     Ex = cohort.CohortExecutor
@@ -118,12 +126,23 @@ def main(argv: list[str] | None = None) -> None:
     group: list[float] = []
     grad: list[float] = []
     chunk: list[float] = []
+    opening: list[float] = []
+    closing: list[float] = []
+    saved["open_chunk"] = Ex.open_chunk
+    result = client.LocalRound.result
     timed(Ex, "group_step", group, sync)
     timed(Ex, "gradients", grad, sync)
     timed(Ex, "train_chunk", chunk, sync)
-    engine.run_experiment(load_config(None, doc=doc), dataset=data)
-    for n, fn in saved.items():
-        setattr(Ex, n, fn)
+    timed(Ex, "open_chunk", opening, sync)
+    timed(client.LocalRound, "result", closing, sync)
+    try:
+        engine.run_experiment(load_config(None, doc=doc), dataset=data)
+    finally:
+        client.LocalRound.result = result
+        for n, fn in saved.items():
+            setattr(Ex, n, fn)
+    closed = sum(closing[-args.clients :])  # the second round's clients'
+    between = chunk[-1] - sum(group[-args.steps :]) - opening[-1] - closed
     last = group[-args.steps :]  # the second round's (the first warms up)
     g, d = statistics.median(last), statistics.median(grad[-args.steps :])
     whole, inner, chunk_ops = CountOps(), CountOps(), CountOps()
@@ -135,11 +154,12 @@ def main(argv: list[str] | None = None) -> None:
         setattr(Ex, n, fn)
     outside = {k: (v - inner.ops[k]) / args.steps for k, v in whole.ops.items() if v > inner.ops[k]}
     round_ops = sum(chunk_ops.ops.values()) - sum(inner.ops.values())
-    print(f"W's model, 10 clients x batch {args.batch}, {args.device}, 1 thread; ms a group step: "
-          f"{1e3 * g:.1f}, of which the gradient {1e3 * d:.1f}, the rest of the step "
-          f"{1e3 * (g - d):.1f}; outside its {len(last)} group steps a round's chunk took "
-          f"{1e3 * (chunk[-1] - sum(last)):.0f} ms (opening and closing the clients, "
-          "drawing their batches)")  # fmt: skip
+    print(f"W's model, {args.clients} clients x batch {args.batch}, {args.algorithm}, "
+          f"{args.device}, 1 thread; ms a group step: {1e3 * g:.1f}, of which the gradient "
+          f"{1e3 * d:.1f}, the rest of the step {1e3 * (g - d):.1f}; outside its {len(last)} "
+          f"group steps a round's chunk took {1e3 * (chunk[-1] - sum(last)):.0f} ms: opening "
+          f"{1e3 * opening[-1]:.0f}, the clients' results {1e3 * closed:.0f}, the rest (the "
+          f"clients' Python between steps, drawing batches) {1e3 * between:.0f}")  # fmt: skip
     print(
         f"operations a group step outside the captured gradient: {sum(outside.values()):.0f} "
         f"({', '.join(f'{k} {v:g}' for k, v in sorted(outside.items(), key=lambda kv: -kv[1]))})"
