@@ -55,6 +55,9 @@ if part w; then
   for mode in ${W_MODES:-nondeterministic deterministic}; do
     m=(); [ "$mode" = nondeterministic ] && m=(--nondeterministic)
     speed --device cuda "${m[@]}"
+    # fedbug's batches are NHWC by default (chosen on the CPU); the bare loop's NCHW: is the
+    # sequential executor's gap to the bare loop on a GPU (1.16-1.37x) the layout's?
+    [ "$mode" = nondeterministic ] && speed --device cuda "${m[@]}" --memory-format contiguous
     speed --device cuda "${m[@]}" --executor cohort
     speed --device cuda "${m[@]}" --executor cohort --cuda-graphs
     speed --device cuda "${m[@]}" --executor cohort --cuda-graphs --cohort-gradient streams
