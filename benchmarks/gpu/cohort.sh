@@ -61,6 +61,8 @@ if part w; then
     speed --device cuda "${m[@]}" --executor cohort
     speed --device cuda "${m[@]}" --executor cohort --cuda-graphs
     speed --device cuda "${m[@]}" --executor cohort --cuda-graphs --cohort-gradient streams
+    [ "$mode" = nondeterministic ] && speed --device cuda "${m[@]}" --executor cohort \
+      --cuda-graphs --cohort-gradient streams --memory-format contiguous
   done
 fi
 # TensorFloat-32 (precision: tf32, autotuned): the sequential executor and the cohort one in graphs
