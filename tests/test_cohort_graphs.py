@@ -197,6 +197,25 @@ def test_each_unit_set_and_group_shape_has_its_own_graph(captures):
     assert len({shape[1] for shape, *_ in x}) > 1  # a short last batch
 
 
+def test_every_graph_writes_its_gradient_into_one_buffer(captures):
+    """Graphs of several unit sets and group sizes (as above) return their gradients in the
+    first rows of one tensor, not each in a tensor of its own (which a CUDA graph would keep in
+    its pool as long as it lives: a whole gradient a unit set and shape)."""
+    cfg = tiny_config(
+        executor="cohort",
+        cohort={"cuda_graphs": True},
+        policy="bottom_up",
+        bottom_up={"gu_ratio": 0.5},
+        **UNEQUAL_EPOCH,
+    )
+    run_experiment(cfg)
+    (cache,) = captures
+    grads = [call.outputs[0] for call in cache.calls.values()]
+    assert len({g.shape for g in grads}) > 1
+    assert len({g.untyped_storage().data_ptr() for g in grads}) == 1
+    assert {g.data_ptr() for g in grads} == {grads[0].untyped_storage().data_ptr()}
+
+
 def test_cuda_graphs_on_a_device_without_cuda_is_one_line(tmp_path):
     with pytest.raises(
         ConfigError, match=r"^invalid config: cohort: \{cuda_graphs: true\} .* cpu has none"

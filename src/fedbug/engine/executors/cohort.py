@@ -112,6 +112,8 @@ class CohortExecutor(Executor):
         self.space = runtime.space
         self.params = self.space.param_slots()
         self._client_bytes: int | None = None  # one client's share of a chunk, counted once
+        #: under ``cuda_graphs``, where a group's gradients are written (:meth:`out`)
+        self._out: Tensor | None = None
 
     def stream_round(
         self, weights: Tensor, tasks: list[ClientTask], states: Mapping[int, dict[str, Tensor]]
@@ -174,6 +176,8 @@ class CohortExecutor(Executor):
     ) -> list[ClientResult]:
         rt = self.rt
         chunk = self.open_chunk(weights, tasks, states)
+        if self.graphs is not None:  # the graphs' gradient buffer, as wide as the chunk at once
+            self.out(len(tasks))
         rounds = chunk.rounds
         plans = [r.plan(r.batch_indices) for r in rounds]
         active = list(range(len(rounds)))
@@ -264,14 +268,14 @@ class CohortExecutor(Executor):
         features), stacked flat vectors zero outside ``units``; return each client's task
         loss, as the sequential step records it. Under ``cuda_graphs`` the map is replayed
         from a graph captured for the group's units, number of clients and batch shapes (its
-        gradient then lives in the graph's output, rewritten by the next replay: the step
-        reads it before)."""
+        gradient then in :meth:`out`, shared by every graph, and its losses in the graph's
+        output: both rewritten by the next replay, and read by the step before)."""
         on, w = set(units), ctx.weights
         try:
             if self.graphs is None:
                 g, value = self.gradient_fn(on, ctx, loss)(w, x, y)
             else:  # the context without tensors: a graph would keep the capture's
-                fn = self.gradient_fn(on, tensorless(ctx), loss)
+                fn = self.gradient_fn(on, tensorless(ctx), loss, self.out(len(w)))
                 g, value = self.graphs(tuple(units), fn, w, x, y)  # and the inputs' layout
         except torch.OutOfMemoryError:
             raise
@@ -289,12 +293,23 @@ class CohortExecutor(Executor):
         ctx.grads = g
         return value.detach()
 
+    def out(self, clients: int) -> Tensor:
+        """Where the gradients of a group of ``clients`` are written under ``cuda_graphs``: the
+        first rows of one ``[clients, total]`` tensor shared by every graph (made anew only for
+        a larger group). A graph's own output would stay in the graphs' memory pool as long as
+        the graph: a whole gradient for each unit set and batch shape (under gradual
+        unfreezing, one a stage); each is read before the next replay, so one serves all."""
+        if self._out is None or len(self._out) < clients:
+            self._out = torch.empty(clients, self.space.total, device=self.rt.device)
+        return self._out[:clients]
+
     def gradient_fn(
-        self, on: set[int], ctx: LocalCtx, loss: Any
+        self, on: set[int], ctx: LocalCtx, loss: Any, out: Tensor | None = None
     ) -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]:
         """The group's gradients as a pure function of its stacked weights, batches and labels:
-        the clients' stacked flat gradients (:meth:`flatten`) and each client's task loss. It
-        reads nothing else that changes between steps (what a graph needs)."""
+        the clients' stacked flat gradients (:meth:`flatten`, into ``out`` where given) and
+        each client's task loss. It reads nothing else that changes between steps (what a
+        graph needs)."""
         rt, params = self.rt, self.params
         model, alg = rt.model, rt.algorithm
 
@@ -309,7 +324,7 @@ class CohortExecutor(Executor):
             trained = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in params if u in on}
             fixed = {n: w[:, o : o + k].view(-1, *s) for n, o, k, s, u in params if u not in on}
             g, (_, value) = vmap(one_client)(trained, fixed, x, y)
-            return self.flatten(g, len(w)), value.detach()
+            return self.flatten(g, len(w), out), value.detach()
 
         lanes = self.lanes
         if lanes is None:
@@ -322,17 +337,18 @@ class CohortExecutor(Executor):
                 g, (_, value) = one_client(trained, row, x[i], y[i])
                 return g, value.detach()
 
-            out = lanes.map(client, len(w))
-            values = torch.stack([v for _, v in out])
-            g = {n: torch.stack([g[n] for g, _ in out]) for n in names}
-            return self.flatten(g, len(w)), values
+            each = lanes.map(client, len(w))
+            values = torch.stack([v for _, v in each])
+            g = {n: torch.stack([g[n] for g, _ in each]) for n in names}
+            return self.flatten(g, len(w), out), values
 
         return on_streams
 
-    def flatten(self, g: Mapping[str, Tensor], clients: int) -> Tensor:
+    def flatten(self, g: Mapping[str, Tensor], clients: int, out: Tensor | None = None) -> Tensor:
         """The stacked flat gradients (``clients`` rows) of the parameters ``g`` names, zero
-        elsewhere: one concatenation (with a zero block a run of the others), inside a graph
-        where the gradient is captured, instead of a copy a parameter after its replay."""
+        elsewhere: one concatenation (with a zero block a run of the others; into ``out`` where
+        given), inside a graph where the gradient is captured, instead of a copy a parameter
+        after its replay."""
         pieces: list[Tensor] = []
         zeros, end = 0, 0  # a run of entries not in g, and where the pieces reach
         for n, o, k, _s, _u in self.params:
@@ -348,7 +364,7 @@ class CohortExecutor(Executor):
         zeros += self.space.total - end
         if zeros or not pieces:
             pieces.append(torch.zeros(clients, zeros, device=self.rt.device))
-        return torch.cat(pieces, dim=1)
+        return torch.cat(pieces, dim=1) if out is None else torch.cat(pieces, dim=1, out=out)
 
 
 def tensorless(ctx: LocalCtx) -> LocalCtx:

@@ -33,8 +33,9 @@ from torch import Tensor
 
 from fedbug.errors import ConfigError, first_line
 
-#: graphs one executor keeps (each keeps its outputs, the group's gradient, in the shared pool;
-#: beyond this, steps run eagerly)
+#: graphs one executor keeps (each keeps its outputs in the shared pool, the cohort executor's
+#: a loss a client, its gradients written outside, into one buffer; beyond this, steps run
+#: eagerly)
 MAX_GRAPHS = 32
 #: eager calls on a side stream before a capture (cuDNN's and cuBLAS's lazy set-up and
 #: autotuning happen there, not inside the graph), as PyTorch's CUDA-graph notes advise
