@@ -42,7 +42,8 @@ class CohortParams(BaseModel):
         description="on a CUDA device: capture the vectorised gradient in a CUDA graph per "
         "group shape (units, clients, batch shapes and layout) at its second use and replay it, "
         "one launch a step instead of the gradient's kernels; the eager numbers; at most 32 "
-        "graphs, their memory (one pool) not counted by memory_mb",
+        "graphs, writing their gradients into one buffer; their working memory (one pool) "
+        "not counted by memory_mb",
     )
     gradient: Literal["vmap", "streams"] = Field(
         "vmap",
