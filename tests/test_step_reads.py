@@ -1,0 +1,99 @@
+"""A client's local training reads no tensor's value back to the host (no ``.item()``, no
+``float(t)``, no ``if t:``, no data-dependent shape such as ``nonzero``), for every algorithm
+and every policy. On a GPU each such read makes the host wait for the device's queue, so
+the step's Python no longer runs ahead of its kernels and a launch-bound step (workload W's)
+gets slower by the whole of its host time. Checked here on the CPU, where the same
+operations are dispatched (``torch.cuda.set_sync_debug_mode`` needs a GPU): what runs between a
+client's opening and its result, in the second round (the first builds caches).
+
+The width methods are left out: their reads are of host tensors, made once a client and
+cached (HeteroFL's and FedRolex's sub-model masks and index sets), or a draw from the
+client's CPU generator (Fjord's width a step), which wait for no device."""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from test_cohort import pair_config
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fedbug.algorithms import ALGORITHMS
+from fedbug.engine import client, run_experiment
+from fedbug.errors import ConfigError
+from fedbug.policies import POLICIES
+
+#: operations that hand a tensor's value to the host (on a GPU: a wait for the device)
+READS = {
+    "aten._local_scalar_dense.default",  # .item(), float(t), int(t), bool(t)
+    "aten.is_nonzero.default",
+    "aten.nonzero.default",
+    "aten.masked_select.default",
+    "aten.equal.default",
+    "aten.allclose.default",
+    "aten._unique2.default",
+}
+#: algorithms whose reads are of host tensors (see the module's docstring)
+HOST_READS = {"heterofl", "fedrolex", "fjord"}
+
+
+class Reads(TorchDispatchMode):
+    """The reads dispatched inside it, each with the library's innermost calling line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: Counter[tuple[str, str]] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if str(func) in READS:
+            ours = [f for f in traceback.extract_stack() if "src/fedbug" in f.filename]
+            where = f"{ours[-1].filename.split('src/')[-1]}:{ours[-1].lineno}" if ours else "?"
+            self.seen[str(func), where] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def matrix() -> list[tuple[str, str]]:
+    """Each algorithm without a policy, and each policy under FedAvg (where the pair is valid)."""
+    out = [(a, "none") for a in ALGORITHMS.names() if a not in HOST_READS]
+    out += [("fedavg", p) for p in POLICIES.names() if p != "none"]
+    valid = []
+    for a, p in out:
+        try:
+            pair_config(a, p)
+        except ConfigError:
+            continue
+        valid.append((a, p))
+    return valid
+
+
+@pytest.mark.parametrize("algorithm, policy", matrix())
+def test_local_training_reads_no_tensor_value(algorithm, policy, monkeypatch):
+    train = client.LocalRound.train
+    reads = Reads()
+    watched = 0
+
+    def watched_train(self: client.LocalRound) -> None:
+        nonlocal watched
+        if self.task.round < 2:
+            return train(self)
+        watched += 1
+        with reads:
+            return train(self)
+
+    monkeypatch.setattr(client.LocalRound, "train", watched_train)
+    cfg = pair_config(algorithm, policy)
+    run_experiment(cfg.model_copy(update={"rounds": max(2, cfg.rounds)}))
+    assert watched > 0
+    assert not reads.seen, dict(reads.seen)
+
+
+def test_the_check_sees_a_read():
+    """The mode records each read (so the check above can fail)."""
+    reads = Reads()
+    with reads:
+        float(torch.ones(2).sum())
+        torch.arange(3).nonzero()
+    assert sum(reads.seen.values()) == 2
