@@ -4,7 +4,8 @@ and every policy. On a GPU each such read makes the host wait for the device's q
 the step's Python no longer runs ahead of its kernels and a launch-bound step (workload W's)
 gets slower by the whole of its host time. Checked here on the CPU, where the same
 operations are dispatched (``torch.cuda.set_sync_debug_mode`` needs a GPU): what runs between a
-client's opening and its result, in the second round (the first builds caches).
+client's opening and its result, in the second round (the first builds caches); under the
+cohort executor, its group steps and each client's next step.
 
 The width methods are left out: their reads are of host tensors, made once a client and
 cached (HeteroFL's and FedRolex's sub-model masks and index sets), or a draw from the
@@ -23,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.engine import client, run_experiment
+from fedbug.engine.executors.cohort import CohortExecutor
 from fedbug.errors import ConfigError
 from fedbug.policies import POLICIES
 
@@ -55,14 +57,15 @@ class Reads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def matrix() -> list[tuple[str, str]]:
-    """Each algorithm without a policy, and each policy under FedAvg (where the pair is valid)."""
+def matrix(**over: Any) -> list[tuple[str, str]]:
+    """Each algorithm without a policy, and each policy under FedAvg (where the pair is valid,
+    with ``over``)."""
     out = [(a, "none") for a in ALGORITHMS.names() if a not in HOST_READS]
     out += [("fedavg", p) for p in POLICIES.names() if p != "none"]
     valid = []
     for a, p in out:
         try:
-            pair_config(a, p)
+            pair_config(a, p, **over)
         except ConfigError:
             continue
         valid.append((a, p))
@@ -85,6 +88,32 @@ def test_local_training_reads_no_tensor_value(algorithm, policy, monkeypatch):
 
     monkeypatch.setattr(client.LocalRound, "train", watched_train)
     cfg = pair_config(algorithm, policy)
+    run_experiment(cfg.model_copy(update={"rounds": max(2, cfg.rounds)}))
+    assert watched > 0
+    assert not reads.seen, dict(reads.seen)
+
+
+@pytest.mark.parametrize("algorithm, policy", matrix(executor="cohort"))
+def test_the_cohort_executors_steps_read_no_tensor_value(algorithm, policy, monkeypatch):
+    reads = Reads()
+    watched = 0
+
+    def watch(name: str) -> None:
+        inner = getattr(CohortExecutor, name)
+
+        def call(self: CohortExecutor, c: Any, x: Any, chunk: Any) -> Any:
+            nonlocal watched
+            if chunk.rounds[c if isinstance(c, int) else c[0]].task.round < 2:
+                return inner(self, c, x, chunk)
+            watched += 1
+            with reads:
+                return inner(self, c, x, chunk)
+
+        monkeypatch.setattr(CohortExecutor, name, call)
+
+    watch("group_step")
+    watch("next_step")
+    cfg = pair_config(algorithm, policy, executor="cohort")
     run_experiment(cfg.model_copy(update={"rounds": max(2, cfg.rounds)}))
     assert watched > 0
     assert not reads.seen, dict(reads.seen)
