@@ -11,6 +11,8 @@ resumes on the GPU to the uninterrupted numbers."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -235,6 +237,17 @@ def test_cuda_graphs_replay_the_eager_cohort_executors_numbers(over):
     )
 
 
+@contextlib.contextmanager
+def waits_refused() -> Iterator[None]:
+    """Inside, any call that makes the host wait for the GPU raises (torch.cuda's sync debug
+    mode): a copy from pageable host memory, a read-back, a synchronisation."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.parametrize(
     "over",
     [
@@ -262,11 +275,8 @@ def test_the_cohort_executors_steps_never_wait_for_the_gpu(over, monkeypatch):
             if rnd == first[0]:
                 return inner(self, c, x, chunk)
             watched += 1
-            torch.cuda.set_sync_debug_mode("error")
-            try:
+            with waits_refused():
                 return inner(self, c, x, chunk)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
 
         monkeypatch.setattr(CohortExecutor, name, call)
 
@@ -294,11 +304,8 @@ def test_a_cohort_chunks_opening_never_waits_for_the_gpu(algorithm, monkeypatch)
         if tasks[0].round == first[0]:
             return inner(self, weights, tasks, states)
         watched += 1
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with waits_refused():
             return inner(self, weights, tasks, states)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
 
     monkeypatch.setattr(CohortExecutor, "open_chunk", open_chunk)
     doc = {"algorithm": algorithm, "rounds": 3, "local_steps": 6}
