@@ -12,7 +12,7 @@ from tiny import tiny_config
 
 from fedbug.engine.client import to_channels_last
 from fedbug.engine.executors import build_executor, cohort
-from fedbug.engine.executors.cohort import Rows, Samples
+from fedbug.engine.executors.cohort import Rows, Samples, like_rows
 from fedbug.engine.experiment import Experiment
 
 CPU = torch.device("cpu")
@@ -116,3 +116,19 @@ def test_scattered_rows_of_a_padded_view_are_copied_in_its_layout():
     assert wide.stride() == (8, 1) and wide.tolist() == base[[3, 1], :6].tolist()
     inner = gather_rows(base[:, 2:], rows)
     assert inner.stride() == (6, 1) and inner.tolist() == base[[3, 1], 2:].tolist()
+
+
+def test_rows_like_a_strided_sample_do_not_overlap():
+    """A client of one sample whose rows are a strided view (every other column) gets rows
+    laid out contiguously, not its view's strides (on which the chunk's rows would overlap);
+    dense rows keep their layout, NHWC included, whatever the number of samples."""
+    big = torch.arange(2 * 3 * 4 * 8, dtype=torch.float32).reshape(2, 3, 4, 8)
+    one = big[:1, :, :, ::2]
+    rows = like_rows(one, 3)
+    for r in range(3):
+        rows[r].copy_(one[0] + r)
+    assert all(torch.equal(rows[r], one[0] + r) for r in range(3))
+    nhwc = to_channels_last(big)
+    assert like_rows(nhwc[:1], 3).stride() == nhwc.stride()
+    assert like_rows(nhwc, 3).stride() == nhwc.stride()
+    assert like_rows(big[:, :, :, ::2], 3).is_contiguous()

@@ -539,9 +539,22 @@ def gather_rows(t: Tensor, rows: Tensor) -> Tensor:
 
 def like_rows(t: Tensor, n: int) -> Tensor:
     """An uninitialised tensor of ``n`` rows like ``t``'s (its dtype, device and each row's
-    strides: an NHWC batch stays NHWC)."""
+    strides where they lay a row out densely, in any order of its axes: an NHWC batch stays
+    NHWC); else rows laid out contiguously (a strided view's own strides would make rows
+    overlap)."""
     row = t.shape[1:]
     numel = math.prod(row)
-    dense = len(t) < 2 or t.stride(0) == numel
+    dense = dense_strides(row, t.stride()[1:]) and (len(t) < 2 or t.stride(0) == numel)
     strides = (numel, *t.stride()[1:]) if dense else torch.empty(0, *row).stride()
     return torch.empty_strided((n, *row), strides, dtype=t.dtype, device=t.device)
+
+
+def dense_strides(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether ``strides`` lay out ``shape`` without gaps or overlaps (its axes in some order;
+    axes of size 1 have no say)."""
+    expected = 1
+    for size, stride in sorted((p for p in zip(shape, strides) if p[0] != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
