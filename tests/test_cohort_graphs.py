@@ -7,6 +7,8 @@ number fixed at capture, the wrong key's units) gives other numbers under the st
 would under a real graph: so every run here must equal the eager cohort executor to the bit.
 The capture itself is tested on a GPU (tests/test_cuda.py)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from test_cohort import UNEQUAL_EPOCH
@@ -15,6 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fedbug.engine import run_experiment
 from fedbug.engine.executors import graphs
+from fedbug.engine.executors.cohort import CohortExecutor
 from fedbug.engine.executors.graphs import ALIGN, GraphCache, StaticCall, aligned_like, layout
 from fedbug.errors import ConfigError
 
@@ -129,6 +132,25 @@ def test_a_cache_captures_a_key_at_its_second_call_and_runs_eagerly_beyond_its_l
     assert len(captured) == 2 and cache.eager_calls == 2
     (a, b) = cache.calls.values()
     assert a.inputs[0] is b.inputs[0]  # one input buffer per layout
+
+
+def test_a_wider_gradient_buffer_drops_the_graphs_that_wrote_the_narrower():
+    """The gradient buffer grows only for a larger group; the graphs captured on the old one
+    are dropped with it (they would go on writing there, and keep it), and captured again at
+    their key's next second call."""
+    cache = GraphCache(replayed_closure)
+    double = lambda t: t * 2  # noqa: E731
+    for _ in range(2):
+        cache("a", double, fresh(1.0, 2.0))
+    assert cache.calls
+    flat = torch.zeros(5)
+    ex = SimpleNamespace(_out=None, graphs=cache, rt=SimpleNamespace(flat=flat))
+    first = CohortExecutor.out(ex, 3)
+    assert first.shape == (3, 5) and not cache.calls and not cache.uses
+    for _ in range(2):
+        cache("a", double, fresh(1.0, 2.0))
+    assert CohortExecutor.out(ex, 2).data_ptr() == first.data_ptr() and cache.calls  # narrower
+    assert CohortExecutor.out(ex, 4).shape == (4, 5) and not cache.calls
 
 
 def test_a_buffer_repeats_its_inputs_strides_and_alignment():

@@ -18,7 +18,7 @@ import platform
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -153,10 +153,28 @@ def from_host(t: Tensor, device: torch.device) -> Tensor:
     to drain, so in a path taken every step the CPU can no longer run ahead of the GPU (each
     step's Python then adds to its kernels' time instead of hiding under it). On CUDA the bytes
     go through pinned memory (PyTorch's caching host allocator keeps it until the copy is done)
-    with ``non_blocking``, ordered on the current stream like any kernel; elsewhere ``t.to``."""
-    if device.type != "cuda" or t.device.type != "cpu":
+    with ``non_blocking``, ordered on the current stream like any kernel; elsewhere ``t.to``.
+    The pinned copy is always a copy (of an already pinned ``t`` too: the caller may change
+    ``t`` before the device has read it), laid out as ``t`` where that is dense, else
+    contiguously (a view with gaps, or an expanded tensor, cannot be pinned as it is)."""
+    if device.type != "cuda" or t.device.type != "cpu" or t.layout != torch.strided:
         return t.to(device)
+    if not dense_strides(t.shape, t.stride()):
+        t = t.contiguous()
+    elif t.is_pinned():
+        t = t.clone()
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def dense_strides(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether ``strides`` lay out ``shape`` without gaps or overlaps (its axes in some order;
+    axes of size 1 have no say)."""
+    expected = 1
+    for size, stride in sorted((p for p in zip(shape, strides) if p[0] != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def to_device(obj: Any, device: torch.device) -> Any:

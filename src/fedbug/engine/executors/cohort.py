@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedbug.algorithms import LocalCtx
-from fedbug.core.device import from_host
+from fedbug.core.device import dense_strides, from_host
 from fedbug.core.optimizers import StackedOptimizer, optimizer_entry
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask
 from fedbug.core.units import ParamSpace
@@ -296,11 +296,15 @@ class CohortExecutor(Executor):
     def out(self, clients: int) -> Tensor:
         """Where the gradients of a group of ``clients`` are written under ``cuda_graphs``: the
         first rows of one ``[clients, total]`` tensor shared by every graph (made anew only for
-        a larger group). A graph's own output would stay in the graphs' memory pool as long as
-        the graph: a whole gradient for each unit set and batch shape (under gradual
-        unfreezing, one a stage); each is read before the next replay, so one serves all."""
+        a larger group, the graphs then dropped: they write into the old one). A graph's own
+        output would stay in the graphs' memory pool as long as the graph: a whole gradient
+        for each unit set and batch shape (under gradual unfreezing, one a stage); each is
+        read before the next replay, so one serves all."""
         if self._out is None or len(self._out) < clients:
-            self._out = torch.empty(clients, self.space.total, device=self.rt.device)
+            if self.graphs is not None:  # those captured on the narrower one write there
+                self.graphs.clear()
+            flat = self.rt.flat
+            self._out = torch.empty(clients, flat.numel(), dtype=flat.dtype, device=flat.device)
         return self._out[:clients]
 
     def gradient_fn(
@@ -547,14 +551,3 @@ def like_rows(t: Tensor, n: int) -> Tensor:
     dense = dense_strides(row, t.stride()[1:]) and (len(t) < 2 or t.stride(0) == numel)
     strides = (numel, *t.stride()[1:]) if dense else torch.empty(0, *row).stride()
     return torch.empty_strided((n, *row), strides, dtype=t.dtype, device=t.device)
-
-
-def dense_strides(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """Whether ``strides`` lay out ``shape`` without gaps or overlaps (its axes in some order;
-    axes of size 1 have no say)."""
-    expected = 1
-    for size, stride in sorted((p for p in zip(shape, strides) if p[0] != 1), key=lambda p: p[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True

@@ -33,8 +33,8 @@ from torch import Tensor
 
 from fedbug.errors import ConfigError, first_line
 
-#: graphs one executor keeps (each keeps its outputs in the shared pool, the cohort executor's
-#: a loss a client, its gradients written outside, into one buffer; beyond this, steps run
+#: graphs one executor keeps (each keeps its outputs in the shared pool: the cohort executor's,
+#: a loss per client, its gradients going to one buffer outside it; beyond this, steps run
 #: eagerly)
 MAX_GRAPHS = 32
 #: eager calls on a side stream before a capture (cuDNN's and cuBLAS's lazy set-up and
@@ -152,6 +152,12 @@ class GraphCache:
                 return fn(*inputs)
             call = self.calls[key] = StaticCall(fn, self.buffers_for(inputs), self.capture)
         return call(*inputs)
+
+    def clear(self) -> None:
+        """Drop every graph (and its memory) and the uses counted: each key is captured again
+        at its next second call (when what the graphs wrote into is replaced)."""
+        self.calls.clear()
+        self.uses.clear()
 
     def buffers_for(self, inputs: Sequence[Tensor]) -> list[Tensor]:
         """Buffers for ``inputs``, one per position and layout, made once (with the input's
