@@ -286,6 +286,34 @@ def test_the_cohort_executors_steps_never_wait_for_the_gpu(over, monkeypatch):
     assert watched > 0
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "feddyn", "scaffold", "fedrod"])
+def test_a_clients_local_steps_never_wait_for_the_gpu(algorithm, monkeypatch):
+    """After the first round, a client's local training under the sequential executor (its
+    batches, the algorithm's terms, clipping, gradual unfreezing's unit changes, the optimiser)
+    makes the host wait for the GPU nowhere: FedROD's class counts, say, are moved once a
+    client, not copied from the host every step (tests/test_step_reads.py checks the reads
+    on the CPU; copies from the host show only here)."""
+    from fedbug.engine.client import LocalRound
+
+    train = LocalRound.train
+    first: list[int] = []
+    watched = 0
+
+    def strict(self: Any) -> None:
+        nonlocal watched
+        first[:] = first or [self.task.round]
+        if self.task.round == first[0]:
+            return train(self)
+        watched += 1
+        with waits_refused():
+            return train(self)
+
+    monkeypatch.setattr(LocalRound, "train", strict)
+    over = {"evaluation": "personalized"} if algorithm == "fedrod" else {}
+    fedbug.run(cnn(algorithm=algorithm, **over), dataset=random_images())
+    assert watched > 0
+
+
 @pytest.mark.parametrize("algorithm", ["feddyn", "scaffold"])
 def test_a_cohort_chunks_opening_never_waits_for_the_gpu(algorithm, monkeypatch):
     """A chunk's opening (each client's received weights, samples, state and the round's

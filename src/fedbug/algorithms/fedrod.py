@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from fedbug.algorithms.base import ALGORITHMS, ClientSession
 from fedbug.algorithms.bodyhead import BodyHead
+from fedbug.core.device import from_host
 from fedbug.core.units import wrapped_units
 
 
@@ -143,5 +144,6 @@ class FedRODClient(ClientSession):
     def loss(self, output: Any, y: Tensor) -> Tensor:
         num_classes = output.shape[-1]
         if self.counts is None or len(self.counts) != num_classes:
-            self.counts = class_counts(self.labels, num_classes)
+            # counted on the host from its labels, moved once (a step's .to would wait)
+            self.counts = from_host(class_counts(self.labels, num_classes), output.device)
         return self.alg.loss(output, y, self.counts)
