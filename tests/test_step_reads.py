@@ -1,15 +1,17 @@
 """A client's local training reads no tensor's value back to the host (no ``.item()``, no
-``float(t)``, no ``if t:``, no data-dependent shape such as ``nonzero``), for every algorithm
-and every policy. On a GPU each such read makes the host wait for the device's queue, so
-the step's Python no longer runs ahead of its kernels and a launch-bound step (workload W's)
-gets slower by the whole of its host time. Checked here on the CPU, where the same
-operations are dispatched (``torch.cuda.set_sync_debug_mode`` needs a GPU): what runs between a
-client's opening and its result, in the second round (the first builds caches); under the
-cohort executor, its group steps and each client's next step.
+``float(t)``, no ``if t:``, no data-dependent shape such as ``nonzero`` or ``x[mask]``), for
+every algorithm and every policy. On a GPU each such read makes the host wait for the device's
+queue, so the step's Python no longer runs ahead of its kernels and a launch-bound step
+(workload W's) gets slower by the whole of its host time. Checked here on the CPU, where the
+same operations are dispatched (``torch.cuda.set_sync_debug_mode`` needs a GPU): what runs
+between a client's opening and its result, in the second round (the first builds caches); under
+the cohort executor, its group steps and each client's next step.
 
 The width methods are left out: their reads are of host tensors, made once a client and
 cached (HeteroFL's and FedRolex's sub-model masks and index sets), or a draw from the
-client's CPU generator (Fjord's width a step), which wait for no device."""
+client's CPU generator (Fjord's width a step), which wait for no device. A copy of a host
+tensor to the device (FedROD's class counts were, every step) is not dispatched on the CPU and
+not seen here: ``tests/test_cuda.py``'s no-wait tests see those on a GPU."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from fedbug.engine.executors.cohort import CohortExecutor
 from fedbug.errors import ConfigError
 from fedbug.policies import POLICIES
 
-#: operations that hand a tensor's value to the host (on a GPU: a wait for the device)
+#: operations that hand a tensor's value to the host (on a GPU: a wait for the device), or
+#: whose output's size depends on the values (the host waits to learn it)
 READS = {
     "aten._local_scalar_dense.default",  # .item(), float(t), int(t), bool(t)
     "aten.is_nonzero.default",
@@ -36,8 +39,14 @@ READS = {
     "aten.masked_select.default",
     "aten.equal.default",
     "aten.allclose.default",
+    "aten._unique.default",
     "aten._unique2.default",
+    "aten.unique_dim.default",
+    "aten.unique_consecutive.default",
+    "aten.repeat_interleave.Tensor",
 }
+#: indexing that reads its indices' values when one of them is a mask (x[mask])
+MASKABLE = {"aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default"}
 #: algorithms whose reads are of host tensors (see the module's docstring)
 HOST_READS = {"heterofl", "fedrolex", "fjord"}
 
@@ -50,11 +59,16 @@ class Reads(TorchDispatchMode):
         self.seen: Counter[tuple[str, str]] = Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if str(func) in READS:
+        if str(func) in READS or (str(func) in MASKABLE and masked(args)):
             ours = [f for f in traceback.extract_stack() if "src/fedbug" in f.filename]
             where = f"{ours[-1].filename.split('src/')[-1]}:{ours[-1].lineno}" if ours else "?"
             self.seen[str(func), where] += 1
         return func(*args, **(kwargs or {}))
+
+
+def masked(args: Any) -> bool:
+    """Whether an indexing call's indices (its second argument) hold a boolean mask."""
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] or ())
 
 
 def matrix(**over: Any) -> list[tuple[str, str]]:
@@ -122,7 +136,10 @@ def test_the_cohort_executors_steps_read_no_tensor_value(algorithm, policy, monk
 def test_the_check_sees_a_read():
     """The mode records each read (so the check above can fail)."""
     reads = Reads()
+    x = torch.arange(3)
     with reads:
         float(torch.ones(2).sum())
-        torch.arange(3).nonzero()
-    assert sum(reads.seen.values()) == 2
+        x.nonzero()
+        x[x > 0]
+        x[torch.tensor([0, 2])]  # integer indices: no read
+    assert sum(reads.seen.values()) == 3
