@@ -96,10 +96,10 @@ def counted_fn(cls: type, mode: CountOps) -> None:
     cls.gradient_fn = wrapper
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=2, help="samples a client a step (2)")
-    ap.add_argument("--steps", type=int, default=20, help="group steps timed in all (20)")
+    ap.add_argument("--steps", type=int, default=20, help="local steps a round (20)")
     ap.add_argument("--clients", type=int, default=10, help="clients a round, one chunk (10)")
     ap.add_argument("--algorithm", default="fedavg", help="the algorithm (fedavg)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
@@ -109,57 +109,90 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--gradient", choices=["vmap", "streams"], default="vmap", help="cohort.gradient (vmap)"
     )
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def config(args: argparse.Namespace) -> dict[str, Any]:
     cuda = args.device.startswith("cuda")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    torch.set_num_threads(1)
-    data = make_dataset("cifar", 10, 0)
-    doc = dict(name="cohort-step", dataset="cifar10", model="standard_cnn",
-               num_clients=max(100, args.clients), partition="iid",
-               clients_per_round=args.clients, rounds=2, algorithm=args.algorithm,
-               local_steps=args.steps, batch_size=args.batch, lr=0.05, weight_decay=1e-3,
-               eval_every=1000, count_flops=False, threads=1, executor="cohort", device=args.device,
-               deterministic=not cuda,
-               cohort={"cuda_graphs": args.cuda_graphs, "gradient": args.gradient})  # fmt: skip
-    Ex = cohort.CohortExecutor
-    saved = {n: getattr(Ex, n) for n in ("group_step", "gradients", "gradient_fn", "train_chunk")}
-    group: list[float] = []
-    grad: list[float] = []
-    chunk: list[float] = []
-    opening: list[float] = []
-    closing: list[float] = []
-    saved["open_chunk"] = Ex.open_chunk
-    result = client.LocalRound.result
-    timed(Ex, "group_step", group, sync)
-    timed(Ex, "gradients", grad, sync)
-    timed(Ex, "train_chunk", chunk, sync)
-    timed(Ex, "open_chunk", opening, sync)
-    timed(client.LocalRound, "result", closing, sync)
+    return dict(name="cohort-step", dataset="cifar10", model="standard_cnn",
+                num_clients=max(100, args.clients), partition="iid",
+                clients_per_round=args.clients, rounds=2, algorithm=args.algorithm,
+                local_steps=args.steps, batch_size=args.batch, lr=0.05, weight_decay=1e-3,
+                eval_every=1000, count_flops=False, threads=1, executor="cohort",
+                device=args.device, deterministic=not cuda,
+                cohort={"cuda_graphs": args.cuda_graphs, "gradient": args.gradient})  # fmt: skip
+
+
+EXECUTOR_METHODS = ("group_step", "gradients", "gradient_fn", "train_chunk", "open_chunk")
+
+
+def timed_rounds(doc: dict[str, Any], data: Any, sync: Callable[[], None]) -> dict[str, Any]:
+    """Seconds of each call in the second round (the first warms up): its group steps and
+    their gradients, its chunk, the chunk's opening and its clients' results."""
+    Ex, result = cohort.CohortExecutor, client.LocalRound.result
+    saved = {n: getattr(Ex, n) for n in EXECUTOR_METHODS}
+    t: dict[str, list[float]] = {k: [] for k in ("group", "grad", "chunk", "open", "result")}
+    timed(Ex, "group_step", t["group"], sync)
+    timed(Ex, "gradients", t["grad"], sync)
+    timed(Ex, "train_chunk", t["chunk"], sync)
+    timed(Ex, "open_chunk", t["open"], sync)
+    timed(client.LocalRound, "result", t["result"], sync)
+    opened = Ex.open_chunk
+    firsts = []  # the group steps taken before each chunk opened
+
+    def open_chunk(*a: Any, **k: Any) -> Any:
+        firsts.append((len(t["group"]), len(t["grad"]), len(t["result"])))
+        return opened(*a, **k)
+
+    Ex.open_chunk = open_chunk
     try:
         engine.run_experiment(load_config(None, doc=doc), dataset=data)
     finally:
         client.LocalRound.result = result
         for n, fn in saved.items():
             setattr(Ex, n, fn)
-    closed = sum(closing[-args.clients :])  # the second round's clients'
-    between = chunk[-1] - sum(group[-args.steps :]) - opening[-1] - closed
-    last = group[-args.steps :]  # the second round's (the first warms up)
-    g, d = statistics.median(last), statistics.median(grad[-args.steps :])
+    g, d, r = firsts[-1]
+    return {"group": t["group"][g:], "grad": t["grad"][d:], "chunk": t["chunk"][-1],
+            "open": t["open"][-1], "result": sum(t["result"][r:])}  # fmt: skip
+
+
+def counted_round(doc: dict[str, Any], data: Any, steps: int) -> tuple[dict[str, float], int]:
+    """The operations dispatched outside the captured gradient in one round, eagerly: a group
+    step's (by name, a step) and the round's in all."""
+    Ex = cohort.CohortExecutor
+    saved = {n: getattr(Ex, n) for n in EXECUTOR_METHODS}
     whole, inner, chunk_ops = CountOps(), CountOps(), CountOps()
     counted(Ex, "group_step", whole)
     counted_fn(Ex, inner)
     counted(Ex, "train_chunk", chunk_ops)
-    engine.run_experiment(load_config(None, doc={**doc, "rounds": 1, "cohort": {}}), dataset=data)
-    for n, fn in saved.items():
-        setattr(Ex, n, fn)
-    outside = {k: (v - inner.ops[k]) / args.steps for k, v in whole.ops.items() if v > inner.ops[k]}
-    round_ops = sum(chunk_ops.ops.values()) - sum(inner.ops.values())
+    try:
+        doc = {**doc, "rounds": 1, "cohort": {}}
+        engine.run_experiment(load_config(None, doc=doc), dataset=data)
+    finally:
+        for n, fn in saved.items():
+            setattr(Ex, n, fn)
+    outside = {k: (v - inner.ops[k]) / steps for k, v in whole.ops.items() if v > inner.ops[k]}
+    return outside, sum(chunk_ops.ops.values()) - sum(inner.ops.values())
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    torch.set_num_threads(1)
+    data = make_dataset("cifar", 10, 0)
+    doc = config(args)
+    t = timed_rounds(doc, data, sync)
+    g, d = statistics.median(t["group"]), statistics.median(t["grad"])
+    steps = sum(t["group"])
+    between = t["chunk"] - steps - t["open"] - t["result"]
+    outside, round_ops = counted_round(doc, data, args.steps)
     print(f"W's model, {args.clients} clients x batch {args.batch}, {args.algorithm}, "
           f"{args.device}, 1 thread; ms a group step: {1e3 * g:.1f}, of which the gradient "
-          f"{1e3 * d:.1f}, the rest of the step {1e3 * (g - d):.1f}; outside its {len(last)} "
-          f"group steps a round's chunk took {1e3 * (chunk[-1] - sum(last)):.0f} ms: opening "
-          f"{1e3 * opening[-1]:.0f}, the clients' results {1e3 * closed:.0f}, the rest (the "
-          f"clients' Python between steps, drawing batches) {1e3 * between:.0f}")  # fmt: skip
+          f"{1e3 * d:.1f}, the rest of the step {1e3 * (g - d):.1f}; outside its "
+          f"{len(t['group'])} group steps a round's chunk took {1e3 * (t['chunk'] - steps):.0f} "
+          f"ms: opening {1e3 * t['open']:.0f}, the clients' results {1e3 * t['result']:.0f}, "
+          f"the rest (the clients' Python between steps, drawing batches) "
+          f"{1e3 * between:.0f}")  # fmt: skip
     print(
         f"operations a group step outside the captured gradient: {sum(outside.values()):.0f} "
         f"({', '.join(f'{k} {v:g}' for k, v in sorted(outside.items(), key=lambda kv: -kv[1]))})"
