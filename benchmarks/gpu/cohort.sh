@@ -31,8 +31,8 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
-part test && FEDBUG_TEST_GPU=1 timeout 150 "$py" -m pytest -q -rP -p no:cacheprovider \
-  tests/test_cuda.py -k "cohort or cuda_graphs" 2>&1 | tee "$out/cohort-test.log" \
+part test && FEDBUG_TEST_GPU=1 timeout 240 "$py" -m pytest -q -rP -p no:cacheprovider \
+  tests/test_cuda.py -k "cohort or cuda_graphs or never_wait" 2>&1 | tee "$out/cohort-test.log" \
   | grep -E "passed|failed|error|cohort -|cuda_graphs -" | tail -20
 
 speed() {
