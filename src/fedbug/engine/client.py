@@ -401,7 +401,7 @@ class LocalRound:
         x, y = self.xs[idx], self.ys[idx]  # a client's samples and labels live on one device
         if rt.augment is not None:
             x = rt.augment(x, self.gen)
-            x, y = x.to(rt.device), y.to(rt.device)
+            x, y = from_host(x, rt.device), from_host(y, rt.device)
         return (x if self.prepared else rt.prepare(x)), y
 
     def step(self, units: tuple[int, ...], x: Tensor, y: Tensor) -> None:

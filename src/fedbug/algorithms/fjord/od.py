@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fedbug.core.device import from_host
 from fedbug.core.units import ParamSpace, wrapped_units
 from fedbug.errors import ConfigError
 
@@ -326,6 +327,7 @@ class ODModel(nn.Module):
         self.od = od
         self.width: float | None = None
         self._masks: dict[float, dict[str, Tensor]] = {}
+        self._moved: dict[tuple[float, torch.device], dict[str, Tensor]] = {}
 
     def set_width(self, p: float | None) -> None:
         """Run as the width-p sub-model from now on (None or 1: the full model)."""
@@ -336,12 +338,18 @@ class ODModel(nn.Module):
             self._masks[p] = masks(self.model, self.od, p)
         return self._masks[p]
 
+    def masks_on(self, p: float, device: torch.device) -> dict[str, Tensor]:
+        """:meth:`masks` on ``device``, moved once (not copied from the host every step)."""
+        if (p, device) not in self._moved:
+            self._moved[p, device] = {n: from_host(m, device) for n, m in self.masks(p).items()}
+        return self._moved[p, device]
+
     def fedbug_units(self) -> list[str | list[str]] | None:
         return wrapped_units(self, self.model)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.width is None:
             return self.model(*args, **kwargs)
-        ms = self.masks(self.width)
+        ms = self.masks_on(self.width, next(self.model.parameters()).device)
         params = {n: p * ms[n].to(p.device) for n, p in self.model.named_parameters() if n in ms}
         return functional_call(self.model, params, args, kwargs)

@@ -61,6 +61,7 @@ from fedbug.algorithms.base import ALGORITHMS, Params
 from fedbug.algorithms.fjord.od import flat_mask
 from fedbug.algorithms.width import planner
 from fedbug.algorithms.width.base import WidthAlgorithm, WidthClient
+from fedbug.core.device import from_host
 from fedbug.core.seeding import torch_generator
 from fedbug.errors import ConfigError
 
@@ -265,12 +266,15 @@ class HeteroFLClient(WidthClient):
             classes = int(weight.shape[0])
         self.present = torch.zeros(classes, dtype=torch.bool)
         self.present[labels.unique().cpu()] = True
+        self._present_on: Tensor | None = None  # on the outputs' device, moved once
 
     def loss(self, output: Any, y: Tensor) -> Tensor:
         """Cross-entropy, the logits of classes without a sample here set to 0 under
         ``masked_loss``."""
         if self.alg.params.masked_loss:
-            output = output.masked_fill(~self.present.to(output.device), 0.0)
+            if self._present_on is None or self._present_on.device != output.device:
+                self._present_on = from_host(self.present, output.device)
+            output = output.masked_fill(~self._present_on, 0.0)
         return self.alg.loss(output, y)
 
     def sent(self, held: Tensor) -> Tensor:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedbug.core.device import from_host
 from fedbug.core.protocol import SampleDP
 from fedbug.errors import ConfigError
 
@@ -154,7 +155,7 @@ class PerSampleGradients:
         for (p, view), s in zip(trainable, samples):
             summed = torch.zeros_like(view) if s is None else torch.einsum("i,i...->...", factor, s)
             noise = torch.randn(view.shape, generator=generator) * std
-            view.copy_((summed + noise.to(view.device)) / batch_size)
+            view.copy_((summed + from_host(noise, view.device)) / batch_size)
             p.grad_sample = None  # type: ignore[attr-defined]  # Opacus's, as above
 
 
