@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny import without_timing
+from tiny import method_needs, without_timing
 
 import fedbug
 from fedbug.config import config_hash, load_config
@@ -286,13 +286,27 @@ def test_the_cohort_executors_steps_never_wait_for_the_gpu(over, monkeypatch):
     assert watched > 0
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "feddyn", "scaffold", "fedrod"])
-def test_a_clients_local_steps_never_wait_for_the_gpu(algorithm, monkeypatch):
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"algorithm": "fedavg"},
+        {"algorithm": "fedprox"},
+        {"algorithm": "feddyn"},
+        {"algorithm": "scaffold"},
+        {"algorithm": "fedrod", "evaluation": "personalized"},
+        {"algorithm": "heterofl", "policy": "none", **method_needs("heterofl")},
+        {"algorithm": "fjord", "policy": "none", **method_needs("fjord")},
+        {"augment": "crop_flip"},  # drawn on the CPU, moved a batch at a time
+        {"dp_sgd": {"noise_multiplier": 1.0, "clip": 1.0}},  # noise drawn on the CPU
+    ],
+)
+def test_a_clients_local_steps_never_wait_for_the_gpu(over, monkeypatch):
     """After the first round, a client's local training under the sequential executor (its
     batches, the algorithm's terms, clipping, gradual unfreezing's unit changes, the optimiser)
-    makes the host wait for the GPU nowhere: FedROD's class counts, say, are moved once a
-    client, not copied from the host every step (tests/test_step_reads.py checks the reads
-    on the CPU; copies from the host show only here)."""
+    makes the host wait for the GPU nowhere: what is made on the host (FedROD's class counts,
+    HeteroFL's and Fjord's sub-model masks, an augmented batch, DP-SGD's noise) reaches the
+    device through pinned memory, the first two once a client, not copied with a wait every
+    step (tests/test_step_reads.py checks the reads on the CPU; copies show only here)."""
     from fedbug.engine.client import LocalRound
 
     train = LocalRound.train
@@ -309,8 +323,7 @@ def test_a_clients_local_steps_never_wait_for_the_gpu(algorithm, monkeypatch):
             return train(self)
 
     monkeypatch.setattr(LocalRound, "train", strict)
-    over = {"evaluation": "personalized"} if algorithm == "fedrod" else {}
-    fedbug.run(cnn(algorithm=algorithm, **over), dataset=random_images())
+    fedbug.run(cnn(**over), dataset=random_images())
     assert watched > 0
 
 
