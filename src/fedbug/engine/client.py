@@ -388,7 +388,7 @@ class LocalRound:
             idx = rt.private.poisson_batch(self.n, rt.settings.batch_size, self.dp_gen)
         else:
             idx = self.shuffle.indices(k, self.xs.device)
-        idx = idx.to(self.xs.device)
+        idx = from_host(idx, self.xs.device)  # a Poisson draw, made on the host: no wait
         if self.keep_batches:
             self.drawn.append(idx)
         return idx
