@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from fedbug.core.device import autocast
+from fedbug.core.device import autocast, from_host
 from fedbug.core.tasks import Task, build_task
 from fedbug.core.units import ParamSpace
 from fedbug.data.base import FederatedDataset
@@ -87,10 +87,10 @@ def task_sums(
     itself by default. Empty where there is no batch."""
     model.eval()
     sums: dict[str, Tensor] = {}
-    for x, y in batches:
-        y = y.to(device)
+    for x, y in batches:  # moved without a wait: the next batch is queued as this one runs
+        y = from_host(y, device)
         with autocast(device, precision):
-            out = model(prepare(x.to(device)))
+            out = model(prepare(from_host(x, device)))
         if scores is not None:
             out = scores(out)
         for key, value in task.batch_sums(out.float(), y).items():
