@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from fedbug.algorithms.base import Algorithm, ClientSession, ServerStep
 from fedbug.algorithms.fjord.od import flat_mask
 from fedbug.algorithms.width import planner
+from fedbug.core.device import from_host
 from fedbug.core.flops import FlopCache, StepCost, StepMemory, peak_memory
 from fedbug.core.units import ParamSpace
 
@@ -47,6 +48,7 @@ class WidthAlgorithm(Algorithm):
         self._masks: dict[Hashable, dict[str, Tensor] | None] = {}
         self._flat: dict[Hashable, Tensor] = {}
         self._outside: dict[tuple[Hashable, torch.device], Tensor] = {}
+        self._masks_on: dict[tuple[Hashable, torch.device], dict[str, Tensor] | None] = {}
         self._flops: dict[Hashable, FlopCache] = {}
 
     def index_sets(self, key: Hashable) -> dict[str, Tensor]:
@@ -77,6 +79,15 @@ class WidthAlgorithm(Algorithm):
             self._masks[key] = None if all(bool(m.all()) for m in ms.values()) else ms
         return self._masks[key]
 
+    def param_masks_on(self, key: Hashable, device: torch.device) -> dict[str, Tensor] | None:
+        """:meth:`param_masks` on ``device``, moved once (every forward pass multiplies by
+        them: copied from the host at each, a step would wait for a GPU)."""
+        if (key, device) not in self._masks_on:
+            ms = self.param_masks(key)
+            on = None if ms is None else {n: from_host(m, device) for n, m in ms.items()}
+            self._masks_on[key, device] = on
+        return self._masks_on[key, device]
+
     def flat_mask(self, space: ParamSpace, key: Hashable) -> Tensor:
         """Bool over the flat space: the entries of sub-model ``key``."""
         if key not in self._flat:
@@ -98,8 +109,9 @@ class WidthAlgorithm(Algorithm):
         for cache in (self._masks, self._flat):
             for key in [k for k in cache if drop(k)]:
                 del cache[key]
-        for pair in [kd for kd in self._outside if drop(kd[0])]:
-            del self._outside[pair]
+        for on in (self._outside, self._masks_on):
+            for pair in [kd for kd in on if drop(kd[0])]:
+                del on[pair]
 
     def step_flops(
         self, flop_model: nn.Module, key: Hashable, trainable: list[str], x: Tensor, y: Tensor
@@ -172,7 +184,7 @@ class WidthClient(ClientSession):
     def before_step(self, x: Tensor, y: Tensor) -> None:
         """Run the model as the sub-model; keep the entries outside it to put back."""
         alg, rt = self.alg, self.rt
-        masks = alg.param_masks(self.key)
+        masks = alg.param_masks_on(self.key, rt.flat.device)
         self.model.use(masks, self.scale)
         self.saved = None
         if masks is not None:

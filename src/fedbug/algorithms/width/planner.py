@@ -49,7 +49,6 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 from torch.func import functional_call
 
-from fedbug.core.device import from_host
 from fedbug.core.units import wrapped_units
 from fedbug.errors import ConfigError, first_line
 
@@ -520,18 +519,12 @@ class WidthModel(nn.Module):
         self.model = model
         self.plan = plan
         self.active: dict[str, Tensor] | None = None
-        self._given: dict[str, Tensor] | None = None  # the masks ``active`` was moved from
         self.scale = 1.0
 
     def use(self, masks: dict[str, Tensor] | None, scale: float = 1.0) -> None:
         """Run as the sub-model of ``masks`` from now on (None: the full model), its Scaler
-        dividing by ``scale``. The masks (a client's, given again at every step) are moved to
-        the model's device once, not copied from the host at every forward pass."""
-        if masks is not self._given:
-            self._given = masks
-            dev = next(self.model.parameters()).device
-            moved = None if masks is None else {n: from_host(m, dev) for n, m in masks.items()}
-            self.active = moved
+        dividing by ``scale``."""
+        self.active = masks
         self.scale = float(scale)
 
     def fedbug_units(self) -> list[str | list[str]] | None:
