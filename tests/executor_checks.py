@@ -1,10 +1,11 @@
 """What the executor tests of several methods share: a config run through Flower's serialised
-messages (an in-memory grid, ``executor: flower-simulation``) and the check that two runs gave
-the same numbers bitwise."""
+messages (an in-memory grid, ``executor: flower-simulation``), the check that two runs gave
+the same numbers bitwise, and a method watched from the second round on."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -35,3 +36,25 @@ def assert_same_run(got: Any, want: Any) -> None:
     """The same records (timing aside) and the same final weights, bitwise."""
     assert without_timing(got.records) == without_timing(want.records)
     assert torch.equal(got.weights, want.weights)
+
+
+def after_first_round(
+    monkeypatch: Any, cls: type, name: str, round_of: Callable[..., int], context: Callable[[], Any]
+) -> list[int]:
+    """Patch ``cls.name`` to run inside ``context()`` from the second round on (the first makes
+    caches and graphs), the round read from the call by ``round_of(self, *args)``; returns a
+    one-item list counting the calls so watched."""
+    inner = getattr(cls, name)
+    first: list[int] = []
+    watched = [0]
+
+    def call(self: Any, *args: Any) -> Any:
+        first[:] = first or [round_of(self, *args)]
+        if round_of(self, *args) == first[0]:
+            return inner(self, *args)
+        watched[0] += 1
+        with context():
+            return inner(self, *args)
+
+    monkeypatch.setattr(cls, name, call)
+    return watched

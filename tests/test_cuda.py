@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from executor_checks import after_first_round
 from tiny import method_needs, without_timing
 
 import fedbug
@@ -262,28 +263,15 @@ def test_the_cohort_executors_steps_never_wait_for_the_gpu(over, monkeypatch):
     of running ahead of them. torch.cuda's sync debug mode raises at any such call."""
     from fedbug.engine.executors.cohort import CohortExecutor
 
-    first: list[int] = []
-    watched = 0
+    def of(_ex: Any, c: Any, _x: Any, chunk: Any) -> int:
+        return chunk.rounds[c if isinstance(c, int) else c[0]].task.round
 
-    def strict(name: str) -> None:
-        inner = getattr(CohortExecutor, name)
-
-        def call(self: Any, c: Any, x: Any, chunk: Any) -> Any:
-            nonlocal watched
-            rnd = chunk.rounds[c if isinstance(c, int) else c[0]].task.round
-            first[:] = first or [rnd]
-            if rnd == first[0]:
-                return inner(self, c, x, chunk)
-            watched += 1
-            with waits_refused():
-                return inner(self, c, x, chunk)
-
-        monkeypatch.setattr(CohortExecutor, name, call)
-
-    strict("group_step")
-    strict("next_step")
+    watched = [
+        after_first_round(monkeypatch, CohortExecutor, n, of, waits_refused)
+        for n in ("group_step", "next_step")
+    ]
     fedbug.run(cnn(executor="cohort", rounds=3, local_steps=6, **over), dataset=random_images())
-    assert watched > 0
+    assert sum(w[0] for w in watched) > 0
 
 
 @pytest.mark.parametrize(
@@ -309,22 +297,10 @@ def test_a_clients_local_steps_never_wait_for_the_gpu(over, monkeypatch):
     step (tests/test_step_reads.py checks the reads on the CPU; copies show only here)."""
     from fedbug.engine.client import LocalRound
 
-    train = LocalRound.train
-    first: list[int] = []
-    watched = 0
-
-    def strict(self: Any) -> None:
-        nonlocal watched
-        first[:] = first or [self.task.round]
-        if self.task.round == first[0]:
-            return train(self)
-        watched += 1
-        with waits_refused():
-            return train(self)
-
-    monkeypatch.setattr(LocalRound, "train", strict)
+    of = lambda local: local.task.round  # noqa: E731
+    watched = after_first_round(monkeypatch, LocalRound, "train", of, waits_refused)
     fedbug.run(cnn(**over), dataset=random_images())
-    assert watched > 0
+    assert watched[0] > 0
 
 
 @pytest.mark.parametrize("algorithm", ["feddyn", "scaffold"])
@@ -335,20 +311,8 @@ def test_a_cohort_chunks_opening_never_waits_for_the_gpu(algorithm, monkeypatch)
     SCAFFOLD's payload go through pinned memory as the weights and samples do."""
     from fedbug.engine.executors.cohort import CohortExecutor
 
-    inner = CohortExecutor.open_chunk
-    first: list[int] = []
-    watched = 0
-
-    def open_chunk(self: Any, weights: Any, tasks: Any, states: Any) -> Any:
-        nonlocal watched
-        first[:] = first or [tasks[0].round]
-        if tasks[0].round == first[0]:
-            return inner(self, weights, tasks, states)
-        watched += 1
-        with waits_refused():
-            return inner(self, weights, tasks, states)
-
-    monkeypatch.setattr(CohortExecutor, "open_chunk", open_chunk)
+    of = lambda _ex, _weights, tasks, _states: tasks[0].round  # noqa: E731
+    watched = after_first_round(monkeypatch, CohortExecutor, "open_chunk", of, waits_refused)
     doc = {"algorithm": algorithm, "rounds": 3, "local_steps": 6}
     fedbug.run(cnn(executor="cohort", **doc), dataset=random_images())
-    assert watched > 0
+    assert watched[0] > 0

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from executor_checks import after_first_round
 from test_cohort import pair_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -88,48 +89,29 @@ def matrix(**over: Any) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("algorithm, policy", matrix())
 def test_local_training_reads_no_tensor_value(algorithm, policy, monkeypatch):
-    train = client.LocalRound.train
     reads = Reads()
-    watched = 0
-
-    def watched_train(self: client.LocalRound) -> None:
-        nonlocal watched
-        if self.task.round < 2:
-            return train(self)
-        watched += 1
-        with reads:
-            return train(self)
-
-    monkeypatch.setattr(client.LocalRound, "train", watched_train)
+    of = lambda local: local.task.round  # noqa: E731
+    watched = after_first_round(monkeypatch, client.LocalRound, "train", of, lambda: reads)
     cfg = pair_config(algorithm, policy)
     run_experiment(cfg.model_copy(update={"rounds": max(2, cfg.rounds)}))
-    assert watched > 0
+    assert watched[0] > 0
     assert not reads.seen, dict(reads.seen)
 
 
 @pytest.mark.parametrize("algorithm, policy", matrix(executor="cohort"))
 def test_the_cohort_executors_steps_read_no_tensor_value(algorithm, policy, monkeypatch):
     reads = Reads()
-    watched = 0
 
-    def watch(name: str) -> None:
-        inner = getattr(CohortExecutor, name)
+    def of(_ex: Any, c: Any, _x: Any, chunk: Any) -> int:
+        return chunk.rounds[c if isinstance(c, int) else c[0]].task.round
 
-        def call(self: CohortExecutor, c: Any, x: Any, chunk: Any) -> Any:
-            nonlocal watched
-            if chunk.rounds[c if isinstance(c, int) else c[0]].task.round < 2:
-                return inner(self, c, x, chunk)
-            watched += 1
-            with reads:
-                return inner(self, c, x, chunk)
-
-        monkeypatch.setattr(CohortExecutor, name, call)
-
-    watch("group_step")
-    watch("next_step")
+    watched = [
+        after_first_round(monkeypatch, CohortExecutor, n, of, lambda: reads)
+        for n in ("group_step", "next_step")
+    ]
     cfg = pair_config(algorithm, policy, executor="cohort")
     run_experiment(cfg.model_copy(update={"rounds": max(2, cfg.rounds)}))
-    assert watched > 0
+    assert sum(w[0] for w in watched) > 0
     assert not reads.seen, dict(reads.seen)
 
 
