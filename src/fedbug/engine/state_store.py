@@ -1,4 +1,4 @@
-"""Per-client state out of core: a memory-mapped file under the run folder.
+"""Per-client state out of core: a sparse file under the run folder.
 
 10,000 clients x a 1M-parameter model is 40 GB of FedDyn state, so a run with a run folder keeps
 its clients' state (FedDyn's lambda_i, personal units ``local.<u>``: any fixed set of float32
@@ -15,16 +15,22 @@ generation, and :meth:`StateStore.open` with the checkpoint's generation forgets
 written after it: a resume sees exactly the states of the checkpoint's round. A client never
 written reads as ``None`` (the caller's initial state).
 
-Only what a round reads or writes is in memory: records are copied out of and into the map, and
-the mapped pages are dropped from the process (``madvise(MADV_DONTNEED)``; the data stays in
-the file) whenever more than ``cache_bytes`` have been touched since the last drop.
+Only what a round reads or writes is in memory: a record is read into a fresh buffer and written
+from the state's own, each one read or write at its offset in ``data.f32`` (none of the file is
+mapped into the process: its pages are the kernel's cache); the stamps, 16 bytes a client, are
+memory-mapped. Writing a record through a map cost a page fault for each of its pages (a record
+of the standard CNN's FedDyn state, 2.3 MB, took 10-24 ms on the 2-core machine; one write, 1
+ms: ``benchmarks/RESULTS.md``, "Client states written, not mapped").
 """
 
 from __future__ import annotations
 
+import io
 import json
 import mmap
+import os
 import shutil
+import threading
 from math import prod
 from pathlib import Path
 
@@ -83,7 +89,6 @@ class StateStore:
         num_clients: int,
         layout: dict[str, tuple[int, ...]],
         generation: int = 0,
-        cache_bytes: int = 64 << 20,
     ) -> None:
         self.folder = Path(folder)
         self.num_clients = num_clients
@@ -91,27 +96,36 @@ class StateStore:
         self.numels = [prod(s) for s in self.layout.values()]
         self.record = sum(self.numels)
         self.generation = generation
-        self.cache_bytes = cache_bytes
-        self._touched = 0
         self._maps: list[mmap.mmap] = []
-        self.data = self._map(DATA, np.float32, num_clients * 2 * self.record)
+        #: ``data.f32``, unbuffered: a record is one read or write at its offset (under
+        #: :attr:`_lock`: the file's position is shared)
+        self.data = self._sized(DATA, 4 * num_clients * 2 * self.record)
+        self._lock = threading.Lock()
         self.stamps = self._map(STAMPS, np.int64, num_clients * 2).reshape(num_clients, 2)
 
-    def _map(self, name: str, dtype: type, count: int) -> np.ndarray:
+    def _sized(self, name: str, size: int) -> io.FileIO:
+        """``name`` in the folder, opened to read and write, ``size`` bytes long (at least 1;
+        made or cut to that size: sparse, unwritten records take no disk)."""
         path = self.folder / name
+        f = io.FileIO(path, "r+" if path.exists() else "w+")
+        try:
+            if f.seek(0, 2) != max(1, size):
+                f.truncate(max(1, size))
+        except BaseException:
+            f.close()
+            raise
+        return f
+
+    def _map(self, name: str, dtype: type, count: int) -> np.ndarray:
         size = max(1, count) * np.dtype(dtype).itemsize
-        with open(path, "r+b" if path.exists() else "w+b") as f:  # the map keeps its own fd
-            if f.seek(0, 2) != size:
-                f.truncate(size)  # sparse: unwritten records take no disk
+        with self._sized(name, size) as f:  # the map keeps its own descriptor
             m = mmap.mmap(f.fileno(), size)
         self._maps.append(m)
         return np.frombuffer(m, dtype=dtype, count=count)
 
     # -- creating and opening ----------------------------------------------------------------
     @classmethod
-    def create(
-        cls, folder: Path, num_clients: int, example: dict[str, Tensor], **kw: int
-    ) -> StateStore:
+    def create(cls, folder: Path, num_clients: int, example: dict[str, Tensor]) -> StateStore:
         """A new, empty store laid out like ``example`` (anything in ``folder`` is removed)."""
         folder = Path(folder)
         if folder.exists():
@@ -120,17 +134,15 @@ class StateStore:
         layout = {k: list(v.shape) for k, v in sorted(example.items())}
         text = json.dumps({"num_clients": num_clients, "fields": layout})
         (folder / LAYOUT).write_text(text, encoding="utf-8")
-        return cls(folder, num_clients, {k: tuple(v) for k, v in layout.items()}, **kw)
+        return cls(folder, num_clients, {k: tuple(v) for k, v in layout.items()})
 
     @classmethod
-    def open(
-        cls, folder: Path, generation: int, layout: Layout | None = None, **kw: int
-    ) -> StateStore:
+    def open(cls, folder: Path, generation: int, layout: Layout | None = None) -> StateStore:
         """The store in ``folder`` as of checkpoint ``generation``: later writes are forgotten.
         ``layout``: its :func:`read_layout`, where the caller has read and checked it."""
         folder = Path(folder)
         num_clients, fields = layout if layout is not None else read_layout(folder)
-        store = cls(folder, num_clients, fields, generation, **kw)
+        store = cls(folder, num_clients, fields, generation)
         store.stamps[store.stamps > generation] = 0
         return store
 
@@ -141,17 +153,20 @@ class StateStore:
             tuple(v.shape) == self.layout[k] and v.dtype == torch.float32 for k, v in state.items()
         )
 
-    def _slice(self, client: int, slot: int) -> slice:
-        start = (client * 2 + slot) * self.record
-        return slice(start, start + self.record)
+    def _offset(self, client: int, slot: int) -> int:
+        """Where the record of ``client``'s ``slot`` begins in ``data.f32``, in bytes."""
+        return (client * 2 + slot) * self.record * 4
 
     def get(self, client: int) -> dict[str, Tensor] | None:
         """The client's latest state (copies), or ``None`` if it was never written."""
         s = self.stamps[client]
         if s[0] == 0 and s[1] == 0:
             return None
-        flat = torch.from_numpy(self.data[self._slice(client, int(s[1] > s[0]))].copy())
-        self._touch()
+        buf = np.empty(self.record, dtype=np.float32)
+        with self._lock:
+            self.data.seek(self._offset(client, int(s[1] > s[0])))
+            _read_all(self.data, memoryview(buf).cast("B"))
+        flat = torch.from_numpy(buf)
         out: dict[str, Tensor] = {}
         off = 0
         for (key, shape), n in zip(self.layout.items(), self.numels):
@@ -168,43 +183,51 @@ class StateStore:
         # keep the newest committed slot; write the other one
         keep = max(committed, key=lambda k: s[k]) if committed else 1
         slot = 1 - keep
-        dst = self.data[self._slice(client, slot)]
-        off = 0
-        for key, n in zip(self.layout, self.numels):
-            dst[off : off + n] = state[key].detach().reshape(-1).numpy()
-            off += n
+        fields = [state[key].detach().reshape(-1).numpy() for key in self.layout]
+        with self._lock:
+            self.data.seek(self._offset(client, slot))
+            for field in fields:  # the layout's order: one record, back to back
+                _write_all(self.data, memoryview(field).cast("B"))
         self.stamps[client, slot] = self.generation + 1
-        self._touch()
 
     def written(self) -> np.ndarray:
         """The clients that hold a state."""
         return np.flatnonzero(self.stamps.max(axis=1) > 0)
 
     def commit(self) -> int:
-        """Flush to disk and start a new generation; returns the committed generation."""
+        """Flush to disk (the records first, then the stamps that point at them) and start a
+        new generation; returns the committed generation."""
+        os.fsync(self.data.fileno())
         for m in self._maps:
             m.flush()
         self.generation += 1
         return self.generation
 
-    def _touch(self) -> None:
-        self._touched += self.record * 4
-        if self._touched > self.cache_bytes:
-            self.release()
-
-    def release(self) -> None:
-        """Drop the mapped pages from this process's memory (the file keeps the data)."""
-        self._touched = 0
-        advice = getattr(mmap, "MADV_DONTNEED", None)
-        if advice is None:
-            return
-        for m in self._maps:
-            m.madvise(advice)
-
     def close(self) -> None:
+        """Close the files (what was written is in them; :meth:`commit` makes it durable)."""
         for m in self._maps:
             m.flush()
-        self.data = self.stamps = None  # type: ignore[assignment]  # release the buffers
+        self.data.close()
+        self.stamps = None  # type: ignore[assignment]  # release the map's buffer
         for m in self._maps:
             m.close()
         self._maps = []
+
+
+def _write_all(f: io.FileIO, data: memoryview) -> None:
+    """Write all of ``data`` at ``f``'s position (a raw write may take only part of it)."""
+    while len(data):
+        n = f.write(data)
+        if not n:
+            raise OSError(f"cannot write to {f.name!r}")
+        data = data[n:]
+
+
+def _read_all(f: io.FileIO, into: memoryview) -> None:
+    """Fill ``into`` from ``f``'s position (a raw read may return only part of it); a file that
+    ends before is one :class:`CheckpointError`."""
+    while len(into):
+        n = f.readinto(into)
+        if not n:
+            raise CheckpointError(f"{str(f.name)!r} ends inside a client's record; {_FIX}")
+        into = into[n:]
