@@ -165,7 +165,7 @@ class StateStore:
         buf = np.empty(self.record, dtype=np.float32)
         with self._lock:
             self.data.seek(self._offset(client, int(s[1] > s[0])))
-            _read_all(self.data, memoryview(buf).cast("B"))
+            _read_all(self.data, buf.data.cast("B"))
         flat = torch.from_numpy(buf)
         out: dict[str, Tensor] = {}
         off = 0
@@ -187,7 +187,7 @@ class StateStore:
         with self._lock:
             self.data.seek(self._offset(client, slot))
             for field in fields:  # the layout's order: one record, back to back
-                _write_all(self.data, memoryview(field).cast("B"))
+                _write_all(self.data, field.data.cast("B"))
         self.stamps[client, slot] = self.generation + 1
 
     def written(self) -> np.ndarray:
