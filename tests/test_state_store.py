@@ -1,4 +1,4 @@
-"""The memory-mapped client-state store: round trip, exact resume, initial state for a client
+"""The on-disk client-state store: round trip, exact resume, initial state for a client
 never written; FedDyn's running sum of all clients' lambda against their full mean."""
 
 from pathlib import Path

@@ -3,7 +3,7 @@
 ``configs/scale-10k.yaml`` (FedDyn, the paper CNN on Fashion-MNIST, Dirichlet 0.3, 100 clients a
 round, 5 local steps of batch <= 50) at N = 100, 1,000 and 10,000, each N in its own process
 (so each peak RSS is its own), with a run folder under a temporary directory (so FedDyn's
-client state goes to the memory-mapped store where N full models of it exceed 256 MB). Then
+client state goes to the on-disk store where N full models of it exceed 256 MB). Then
 the ``synthetic`` point: Synthetic(1, 1) with 100,000 natural clients and the logistic-
 regression model (FedDyn, 100 clients a round).
 
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         data = "synthetic, logreg" if r["synthetic"] else "Fashion-MNIST, CNN"
-        state = "memory-mapped" if r["state_on_disk"] else "in memory"
+        state = "on disk" if r["state_on_disk"] else "in memory"
         print(
             f"| {r['num_clients']:,} | {data} | {r['build_s']:.1f} | {r['round_s_median']:.2f} "
             f"| {r['eval_s']:.2f} | {r['peak_rss_mb']:.0f} | {state} |"

@@ -12,7 +12,7 @@ from fedbug.core.units import ParamSpace
 from fedbug.engine.state_store import LAYOUT, Layout, StateStore, read_layout
 from fedbug.errors import CheckpointError
 
-#: Client state is kept in a memory-mapped store under the run folder when N full models of it
+#: Client state is kept in an on-disk store (a sparse file) under the run folder when N full models of it
 #: would take more than this (smaller runs keep it in memory and in the checkpoint).
 STATE_STORE_MIN_BYTES = 256 << 20
 
@@ -21,7 +21,7 @@ class ClientStates:
     """Per-client algorithm state (FedDyn's lambda_i), created on first use.
 
     With ``store_dir`` and ``num_clients`` (a run folder, and N full models of state over
-    :data:`STATE_STORE_MIN_BYTES`), states live in a memory-mapped
+    :data:`STATE_STORE_MIN_BYTES`), states live in an on-disk
     :class:`~fedbug.engine.state_store.StateStore` in ``<run>/client_states`` and the checkpoint
     holds
     only its generation; a state the store's layout does not fit stays in memory. Without, all
