@@ -114,7 +114,7 @@ def test_closing_releases_every_descriptor(tmp_path):
 
 
 def test_no_record_is_mapped_into_the_process(tmp_path):
-    """Records are read and written at their offsets (a map took a page fault a page: 10-24 ms
+    """Records are read and written at their offsets (a map took a page fault a page: 13-27 ms
     a FedDyn record of the standard CNN); only the stamps, 16 bytes a client, are mapped."""
     maps = Path("/proc/self/maps")
     if not maps.exists():

@@ -19,7 +19,7 @@ Only what a round reads or writes is in memory: a record is read into a fresh bu
 from the state's own, each one read or write at its offset in ``data.f32`` (none of the file is
 mapped into the process: its pages are the kernel's cache); the stamps, 16 bytes a client, are
 memory-mapped. Writing a record through a map cost a page fault for each of its pages (a record
-of the standard CNN's FedDyn state, 2.3 MB, took 10-24 ms on the 2-core machine; one write, 1
+of the standard CNN's FedDyn state, 2.2 MiB, took 13-27 ms on a 2-core machine; one write, 1-3
 ms: ``benchmarks/RESULTS.md``, "Client states written, not mapped").
 """
 
