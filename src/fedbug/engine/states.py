@@ -12,8 +12,8 @@ from fedbug.core.units import ParamSpace
 from fedbug.engine.state_store import LAYOUT, Layout, StateStore, read_layout
 from fedbug.errors import CheckpointError
 
-#: Client state is kept in an on-disk store (a sparse file) under the run folder when N full models of it
-#: would take more than this (smaller runs keep it in memory and in the checkpoint).
+#: Client state is kept in an on-disk store (a sparse file) under the run folder when N full
+#: models of it would take more than this (smaller runs keep it in memory and in the checkpoint).
 STATE_STORE_MIN_BYTES = 256 << 20
 
 
