@@ -8,7 +8,7 @@ import torch
 from tiny import tiny_config, without_timing
 
 import fedbug.engine.rounds as engine
-from fedbug.engine import Experiment, run_experiment
+from fedbug.engine import Experiment, run_experiment, state_store
 from fedbug.engine.state_store import StateStore
 from fedbug.engine.states import ClientStates
 from fedbug.results import RunDir
@@ -125,4 +125,34 @@ def test_no_record_is_mapped_into_the_process(tmp_path):
     mapped = maps.read_text()
     assert str(tmp_path / "stamps.i64") in mapped and "data.f32" not in mapped
     assert [float(store.get(c)["lambda"][0]) for c in (0, 3, 39)] == [0.0, 3.0, 39.0]
+    store.close()
+
+
+def test_a_strided_state_is_written_as_its_values(tmp_path):
+    """A 1-D view with gaps (reshape keeps it one) is written as a copy of its values."""
+    store = StateStore.create(tmp_path, 3, _state(0.0))
+    gappy = {"lambda": torch.arange(12.0)[::2], "local.1": torch.arange(4.0).view(2, 2).t()}
+    store.put(1, gappy)
+    got = store.get(1)
+    assert torch.equal(got["lambda"], gappy["lambda"]) and torch.equal(
+        got["local.1"], gappy["local.1"]
+    )
+    store.close()
+
+
+def test_a_write_that_fails_partway_leaves_the_last_good_version(tmp_path, monkeypatch):
+    """A record half written (a full disk) is never read back: its slot is unstamped first."""
+    store = StateStore.create(tmp_path, 3, _state(0.0))
+    store.put(0, _state(1.0))
+    store.commit()
+    store.put(0, _state(2.0))  # after the checkpoint: the other slot
+
+    def half(f, data):
+        f.write(data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(state_store, "_write_all", half)
+    with pytest.raises(OSError):
+        store.put(0, _state(3.0))  # over the 2.0 slot: the checkpoint's 1.0 is kept
+    assert torch.equal(store.get(0)["lambda"], _state(1.0)["lambda"])
     store.close()

@@ -57,7 +57,7 @@ def read_layout(folder: Path) -> Layout:
     """``layout.json`` of the store in ``folder``: a regular file of at most
     :data:`~fedbug.results.limits.MAX_LAYOUT_BYTES` holding a count of clients (at least 1)
     and each field's shape (sizes of at least 0); else one :class:`CheckpointError` naming it.
-    Whether it fits the run is the caller's to check, before the store's files are mapped
+    Whether it fits the run is the caller's to check, before the store's files are opened
     (a count of 10^12 clients made them that large)."""
     path = Path(folder) / LAYOUT
     try:
@@ -101,7 +101,11 @@ class StateStore:
         #: :attr:`_lock`: the file's position is shared)
         self.data = self._sized(DATA, 4 * num_clients * 2 * self.record)
         self._lock = threading.Lock()
-        self.stamps = self._map(STAMPS, np.int64, num_clients * 2).reshape(num_clients, 2)
+        try:
+            self.stamps = self._map(STAMPS, np.int64, num_clients * 2).reshape(num_clients, 2)
+        except BaseException:
+            self.data.close()
+            raise
 
     def _sized(self, name: str, size: int) -> io.FileIO:
         """``name`` in the folder, opened to read and write, ``size`` bytes long (at least 1;
@@ -155,7 +159,7 @@ class StateStore:
 
     def _offset(self, client: int, slot: int) -> int:
         """Where the record of ``client``'s ``slot`` begins in ``data.f32``, in bytes."""
-        return (client * 2 + slot) * self.record * 4
+        return (int(client) * 2 + slot) * self.record * 4
 
     def get(self, client: int) -> dict[str, Tensor] | None:
         """The client's latest state (copies), or ``None`` if it was never written."""
@@ -183,7 +187,9 @@ class StateStore:
         # keep the newest committed slot; write the other one
         keep = max(committed, key=lambda k: s[k]) if committed else 1
         slot = 1 - keep
-        fields = [state[key].detach().reshape(-1).numpy() for key in self.layout]
+        # contiguous: a 1-D view with gaps stays one under reshape, and is written as a copy
+        fields = [state[key].detach().contiguous().reshape(-1).numpy() for key in self.layout]
+        self.stamps[client, slot] = 0  # a write that fails partway leaves the slot unread
         with self._lock:
             self.data.seek(self._offset(client, slot))
             for field in fields:  # the layout's order: one record, back to back
