@@ -257,7 +257,7 @@ class RoundLoop:
         on_disk = rd is not None and exp.num_clients * exp.space.total * 4 > STATE_STORE_MIN_BYTES
         folder = rd.path / "client_states" if rd is not None and on_disk else None
         self.states = ClientStates(exp.algorithm, exp.space, folder, exp.num_clients)
-        cleanup.callback(self.states.close)  # the on-disk store's maps; its files stay to resume
+        cleanup.callback(self.states.close)  # the on-disk store's files stay to resume
         self.sim = Simulation(exp)
         self.local_mean = (
             LocalModelMean(self.weights, exp.num_clients)

@@ -60,7 +60,7 @@ class ClientStates:
             self.states[client] = state
 
     def close(self) -> None:
-        """Unmap the on-disk store (its files stay for a resume); states in memory are kept."""
+        """Close the on-disk store (its files stay for a resume); states in memory are kept."""
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -87,7 +87,7 @@ class ClientStates:
 
     def _check_layout(self, layout: Layout) -> None:
         """Refuse a store's layout that does not fit this run (its clients, its algorithm's
-        state and local units on this model), before the store's files are mapped."""
+        state and local units on this model), before the store's files are opened."""
         where = str(self.store_dir / LAYOUT) if self.store_dir is not None else LAYOUT
         fix = "start the run again in another run folder (or remove this one)"
         clients, fields = layout
