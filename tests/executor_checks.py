@@ -58,3 +58,25 @@ def after_first_round(
 
     monkeypatch.setattr(cls, name, call)
     return watched
+
+
+def local_round(local: Any) -> int:
+    """The round of a ``LocalRound`` (its ``train`` watched with :func:`after_first_round`)."""
+    return local.task.round
+
+
+def cohort_steps_after_first_round(
+    monkeypatch: Any, context: Callable[[], Any]
+) -> Callable[[], int]:
+    """The cohort executor's ``group_step`` and ``next_step`` run inside ``context()`` from the
+    second round on; returns how many calls were so watched, when called."""
+    from fedbug.engine.executors.cohort import CohortExecutor
+
+    def chunk_round(_ex: Any, c: Any, _x: Any, chunk: Any) -> int:  # c: a client, or a group's
+        return chunk.rounds[c if isinstance(c, int) else c[0]].task.round
+
+    watched = [
+        after_first_round(monkeypatch, CohortExecutor, name, chunk_round, context)
+        for name in ("group_step", "next_step")
+    ]
+    return lambda: sum(w[0] for w in watched)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from executor_checks import after_first_round
+from executor_checks import after_first_round, cohort_steps_after_first_round, local_round
 from tiny import method_needs, without_timing
 
 import fedbug
@@ -261,17 +261,9 @@ def test_the_cohort_executors_steps_never_wait_for_the_gpu(over, monkeypatch):
     batches makes the host wait for the GPU: a copy from pageable host memory (`.to("cuda")`)
     or a read-back would, and the executor's Python would then add to the kernels' time instead
     of running ahead of them. torch.cuda's sync debug mode raises at any such call."""
-    from fedbug.engine.executors.cohort import CohortExecutor
-
-    def of(_ex: Any, c: Any, _x: Any, chunk: Any) -> int:
-        return chunk.rounds[c if isinstance(c, int) else c[0]].task.round
-
-    watched = [
-        after_first_round(monkeypatch, CohortExecutor, n, of, waits_refused)
-        for n in ("group_step", "next_step")
-    ]
+    watched = cohort_steps_after_first_round(monkeypatch, waits_refused)
     fedbug.run(cnn(executor="cohort", rounds=3, local_steps=6, **over), dataset=random_images())
-    assert sum(w[0] for w in watched) > 0
+    assert watched() > 0
 
 
 @pytest.mark.parametrize(
@@ -297,8 +289,7 @@ def test_a_clients_local_steps_never_wait_for_the_gpu(over, monkeypatch):
     step (tests/test_step_reads.py checks the reads on the CPU; copies show only here)."""
     from fedbug.engine.client import LocalRound
 
-    of = lambda local: local.task.round  # noqa: E731
-    watched = after_first_round(monkeypatch, LocalRound, "train", of, waits_refused)
+    watched = after_first_round(monkeypatch, LocalRound, "train", local_round, waits_refused)
     fedbug.run(cnn(**over), dataset=random_images())
     assert watched[0] > 0
 

@@ -21,13 +21,12 @@ from typing import Any
 
 import pytest
 import torch
-from executor_checks import after_first_round
+from executor_checks import after_first_round, cohort_steps_after_first_round, local_round
 from test_cohort import pair_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedbug.algorithms import ALGORITHMS
 from fedbug.engine import client, run_experiment
-from fedbug.engine.executors.cohort import CohortExecutor
 from fedbug.errors import ConfigError
 from fedbug.policies import POLICIES
 
@@ -90,8 +89,7 @@ def matrix(**over: Any) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("algorithm, policy", matrix())
 def test_local_training_reads_no_tensor_value(algorithm, policy, monkeypatch):
     reads = Reads()
-    of = lambda local: local.task.round  # noqa: E731
-    watched = after_first_round(monkeypatch, client.LocalRound, "train", of, lambda: reads)
+    watched = after_first_round(monkeypatch, client.LocalRound, "train", local_round, lambda: reads)
     cfg = pair_config(algorithm, policy)
     run_experiment(cfg.model_copy(update={"rounds": max(2, cfg.rounds)}))
     assert watched[0] > 0
@@ -101,17 +99,10 @@ def test_local_training_reads_no_tensor_value(algorithm, policy, monkeypatch):
 @pytest.mark.parametrize("algorithm, policy", matrix(executor="cohort"))
 def test_the_cohort_executors_steps_read_no_tensor_value(algorithm, policy, monkeypatch):
     reads = Reads()
-
-    def of(_ex: Any, c: Any, _x: Any, chunk: Any) -> int:
-        return chunk.rounds[c if isinstance(c, int) else c[0]].task.round
-
-    watched = [
-        after_first_round(monkeypatch, CohortExecutor, n, of, lambda: reads)
-        for n in ("group_step", "next_step")
-    ]
+    watched = cohort_steps_after_first_round(monkeypatch, lambda: reads)
     cfg = pair_config(algorithm, policy, executor="cohort")
     run_experiment(cfg.model_copy(update={"rounds": max(2, cfg.rounds)}))
-    assert sum(w[0] for w in watched) > 0
+    assert watched() > 0
     assert not reads.seen, dict(reads.seen)
 
 
