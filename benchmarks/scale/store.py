@@ -24,6 +24,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +41,31 @@ def model_numel() -> int:
     return sum(p.numel() for p in build_model("standard_cnn", (1, 28, 28), 10, 0).parameters())
 
 
-def through_store(folder: Path, clients: int, chosen: list[int], state: dict) -> dict[str, float]:
-    store = StateStore.create(folder, clients, state)
+def timed(
+    put: Callable[[int], object],
+    get: Callable[[int], object],
+    commit: Callable[[], object],
+    chosen: list[int],
+) -> dict[str, float]:
+    """Milliseconds a record of ``chosen`` written, then read, and seconds to commit."""
     t0 = time.perf_counter()
     for c in chosen:
-        store.put(c, state)
+        put(c)
     t1 = time.perf_counter()
     for c in chosen:
-        store.get(c)
+        get(c)
     t2 = time.perf_counter()
-    store.commit()
+    commit()
     t3 = time.perf_counter()
-    store.close()
     n = len(chosen)
     return {"put_ms": 1e3 * (t1 - t0) / n, "get_ms": 1e3 * (t2 - t1) / n, "commit_s": t3 - t2}
+
+
+def through_store(folder: Path, clients: int, chosen: list[int], state: dict) -> dict[str, float]:
+    store = StateStore.create(folder, clients, state)
+    out = timed(lambda c: store.put(c, state), store.get, store.commit, chosen)
+    store.close()
+    return out
 
 
 def through_map(folder: Path, clients: int, chosen: list[int], state: dict) -> dict[str, float]:
@@ -64,21 +76,20 @@ def through_map(folder: Path, clients: int, chosen: list[int], state: dict) -> d
     with open(folder / DATA, "w+b") as f:
         f.truncate(clients * 2 * record.nbytes)
         m = mmap.mmap(f.fileno(), clients * 2 * record.nbytes)
-    data = np.frombuffer(m, dtype=np.float32)
+    data: np.ndarray | None = np.frombuffer(m, dtype=np.float32)
     k = record.size
-    t0 = time.perf_counter()
-    for c in chosen:
-        data[2 * c * k : (2 * c + 1) * k] = record
-    t1 = time.perf_counter()
-    for c in chosen:
-        data[2 * c * k : (2 * c + 1) * k].copy()
-    t2 = time.perf_counter()
-    m.flush()
-    t3 = time.perf_counter()
-    del data
+
+    def row(c: int) -> np.ndarray:
+        assert data is not None
+        return data[2 * c * k : (2 * c + 1) * k]
+
+    def put(c: int) -> None:
+        row(c)[:] = record
+
+    out = timed(put, lambda c: row(c).copy(), m.flush, chosen)
+    data = None  # the map cannot close while an array views it
     m.close()
-    n = len(chosen)
-    return {"put_ms": 1e3 * (t1 - t0) / n, "get_ms": 1e3 * (t2 - t1) / n, "commit_s": t3 - t2}
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
