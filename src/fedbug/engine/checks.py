@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from fedbug.core.finite import non_finite_count
 from fedbug.core.units import ParamSpace
 
 #: Reasons that start with this are divergence (non-finite numbers), not a malformed reply.
@@ -50,8 +51,8 @@ def check_update(result: Any, space: ParamSpace) -> str | None:
             return f"train_loss is {loss!r}, not a number"
         if not math.isfinite(value):
             return f"{NON_FINITE} train loss ({value})"
-    if not bool(torch.isfinite(delta).all()):
-        bad = int((~torch.isfinite(delta)).sum())
+    bad = non_finite_count(delta)
+    if bad:
         return f"{NON_FINITE} weights ({bad} of {space.total} update entries are nan or inf)"
     return None
 

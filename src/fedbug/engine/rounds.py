@@ -36,6 +36,7 @@ from torch import Tensor
 from fedbug.algorithms.base import ServerStep
 from fedbug.config import BaseConfig, config_hash
 from fedbug.core.device import process_settings_kept
+from fedbug.core.finite import non_finite_count
 from fedbug.core.tasks import CustomTask, LossFn, Task
 from fedbug.data import FederatedDataset
 from fedbug.engine.aggregate import Aggregate
@@ -588,9 +589,9 @@ def screen(exp: Experiment, round: int, res: ClientResult) -> str | None:
 def check_weights(exp: Experiment, round: int, weights: Tensor) -> None:
     """Stop when the aggregated weights are not finite (whatever ``on_divergence`` says: no
     single client can be dropped for it)."""
-    if bool(torch.isfinite(weights).all()):
+    bad = non_finite_count(weights)
+    if not bad:
         return
-    bad = int((~torch.isfinite(weights)).sum())
     reason = f"non-finite global weights after aggregation ({bad} of {weights.numel()} entries)"
     raise DivergenceError(
         f"training diverged in round {round}: {reason}; {divergence_hint(exp.cfg)}",

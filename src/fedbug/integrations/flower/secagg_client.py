@@ -18,7 +18,6 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.app.message_type import MessageType
 from flwr.client.mod import secaggplus_mod
@@ -27,6 +26,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 
+from fedbug.core.finite import non_finite_count
 from fedbug.core.protocol import ClientResult, ClientTask
 from fedbug.integrations.flower.messages import SCALARS
 from fedbug.integrations.flower.secagg_vector import (
@@ -66,7 +66,7 @@ def non_finite(result: ClientResult) -> str | None:
         return f"non-finite train loss ({loss})"
     tensors = {"weights": result.delta, **{f"extra {k}": v for k, v in result.extras.items()}}
     for what, t in tensors.items():
-        bad = int((~torch.isfinite(t)).sum())
+        bad = non_finite_count(t)
         if bad:
             return f"non-finite {what} ({bad} of {t.numel()} update entries are nan or inf)"
     return None
