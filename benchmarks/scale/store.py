@@ -11,7 +11,7 @@ records assigned into and copied out of a map of the file (the earlier way) and 
 Reported: milliseconds a record written and read, seconds to commit, medians over ``--reps``,
 and the map's time over the store's.
 
-    python -m benchmarks.scale.store                   # the standard CNN on 1x28x28 (573,834)
+    python -m benchmarks.scale.store                   # the standard CNN on 1x28x28 (573,578)
     python -m benchmarks.scale.store --records 500 --reps 5 --json
 """
 
