@@ -321,3 +321,23 @@ def test_threads_unset_follow_the_models_work_a_step_and_a_set_count_wins(monkey
     assert Experiment(tiny_config(threads=2)).cfg.threads == 2
     monkeypatch.setattr(device, "SMALL_STEP_FLOPS", 0.0)  # as if the MLP were a large model
     assert Experiment(tiny_config()).cfg.threads == (os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "layout"),
+    [
+        ((40, 3, 4, 4), torch.uint8, torch.contiguous_format),  # raw images: index_select
+        ((40, 3, 4, 4), torch.float32, torch.channels_last),  # NHWC kept: indexing
+        ((40,), torch.int64, torch.contiguous_format),  # labels
+    ],
+)
+def test_take_rows_is_indexing(shape, dtype, layout) -> None:
+    from fedbug.core.device import take_rows
+
+    t = (torch.arange(torch.Size(shape).numel()) % 251).to(dtype).reshape(shape)
+    t = t.contiguous(memory_format=layout) if len(shape) == 4 else t
+    for idx in (torch.tensor([7, 0, 39, 7]), torch.tensor([], dtype=torch.long)):
+        got, want = take_rows(t, idx), t[idx]
+        assert torch.equal(got, want) and got.stride() == want.stride()
+    mask = torch.arange(40) % 3 == 0
+    assert torch.equal(take_rows(t, mask), t[mask])

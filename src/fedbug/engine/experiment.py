@@ -19,6 +19,7 @@ from fedbug.core.device import (
     configure_kernels,
     default_threads,
     resolve_device,
+    take_rows,
 )
 from fedbug.core.flops import LossFn, training_flops
 from fedbug.core.seeding import derive_seed
@@ -237,7 +238,7 @@ class ClientSide:
     def client_data(self, client: int) -> ClientData:
         idx = self.parts[client]
         ds = self.device_dataset
-        return ClientData(ds.train_x[idx], ds.train_y[idx])
+        return ClientData(take_rows(ds.train_x, idx), take_rows(ds.train_y, idx))
 
     def augmentation(self) -> Callable[[Tensor, torch.Generator], Tensor] | None:
         name = self.dataset.augmentation if self.cfg.augment == "auto" else self.cfg.augment
