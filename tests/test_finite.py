@@ -24,6 +24,8 @@ INF, NAN = float("inf"), float("nan")
         ([INF, 5.0], torch.bfloat16, 1),
         ([NAN, INF, 1.0], torch.float64, 2),
         ([], torch.float32, 0),
+        ([1.0, NAN], torch.complex64, 1),
+        ([1.0, 2.0], torch.complex64, 0),
     ],
 )
 def test_answers_as_isfinite(values: list[float], dtype: torch.dtype, bad: int) -> None:

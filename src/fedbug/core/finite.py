@@ -20,13 +20,15 @@ BLOCK = 1 << 20
 
 
 def all_finite(t: Tensor) -> bool:
-    """Whether no entry of ``t`` is NaN or infinite (always, for an integer or empty tensor)."""
-    if not t.is_floating_point() or t.numel() == 0:
+    """Whether no entry of ``t`` is NaN or infinite (always, for an integer or empty tensor;
+    a complex one is read entry by entry)."""
+    if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
         return True
-    # a half-precision sum overflows at 65,504: sum it in float32
-    total = t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum()
-    if math.isfinite(float(total)):
-        return True
+    if t.is_floating_point():
+        # a half-precision sum overflows at 65,504: sum it in float32
+        total = t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum()
+        if math.isfinite(float(total)):
+            return True
     # the sum overflowed, or a NaN or an infinity is there
     return all(bool(torch.isfinite(b).all()) for b in t.reshape(-1).split(BLOCK))
 
