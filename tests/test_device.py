@@ -341,3 +341,5 @@ def test_take_rows_is_indexing(shape, dtype, layout) -> None:
         assert torch.equal(got, want) and got.stride() == want.stride()
     mask = torch.arange(40) % 3 == 0
     assert torch.equal(take_rows(t, mask), t[mask])
+    one = torch.tensor(5)  # a single row: its axes, not a batch of one
+    assert torch.equal(take_rows(t, one), t[one]) and take_rows(t, one).shape == t[5].shape

@@ -171,8 +171,10 @@ def take_rows(t: Tensor, idx: Tensor) -> Tensor:
     where ``t`` is contiguous (the same rows in the same layout; advanced indexing copies
     element by element, 13x slower for a client's 500 uint8 CIFAR images on one CPU core),
     the indices moved to ``t``'s device through :func:`from_host` (indexing a GPU tensor with
-    host indices waits for the GPU). Anything else (a mask, a strided ``t``): ``t[idx]``."""
-    if not isinstance(idx, Tensor) or idx.dtype != torch.long or not t.is_contiguous():
+    host indices waits for the GPU). Anything else (a mask, a single index, a strided ``t``):
+    ``t[idx]``."""
+    rows = isinstance(idx, Tensor) and idx.dtype == torch.long and idx.dim() == 1
+    if not rows or not t.is_contiguous():
         return t[idx]
     return t.index_select(0, idx if idx.device == t.device else from_host(idx, t.device))
 
