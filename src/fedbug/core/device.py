@@ -169,7 +169,8 @@ def from_host(t: Tensor, device: torch.device) -> Tensor:
 def take_rows(t: Tensor, idx: Tensor) -> Tensor:
     """``t[idx]`` for a tensor of row indices, as fast as it can be read: ``index_select``
     where ``t`` is contiguous (the same rows in the same layout; advanced indexing copies
-    element by element, 13x slower for a client's 500 uint8 CIFAR images on one CPU core),
+    element by element, ~5x slower for a client's 500 uint8 CIFAR images on one CPU core:
+    ``python -m benchmarks.scale.per_client``),
     the indices moved to ``t``'s device through :func:`from_host` (indexing a GPU tensor with
     host indices waits for the GPU). Anything else (a mask, a single index, a strided ``t``):
     ``t[idx]``."""
