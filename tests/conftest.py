@@ -17,6 +17,24 @@ GPU_TESTS = os.environ.get("FEDBUG_TEST_GPU") == "1"
 if not GPU_TESTS:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
+# The suite runs on two workers (``python -m pytest -n 2 --dist loadgroup``, README's command).
+# Tests that start Flower or Ray deployments of their own (several processes each, some with
+# timeouts and waits: a killed node's round timeout, the run lock's window) go to one worker,
+# one at a time, as they ran alone before; the rest share both.
+ONE_AT_A_TIME = "flower-and-ray"
+
+
+def _starts_flower_or_ray(item: pytest.Item) -> bool:
+    path = item.path.as_posix()
+    return "/tests/flower/" in path or path.endswith("test_ray_sweep.py") or "flower" in item.name
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _starts_flower_or_ray(item):
+            item.add_marker(pytest.mark.xdist_group(ONE_AT_A_TIME))
+
+
 # The module whose names the engine calls its per-run plots by (a run folder's accuracy.png and
 # partition.png): the one place to change when the engine moves them.
 PLOTS_MODULE = "fedbug.engine.run_folder"
