@@ -186,7 +186,9 @@ def instrument(timer: Timer) -> None:
     """Time aggregation inside the engine without changing it: the ``Aggregate`` methods, the
     algorithm's ``server_update`` and ``check_weights`` (module globals the round loop looks up).
     Rounds aggregate each update as it arrives, so ``Aggregate.add`` runs inside the round's
-    ``time_train`` too: its seconds are counted in both (small: one vector add a client)."""
+    ``time_train`` too: its seconds are counted in both (with each update's check, also inside
+    ``time_train``: small beside the sequential executor's round, not beside the cohort
+    executor's on a GPU, 15-23 ms of the H200's 0.18-0.24 s in session 22)."""
 
     class TimedAggregate(Aggregate):
         pass
