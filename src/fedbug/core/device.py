@@ -177,7 +177,7 @@ def take_rows(t: Tensor, idx: Tensor) -> Tensor:
     rows = isinstance(idx, Tensor) and idx.dtype == torch.long and idx.dim() == 1
     if not rows or not t.is_contiguous():
         return t[idx]
-    return t.index_select(0, idx if idx.device == t.device else from_host(idx, t.device))
+    return t.index_select(0, from_host(idx, t.device))  # on its device already: as it is
 
 
 def dense_strides(shape: Sequence[int], strides: Sequence[int]) -> bool:

@@ -26,8 +26,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, TensorDataset
 
-from fedbug.core.device import from_host
+from fedbug.core.device import from_host, take_rows
 from fedbug.core.finite import all_finite
+from fedbug.core.protocol import ClientData
 from fedbug.core.registry import Registry
 from fedbug.errors import DataError
 
@@ -172,6 +173,11 @@ class FederatedDataset:
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.train_x.shape[1:])
+
+    def client_data(self, idx: Tensor) -> ClientData:
+        """The training samples and labels at ``idx`` (a client's), read as
+        :func:`~fedbug.core.device.take_rows` reads rows."""
+        return ClientData(take_rows(self.train_x, idx), take_rows(self.train_y, idx))
 
     def prepare(self, x: Tensor) -> Tensor:
         """Raw batch -> model input: normalised float32, or token ids (int64) as they are."""

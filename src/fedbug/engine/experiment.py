@@ -19,7 +19,6 @@ from fedbug.core.device import (
     configure_kernels,
     default_threads,
     resolve_device,
-    take_rows,
 )
 from fedbug.core.flops import LossFn, training_flops
 from fedbug.core.seeding import derive_seed
@@ -236,9 +235,7 @@ class ClientSide:
         )
 
     def client_data(self, client: int) -> ClientData:
-        idx = self.parts[client]
-        ds = self.device_dataset
-        return ClientData(take_rows(ds.train_x, idx), take_rows(ds.train_y, idx))
+        return self.device_dataset.client_data(self.parts[client])
 
     def augmentation(self) -> Callable[[Tensor, torch.Generator], Tensor] | None:
         name = self.dataset.augmentation if self.cfg.augment == "auto" else self.cfg.augment

@@ -30,11 +30,9 @@ from torch import Tensor, nn
 
 from fedbug.algorithms import Algorithm
 from fedbug.config import BaseConfig
-from fedbug.core.device import take_rows
 from fedbug.core.units import ParamSpace
 from fedbug.data import FederatedDataset
 from fedbug.engine.client import (
-    ClientData,
     ClientRuntime,
     TrainSettings,
     load_local_parts,
@@ -235,7 +233,7 @@ class PersonalizedEvaluator:
             idx = self.train_parts[i]
             if settings.epochs and len(idx):
                 task = client_task(cfg, FINETUNE_ROUND, i, len(idx), lr=settings.lr, seed=seed)
-                data = ClientData(take_rows(ds.train_x, idx), take_rows(ds.train_y, idx))
+                data = ds.client_data(idx)
                 train_client(weights, task, data, states(i), runtime)
                 self.flat.copy_(runtime.flat)
             else:  # nothing to fine-tune on
