@@ -165,7 +165,7 @@ def test_a_data_set_that_fits_is_uploaded_once_and_clients_index_it_there(monkey
     ds = exp.dataset
     size = sum(t.nbytes for t in (ds.train_x, ds.train_y, ds.test_x, ds.test_y))
     gpu = _gpu_of(monkeypatch, capacity=4 * size)
-    placed, where = place_on_device(ds, gpu, share=0.5, augmented=False)
+    placed, where = place_on_device(ds, gpu, share=0.5)
     assert where == "device"
     assert {t.device.type for t in (placed.train_x, placed.train_y, placed.test_x)} == {"meta"}
     assert ds.train_x.device.type == "cpu"  # the host's data set is untouched
@@ -174,14 +174,10 @@ def test_a_data_set_that_fits_is_uploaded_once_and_clients_index_it_there(monkey
     assert data.x.device.type == data.y.device.type == "meta"
     assert data.x.shape == (len(exp.parts[0]), *ds.train_x.shape[1:])
     # more than the share of the device's memory: left on the host, moved per client
-    assert place_on_device(ds, gpu, share=0.2, augmented=False)[1] == "host"
-    assert place_on_device(ds, gpu, share=0.0, augmented=False)[1] == "host"
-    # augmentation draws training batches on the CPU: only the test set goes up
-    placed, where = place_on_device(ds, gpu, share=0.5, augmented=True)
-    assert where == "test on device"
-    assert placed.train_x.device.type == "cpu" and placed.test_x.device.type == "meta"
+    assert place_on_device(ds, gpu, share=0.2)[1] == "host"
+    assert place_on_device(ds, gpu, share=0.0)[1] == "host"
     # the CPU reads the host's tensors, and no copy is made
-    assert place_on_device(ds, torch.device("cpu"), 0.5, False) == (ds, "host")
+    assert place_on_device(ds, torch.device("cpu"), 0.5) == (ds, "host")
 
 
 def test_the_run_records_where_its_data_lived_and_the_share_is_not_hashed():

@@ -31,3 +31,29 @@ def test_flip_flips_about_half_and_only_left_right():
 def test_registry_names():
     assert AUGMENTATIONS.get("none") is None
     assert set(AUGMENTATIONS.names()) == {"none", "flip", "crop_flip"}
+
+
+def test_crop_flip_draws_the_offsets_then_the_flips_and_applies_them_in_that_order():
+    """The sequence of draws a batch takes from its client's generator (rows' offsets, columns',
+    then the flips), applied by hand: the window of the padded image, then flipped."""
+    x = torch.arange(5 * 2 * 6 * 6, dtype=torch.uint8).view(5, 2, 6, 6)
+    out = AUGMENTATIONS.get("crop_flip")(x, torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    dy = torch.randint(0, 9, (5,), generator=gen)
+    dx = torch.randint(0, 9, (5,), generator=gen)
+    flip = torch.rand(5, generator=gen) < 0.5
+    padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
+    for i in range(5):
+        window = padded[i, :, dy[i] : dy[i] + 6, dx[i] : dx[i] + 6]
+        assert torch.equal(out[i], window.flip(-1) if flip[i] else window)
+
+
+def test_a_groups_draws_applied_at_once_equal_each_batch_augmented_alone():
+    """The cohort executor's way: each client's draws from its own generator, concatenated,
+    applied to the group's batches in one call: each client's batch as augmented alone."""
+    aug = AUGMENTATIONS.get("crop_flip")
+    xs = [torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8) for _ in range(3)]
+    alone = [aug(x, torch.Generator().manual_seed(c)) for c, x in enumerate(xs)]
+    draws = torch.cat([aug.draw(4, torch.Generator().manual_seed(c)) for c in range(3)])
+    together = aug.apply(torch.cat(xs), draws)
+    assert torch.equal(together, torch.cat(alone))

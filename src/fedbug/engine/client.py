@@ -32,6 +32,7 @@ from fedbug.core.optimizers import optimizer_entry
 from fedbug.core.protocol import ClientData, ClientResult, ClientTask, TrainSettings
 from fedbug.core.seeding import derive_seed, torch_generator
 from fedbug.core.units import ParamSpace, unit_regions
+from fedbug.data.augment import Augmentation
 from fedbug.engine.privacy.sample_level import PerSampleGradients
 from fedbug.policies import FreezePolicy, StepCtx
 from fedbug.policies.base import EpochAction, EpochCtx, PolicySession
@@ -92,7 +93,7 @@ class ClientRuntime:
         algorithm: Algorithm,
         settings: TrainSettings,
         prepare: Callable[[Tensor], Tensor],
-        augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+        augment: Augmentation | None = None,
         classifier: str | None = None,
         *,
         device: torch.device | None = None,
@@ -271,19 +272,15 @@ class LocalRound:
         dev = rt.device
         self.host = weights.device
         # on the device: the received weights (``received``, where the caller moved them there
-        # once for several clients; never written), the client's state and the round's payload;
-        # its data too, unless augmentation (drawn on the CPU) comes first (then batch by
-        # batch); moved without the host waiting for the device's queue (``from_host``)
+        # once for several clients; never written), the client's state and the round's payload,
+        # its data (augmented there: the draws alone are made on the host); moved without the
+        # host waiting for the device's queue (``from_host``)
         self.received = received if received is not None else from_host(weights, dev)
         self.state = to_device(state, dev)
         if task.payload is not None:
             task = dataclasses.replace(task, payload=to_device(task.payload, dev))
         self.task = task
-        self.xs, self.ys = (
-            (data.x, data.y)
-            if rt.augment is not None
-            else (from_host(data.x, dev), from_host(data.y, dev))
-        )
+        self.xs, self.ys = from_host(data.x, dev), from_host(data.y, dev)
         #: the samples prepared once for the round: a step's batch is then its rows (the
         #: preparation is elementwise, and indexing keeps the NHWC layout: the same numbers as
         #: a batch prepared at its step, without normalising each sample every epoch again);
@@ -394,14 +391,13 @@ class LocalRound:
         return idx
 
     def batch(self, k: int) -> tuple[Tensor, Tensor]:
-        """Step ``k``'s batch: its :meth:`batch_indices`' samples, augmented and moved where
-        augmentation comes first, then prepared."""
+        """Step ``k``'s batch: its :meth:`batch_indices`' samples, augmented (its draws from
+        the client's generator, applied on the device), then prepared."""
         rt = self.rt
         idx = self.batch_indices(k)
         x, y = self.xs[idx], self.ys[idx]  # a client's samples and labels live on one device
         if rt.augment is not None:
             x = rt.augment(x, self.gen)
-            x, y = from_host(x, rt.device), from_host(y, rt.device)
         return (x if self.prepared else rt.prepare(x)), y
 
     def step(self, units: tuple[int, ...], x: Tensor, y: Tensor) -> None:

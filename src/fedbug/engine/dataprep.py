@@ -133,27 +133,27 @@ def personal_test_sets(
     return split.train_parts, renumbered, out
 
 
-#: where a run's data lives: all of it uploaded once, the test set only (augmentation draws
-#: training batches on the CPU), or on the host with each client's samples moved per round
-Placement = Literal["device", "test on device", "host"]
+#: where a run's data lives: all of it uploaded once, or on the host with each client's samples
+#: moved per round
+Placement = Literal["device", "host"]
 
 
 def place_on_device(
-    ds: FederatedDataset, device: torch.device, share: float, augmented: bool
+    ds: FederatedDataset, device: torch.device, share: float
 ) -> tuple[FederatedDataset, Placement]:
     """The data set as clients and evaluation read it on ``device``: uploaded once for the run
     when it takes at most ``share`` of the device's memory (``device_data_share``), else left
-    on the host (each client's samples then move to the device once per round). Under
-    augmentation, drawn on the CPU, the training samples stay on the host. The CPU (and any
-    device without memory of its own) reads the host's tensors. A copy: ``ds`` is untouched."""
+    on the host (each client's samples then move to the device once per round; augmentation is
+    applied on the device either way). The CPU (and any device without memory of its own)
+    reads the host's tensors. A copy: ``ds`` is untouched."""
     capacity = memory_bytes(device)
     if capacity is None:
         return ds, "host"
-    names = ("test_x", "test_y") if augmented else ("train_x", "train_y", "test_x", "test_y")
+    names = ("train_x", "train_y", "test_x", "test_y")
     size = sum(getattr(ds, n).nbytes for n in names)
     if share <= 0 or size > share * capacity:
         return ds, "host"
     placed = copy.copy(ds)
     for n in names:
         setattr(placed, n, getattr(ds, n).to(device))
-    return placed, "test on device" if augmented else "device"
+    return placed, "device"

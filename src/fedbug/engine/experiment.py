@@ -24,7 +24,7 @@ from fedbug.core.flops import LossFn, training_flops
 from fedbug.core.seeding import derive_seed
 from fedbug.core.tasks import Task, build_task
 from fedbug.data import FederatedDataset, load_dataset, partition
-from fedbug.data.augment import AUGMENTATIONS
+from fedbug.data.augment import AUGMENTATIONS, Augmentation
 from fedbug.data.targets import ONE_POSITION_FIX, every_position_targets
 from fedbug.engine.build import build_parts
 from fedbug.engine.client import (
@@ -114,7 +114,7 @@ class ClientSide:
         self.mean_samples = mean_samples(sizes)
         # what clients and evaluation read: on a GPU the data set uploaded once where it fits
         self.device_dataset, self.data_placement = place_on_device(
-            self.dataset, self.device, cfg.device_data_share, self.augmentation() is not None
+            self.dataset, self.device, cfg.device_data_share
         )
 
     def _task_and_device(self, cfg: BaseConfig, task: Task | str | None) -> BaseConfig:
@@ -237,7 +237,7 @@ class ClientSide:
     def client_data(self, client: int) -> ClientData:
         return self.device_dataset.client_data(self.parts[client])
 
-    def augmentation(self) -> Callable[[Tensor, torch.Generator], Tensor] | None:
+    def augmentation(self) -> Augmentation | None:
         name = self.dataset.augmentation if self.cfg.augment == "auto" else self.cfg.augment
         return AUGMENTATIONS.get(name)
 

@@ -32,6 +32,7 @@ from fedbug.algorithms import Algorithm
 from fedbug.config import BaseConfig
 from fedbug.core.units import ParamSpace
 from fedbug.data import FederatedDataset
+from fedbug.data.augment import Augmentation
 from fedbug.engine.client import (
     ClientRuntime,
     TrainSettings,
@@ -132,7 +133,7 @@ class PersonalizedEvaluator:
         train_parts: list[Tensor],
         test_parts: list[Tensor],
         batch_size: int = 500,
-        augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+        augment: Augmentation | None = None,
         memory_format: str = "contiguous",
         *,
         device: torch.device | None = None,
