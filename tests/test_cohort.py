@@ -118,6 +118,26 @@ def test_each_clients_own_gradient_on_streams_gives_the_sequential_numbers(over)
     assert_close_to_sequential(cfg)
 
 
+@pytest.mark.parametrize("augment", ["flip", "crop_flip"])
+def test_augmented_batches_give_the_sequential_numbers(augment):
+    """Each client's batch augmented on the host from its own generator, between its batch
+    draws as the sequential executor draws them: unequal clients (groups of scattered rows,
+    short last batches), FedBug's gradual unfreezing, chunks of two; and the augmentation
+    changes the numbers (it is not skipped)."""
+    cfg = tiny_config(
+        model="digits_cnn",
+        augment=augment,
+        policy="bottom_up",
+        bottom_up={"gu_ratio": 0.5},
+        momentum=0.5,
+        cohort={"max_clients": 2},
+        **UNEQUAL_EPOCH,
+    )
+    _, coh = assert_close_to_sequential(cfg)
+    plain = run_experiment(cfg.model_copy(update={"executor": "cohort", "augment": "none"}))
+    assert not torch.equal(plain.weights, coh.weights)
+
+
 def test_unequal_rounds_partial_batches_and_a_conv_model():
     """Clients of different sizes (epochs of different step counts, a short last batch): the
     longer rounds go on alone; the digits CNN through vmap's batched convolutions; FedBug's
@@ -241,7 +261,6 @@ class WithTwoDropouts(BatchNormNet):
         (BatchNormNet, {}, "cannot update buffers"),
         (WithDropout, {}, "dropout masks"),
         (WithTwoDropouts, {}, r"dropout masks \(norm\)"),  # named: the one that draws masks
-        (None, {"augment": "flip"}, "does not augment"),
     ],
 )
 def test_model_and_data_refusals_leave_no_run_folder(tmp_path, model, over, message):

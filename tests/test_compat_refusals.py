@@ -66,11 +66,6 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         "executor: processes runs its workers on the CPU, not device: cuda:1; use device: cpu "
         "(or auto), or executor: sequential (one process drives the device)",
     ),
-    "cohort-flip": (
-        {"executor": "cohort", "augment": "flip"},
-        "executor: cohort does not augment batches yet (augment: flip); set augment: none or "
-        "use executor: sequential",
-    ),
     "freezefl-upload-full": (
         {
             "method": "freezefl",
@@ -119,7 +114,8 @@ def test_load_config_refuses_in_one_line(case):
         {"executor": "processes", "device": "auto"},
         {"executor": "sequential", "device": "cuda"},
         {"executor": "cohort", "augment": "none"},
-        {"executor": "cohort", "augment": "auto"},  # the data set decides, at build time
+        {"executor": "cohort", "augment": "auto"},
+        {"executor": "cohort", "augment": "crop_flip"},  # each client's draws, its generator
         {"algorithm": "fedexp", "global_lr": 1.0},
         {**FEDSEQ, "unfreeze_rounds": [0, 1, 1]},  # their count is checked on the model
     ],

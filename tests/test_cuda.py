@@ -115,8 +115,11 @@ def test_the_data_set_kept_on_the_gpu_gives_the_numbers_of_one_moved_per_client(
     assert kept.summary["environment"]["data_on_device"] == "device"
     assert moved.summary["environment"]["data_on_device"] == "host"
     assert weights_sha256(kept.weights) == weights_sha256(moved.weights)
-    flipped = fedbug.run(cnn(augment="flip"), dataset=ds)  # batches drawn on the CPU
-    assert flipped.summary["environment"]["data_on_device"] == "test on device"
+    # augmented on the device (the draws made on the host): the same numbers, kept or moved
+    flipped = fedbug.run(cnn(augment="crop_flip"), dataset=ds)
+    assert flipped.summary["environment"]["data_on_device"] == "device"
+    moved = fedbug.run(cnn(augment="crop_flip", device_data_share=0.0), dataset=ds)
+    assert weights_sha256(flipped.weights) == weights_sha256(moved.weights)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -159,6 +162,7 @@ def test_a_killed_gpu_run_resumes_to_the_uninterrupted_numbers(tmp_path):
         ({"algorithm": "scaffold", "momentum": 0.9}, 1e-3),
         ({"optimizer": "adam", "lr": 0.001}, 2e-2),
         ({"cohort": {"gradient": "streams"}}, 1e-3),  # the sequential kernels, on streams
+        ({"augment": "crop_flip"}, 1e-3),  # each client's batches augmented on the host
     ],
 )
 def test_the_cohort_executor_on_the_gpu_follows_the_sequential_one(over, tol):
@@ -254,6 +258,8 @@ def waits_refused() -> Iterator[None]:
     [
         {"optimizer": "adam", "lr": 0.001},  # Adam's bias corrections, made on the host
         {"cohort": {"cuda_graphs": True, "gradient": "streams"}, "momentum": 0.9},
+        # batches augmented on the host, each client's, moved through pinned memory
+        {"augment": "crop_flip", "cohort": {"cuda_graphs": True}},
     ],
 )
 def test_the_cohort_executors_steps_never_wait_for_the_gpu(over, monkeypatch):
@@ -276,7 +282,7 @@ def test_the_cohort_executors_steps_never_wait_for_the_gpu(over, monkeypatch):
         {"algorithm": "fedrod", "evaluation": "personalized"},
         {"algorithm": "heterofl", "policy": "none", **method_needs("heterofl")},
         {"algorithm": "fjord", "policy": "none", **method_needs("fjord")},
-        {"augment": "crop_flip"},  # drawn on the CPU, moved a batch at a time
+        {"augment": "crop_flip"},  # its draws made on the CPU, applied on the GPU
         {"dp_sgd": {"noise_multiplier": 1.0, "clip": 1.0}},  # noise drawn on the CPU
     ],
 )

@@ -13,7 +13,8 @@ Python between steps, drawing batches), and the tensor operations dispatched out
 gradient (on a GPU, each a kernel launch or at least a trip through the dispatcher on the
 host): a group step's, and a round's in all (opening and closing the chunk, drawing the
 batches), over ``--steps`` local steps. ``--clients`` and ``--algorithm`` change the round's
-shape (one chunk of that many clients; FedDyn keeps a state a client).
+shape (one chunk of that many clients; FedDyn keeps a state a client); ``--augment`` draws each
+client's batches through an augmentation on the host (part of the step's rest).
 
     python -m benchmarks.speed.cohort_step --batch 2     # about 20 s
     python -m benchmarks.speed.cohort_step --batch 50 --device cuda
@@ -109,6 +110,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--gradient", choices=["vmap", "streams"], default="vmap", help="cohort.gradient (vmap)"
     )
+    ap.add_argument(
+        "--augment",
+        choices=["none", "flip", "crop_flip"],
+        default="none",
+        help="augment (none): each client's batches augmented on the host, a group step's part",
+    )
     return ap.parse_args(argv)
 
 
@@ -119,7 +126,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
                 clients_per_round=args.clients, rounds=2, algorithm=args.algorithm,
                 local_steps=args.steps, batch_size=args.batch, lr=0.05, weight_decay=1e-3,
                 eval_every=1000, count_flops=False, threads=1, executor="cohort",
-                device=args.device, deterministic=not cuda,
+                device=args.device, deterministic=not cuda, augment=args.augment,
                 cohort={"cuda_graphs": args.cuda_graphs, "gradient": args.gradient})  # fmt: skip
 
 
@@ -187,10 +194,11 @@ def main(argv: list[str] | None = None) -> None:
     between = t["chunk"] - steps - t["open"] - t["result"]
     outside, round_ops = counted_round(doc, data, args.steps)
     print(f"W's model, {args.clients} clients x batch {args.batch}, {args.algorithm}, "
-          f"{args.device}, 1 thread; ms a group step: {1e3 * g:.1f}, of which the gradient "
-          f"{1e3 * d:.1f}, the rest of the step {1e3 * (g - d):.1f}; outside its "
-          f"{len(t['group'])} group steps a round's chunk took {1e3 * (t['chunk'] - steps):.0f} "
-          f"ms: opening {1e3 * t['open']:.0f}, the clients' results {1e3 * t['result']:.0f}, "
+          f"augment {args.augment}, {args.device}, 1 thread; ms a group step: {1e3 * g:.1f}, "
+          f"of which the gradient {1e3 * d:.1f}, the rest of the step {1e3 * (g - d):.1f}; "
+          f"outside its {len(t['group'])} group steps a round's chunk took "
+          f"{1e3 * (t['chunk'] - steps):.0f} ms: opening {1e3 * t['open']:.0f}, "
+          f"the clients' results {1e3 * t['result']:.0f}, "
           f"the rest (the clients' Python between steps, drawing batches) "
           f"{1e3 * between:.0f}")  # fmt: skip
     print(

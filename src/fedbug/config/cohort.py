@@ -1,8 +1,7 @@
 """The ``cohort:`` block (``executor: cohort``: a round's clients trained together as one
 vectorised step, :mod:`fedbug.engine.executors.cohort`), and the refusals of configs whose
-local training it cannot vectorise exactly. Pydantic only, no torch: the model- and
-data-dependent checks (buffers, dropout, ``augment: auto``'s augmentation: the data set's) run
-where the model is built."""
+local training it cannot vectorise exactly. Pydantic only, no torch: the model's
+checks (buffers, dropout) run where the model is built."""
 
 from __future__ import annotations
 
@@ -92,11 +91,6 @@ def cohort_incompatibility(cfg: Any) -> str | None:
     if getattr(cfg, "dp_sgd", None) is not None:
         return (
             f"executor: cohort does not compute DP-SGD's per-sample gradients; remove dp_sgd, {fix}"
-        )
-    if cfg.augment not in ("none", "auto"):  # auto: the data set's own, decided where it loads
-        return (
-            f"executor: cohort does not augment batches yet (augment: {cfg.augment}); set "
-            f"augment: none {fix}"
         )
     return None
 

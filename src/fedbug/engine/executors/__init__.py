@@ -26,7 +26,7 @@ def build_executor(exp: Experiment, run_dir: Path | None) -> Executor:
         from fedbug.engine.executors.streams import Lanes
 
         runtime = exp.make_runtime()
-        refuse_model(runtime.model, exp.space, exp.augmentation() is not None)
+        refuse_model(runtime.model, exp.space)
         params = exp.cfg.cohort
         graphs = GraphCache(capture_for(runtime.device)) if params.cuda_graphs else None
         lanes = Lanes(runtime.device) if params.gradient == "streams" else None

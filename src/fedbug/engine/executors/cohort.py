@@ -20,7 +20,7 @@ go on alone.
 The numbers are the sequential executor's within float32 rounding (a batched kernel sums in
 another order), not bit for bit: ``tests/test_cohort.py`` holds every accepted family to 1e-4 of
 each unit's change. What cannot be vectorised is refused before the run
-(:mod:`fedbug.config.cohort`; the model's buffers and dropout, and augmentation, here).
+(:mod:`fedbug.config.cohort`; the model's buffers and dropout here).
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ from fedbug.errors import ConfigError, first_line
 Step = tuple[tuple[int, ...], Tensor]
 
 
-def refuse_model(model: nn.Module, space: ParamSpace, augmented: bool) -> None:
+def refuse_model(model: nn.Module, space: ParamSpace) -> None:
     """One-line refusals of what a vectorised step cannot reproduce: state a forward pass
-    changes (BatchNorm's running statistics), random draws inside the model, augmentation."""
+    changes (BatchNorm's running statistics), random draws inside the model."""
     fix = "or use executor: sequential"
     buffers = [n for n, is_param in zip(space.names, space.is_param) if not is_param]
     if buffers:
@@ -79,8 +79,6 @@ def refuse_model(model: nn.Module, space: ParamSpace, augmented: bool) -> None:
             f"executor: cohort cannot draw the sequential executor's dropout masks ({first}); "
             f"set the dropout to 0 {fix}"
         )
-    if augmented:
-        raise ConfigError(f"executor: cohort does not augment batches yet; set augment: none {fix}")
 
 
 class CohortExecutor(Executor):
@@ -243,7 +241,8 @@ class CohortExecutor(Executor):
         """One step of clients that train the same units on batches of one size."""
         units, rounds, opt = steps[0][0], chunk.rounds, chunk.opt
         rows = chunk.rows(clients)
-        x, y = chunk.samples.batches(rows, [s[1] for s in steps], self.rt)
+        gens = [rounds[c].gen for c in clients]  # each client's augmentation draws its own
+        x, y = chunk.samples.batches(rows, [s[1] for s in steps], self.rt, gens)
         for c in clients:
             rounds[c].mark(units)
         lead = rounds[clients[0]]
@@ -503,14 +502,20 @@ class Samples:
         local.xs, local.ys = self.x[start : start + n], self.y[start : start + n]
 
     def batches(
-        self, rows: Rows, indices: list[Tensor], rt: ClientRuntime
+        self, rows: Rows, indices: list[Tensor], rt: ClientRuntime, gens: list[torch.Generator]
     ) -> tuple[Tensor, Tensor]:
         """A group's batches and labels (clients along the first axis): each client's
-        ``indices`` (its own rows) read from its samples, prepared where they were not yet."""
+        ``indices`` (its own rows) read from its samples; augmented where the run augments
+        (each client's draws from its own generator, ``gens`` in the group's order, as the
+        sequential executor draws them for the client alone; applied to the group's batches
+        at once); prepared where they were not yet."""
         assert self.x is not None and self.y is not None and self.offsets is not None
         at = torch.stack(indices)
         at += rows.take(self.offsets)
         x, y = self.x[at], self.y[at]
+        if rt.augment is not None:
+            draws = torch.cat([rt.augment.draw(at.shape[1], g) for g in gens])
+            x = rt.augment.apply(x.flatten(0, 1), draws).unflatten(0, at.shape)
         if not self.prepared:  # elementwise: a group's batch at once, as a client's alone
             x = rt.prepare(x.flatten(0, 1)).unflatten(0, at.shape)
         return x, y
