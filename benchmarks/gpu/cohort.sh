@@ -88,6 +88,12 @@ if part step; then
   timeout 120 "$py" -m benchmarks.speed.cohort_step --device cuda --clients 200 --batch 6 \
     --steps 5 --algorithm feddyn --cuda-graphs --gradient streams 2>&1 | tail -3 \
     | tee -a "$out/cohort-step.txt"
+  # augmentation applied on the GPU (CIFAR's crop_flip): alone, and in a group step in graphs
+  { timeout 60 "$py" -m benchmarks.speed.augment --device cuda 2>&1 | tail -4
+    echo "cohort_step --batch 50 --cuda-graphs --gradient streams --augment crop_flip:"
+    timeout 120 "$py" -m benchmarks.speed.cohort_step --device cuda --batch 50 --cuda-graphs \
+      --gradient streams --augment crop_flip 2>&1 | tail -3
+  } | tee -a "$out/cohort-step.txt"
 fi
 
 # 1,000 participants a round of scale-10k (2 rounds; needs Fashion-MNIST on the machine), the
