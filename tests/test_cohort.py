@@ -394,6 +394,22 @@ def test_a_memory_budget_counts_the_largest_clients_prepared_samples():
     assert ex.chunk_size(tasks) == 2
 
 
+def test_a_memory_budget_counts_the_raw_samples_of_an_augmented_round():
+    """Under augmentation nothing is prepared once (each batch is augmented, then prepared, at
+    its step): the chunk holds its clients' samples as the data set keeps them, and counts
+    those."""
+    from fedbug.engine.executors import build_executor
+
+    cfg = tiny_config(
+        executor="cohort", threads=1, partition="iid", unbalanced_sigma=0.8, augment="flip"
+    )
+    exp = Experiment(cfg)
+    ex = build_executor(exp, None)
+    tasks = [ClientTask(1, c, 0, 0.1, exp.mean_samples) for c in range(len(exp.sizes))]
+    raw = exp.dataset.train_x[:1]
+    assert ex.sample_bytes(tasks) == max(exp.sizes) * raw.numel() * raw.element_size() > 0
+
+
 def test_a_memory_budget_counts_the_clients_state():
     """SCAFFOLD's c_i is one more full vector a client brings to the chunk (stacked in the
     chunk, as its weights are, and gathered again for each group step): its share is FedAvg's

@@ -104,6 +104,7 @@ class CohortExecutor(Executor):
         #: a client's number of samples (default: its data's length, read through client_data)
         self.sizes = sizes or (lambda c: len(client_data(c)))
         self._sample_bytes: int | None = None
+        self._raw_bytes = 0  # one sample's, as the data set keeps it (counted with the above)
         self.client_data = client_data
         self.max_clients = max_clients
         self.memory_mb = memory_mb
@@ -150,14 +151,17 @@ class CohortExecutor(Executor):
         return step.activations + step.trained + 4 * self.space.total * rows + state_bytes
 
     def sample_bytes(self, tasks: list[ClientTask]) -> int:
-        """The most bytes a client of ``tasks`` holds of samples prepared for the round
-        (:data:`~fedbug.engine.client.PREPARED_BYTES`: a client's samples normalised once a
-        round, where they fit and nothing is augmented)."""
+        """The most bytes a client of ``tasks`` holds of samples in a chunk: prepared for the
+        round where they fit (:data:`~fedbug.engine.client.PREPARED_BYTES`: normalised once a
+        round, nothing augmented), else as the data set keeps them (each batch augmented and
+        prepared at its step)."""
         if not tasks:
             return 0
         one = self.one_sample_bytes(tasks[0])
-        held = (self.sizes(t.client) * one for t in tasks)
-        return max((b for b in held if prepares_once(b, self.rt)), default=0)
+        held = (self.sizes(t.client) for t in tasks)
+        return max(
+            n * one if prepares_once(n * one, self.rt) else n * self._raw_bytes for n in held
+        )
 
     def one_sample_bytes(self, task: ClientTask) -> int:
         """One sample's bytes, prepared: the same for every client (counted once, from
@@ -167,6 +171,7 @@ class CohortExecutor(Executor):
             if not len(one):
                 return 0
             self._sample_bytes = prepared_bytes(one, self.rt)
+            self._raw_bytes = one.numel() * one.element_size()
         return self._sample_bytes
 
     def train_chunk(
