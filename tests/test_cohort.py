@@ -118,19 +118,29 @@ def test_each_clients_own_gradient_on_streams_gives_the_sequential_numbers(over)
     assert_close_to_sequential(cfg)
 
 
-@pytest.mark.parametrize("augment", ["flip", "crop_flip"])
-def test_augmented_batches_give_the_sequential_numbers(augment):
-    """Each client's batch augmented on the host from its own generator, between its batch
-    draws as the sequential executor draws them: unequal clients (groups of scattered rows,
-    short last batches), FedBug's gradual unfreezing, chunks of two; and the augmentation
-    changes the numbers (it is not skipped)."""
-    cfg = tiny_config(
+@pytest.mark.parametrize(
+    "augment, algorithm, policy",
+    [
+        ("flip", "fedavg", "bottom_up"),
+        ("crop_flip", "fedavg", "bottom_up"),
+        # FedBABU never trains the head, so top-down's first steps are idle: an idle step
+        # takes its draws too (the sequential executor's batch is drawn before its units)
+        ("flip", "fedbabu", "top_down"),
+    ],
+)
+def test_augmented_batches_give_the_sequential_numbers(augment, algorithm, policy):
+    """Each client's augmentation drawn from its own generator as its step comes, idle steps
+    included, applied to the group's batches at once: unequal clients (groups of scattered
+    rows, short last batches), gradual unfreezing, chunks of two; and the augmentation changes
+    the numbers (it is not skipped)."""
+    cfg = pair_config(
+        algorithm,
+        policy,
         model="digits_cnn",
         augment=augment,
-        policy="bottom_up",
-        bottom_up={"gu_ratio": 0.5},
         momentum=0.5,
         cohort={"max_clients": 2},
+        **{policy: {"gu_ratio": 0.5}},
         **UNEQUAL_EPOCH,
     )
     _, coh = assert_close_to_sequential(cfg)

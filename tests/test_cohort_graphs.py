@@ -171,7 +171,7 @@ def test_a_buffer_repeats_its_inputs_strides_and_alignment():
         {"algorithm": "feddyn", "lr_decay": 0.9},
         {"optimizer": "adam", "lr": 0.01, "policy": "bottom_up", **UNEQUAL_EPOCH},
         {"algorithm": "fedbabu", "evaluation": "personalized", "finetune_epochs": 1},
-        # batches augmented on the host, each step a new batch copied into the graph's buffer
+        # augmented batches, each step a new batch copied into the graph's buffer
         {"augment": "crop_flip", "model": "digits_cnn", "policy": "bottom_up", **UNEQUAL_EPOCH},
         # each client's own gradient (cohort.gradient: streams), in one "graph" per group
         {"cohort": {"gradient": "streams"}, "algorithm": "feddecorr", "model": "digits_cnn"},

@@ -10,7 +10,7 @@ import torch
 from test_cohort import UNEQUAL_EPOCH, assert_close_to_sequential
 from tiny import tiny_config
 
-from fedbug.engine.client import to_channels_last
+from fedbug.engine.client import Draws, to_channels_last
 from fedbug.engine.executors import build_executor, cohort
 from fedbug.engine.executors.cohort import Rows, Samples, like_rows
 from fedbug.engine.experiment import Experiment
@@ -45,7 +45,8 @@ def test_a_groups_batches_are_its_clients_own_rows_stacked_in_their_layout(chann
     samples, rounds = chunk_of(xs)
     for clients, idx in (([0, 1], [[4, 0], [2, 1]]), ([2, 0], [[3, 3], [1, 0]])):
         at = [torch.tensor(i) for i in idx]
-        x, y = samples.batches(Rows.of(clients, CPU), at, rt=None)
+        drawn = [Draws(i, None) for i in at]
+        x, y = samples.batches(Rows.of(clients, CPU), drawn, SimpleNamespace(augment=None))
         own = [rounds[c].xs[i] for c, i in zip(clients, at)]
         assert torch.equal(x, torch.stack(own))
         assert all(x[k].stride() == b.stride() for k, b in enumerate(own))  # a client's layout
@@ -57,9 +58,9 @@ def test_samples_not_prepared_are_prepared_a_group_at_once():
     prepared once, with the numbers and layout of each client's batch prepared alone."""
     xs = [torch.randint(0, 256, (n, 3, 2, 2), dtype=torch.uint8) for n in (4, 6)]
     samples, rounds = chunk_of(xs, prepared=False)
-    rt = SimpleNamespace(prepare=lambda b: to_channels_last(b.float() / 255 - 0.5))
+    rt = SimpleNamespace(prepare=lambda b: to_channels_last(b.float() / 255 - 0.5), augment=None)
     at = [torch.tensor([3, 1]), torch.tensor([0, 5])]
-    x, _ = samples.batches(Rows.of([0, 1], CPU), at, rt)
+    x, _ = samples.batches(Rows.of([0, 1], CPU), [Draws(i, None) for i in at], rt)
     own = [rt.prepare(rounds[c].xs[i]) for c, i in enumerate(at)]
     assert torch.equal(x, torch.stack(own))
     assert all(x[k].stride() == b.stride() for k, b in enumerate(own))

@@ -162,7 +162,7 @@ def test_a_killed_gpu_run_resumes_to_the_uninterrupted_numbers(tmp_path):
         ({"algorithm": "scaffold", "momentum": 0.9}, 1e-3),
         ({"optimizer": "adam", "lr": 0.001}, 2e-2),
         ({"cohort": {"gradient": "streams"}}, 1e-3),  # the sequential kernels, on streams
-        ({"augment": "crop_flip"}, 1e-3),  # each client's batches augmented on the host
+        ({"augment": "crop_flip"}, 1e-3),  # a group's batches augmented at once
     ],
 )
 def test_the_cohort_executor_on_the_gpu_follows_the_sequential_one(over, tol):
@@ -258,7 +258,7 @@ def waits_refused() -> Iterator[None]:
     [
         {"optimizer": "adam", "lr": 0.001},  # Adam's bias corrections, made on the host
         {"cohort": {"cuda_graphs": True, "gradient": "streams"}, "momentum": 0.9},
-        # batches augmented on the host, each client's, moved through pinned memory
+        # augmented on the GPU, each client's draws moved through pinned memory
         {"augment": "crop_flip", "cohort": {"cuda_graphs": True}},
     ],
 )

@@ -13,8 +13,8 @@ Python between steps, drawing batches), and the tensor operations dispatched out
 gradient (on a GPU, each a kernel launch or at least a trip through the dispatcher on the
 host): a group step's, and a round's in all (opening and closing the chunk, drawing the
 batches), over ``--steps`` local steps. ``--clients`` and ``--algorithm`` change the round's
-shape (one chunk of that many clients; FedDyn keeps a state a client); ``--augment`` draws each
-client's batches through an augmentation on the host (part of the step's rest).
+shape (one chunk of that many clients; FedDyn keeps a state a client); ``--augment`` augments the
+clients' batches, a group's at once (part of the step's rest).
 
     python -m benchmarks.speed.cohort_step --batch 2     # about 20 s
     python -m benchmarks.speed.cohort_step --batch 50 --device cuda
@@ -114,7 +114,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--augment",
         choices=["none", "flip", "crop_flip"],
         default="none",
-        help="augment (none): each client's batches augmented on the host, a group step's part",
+        help="augment (none): the group's batches augmented, part of the step's rest",
     )
     return ap.parse_args(argv)
 

@@ -1,5 +1,6 @@
 """Batch augmentation: crop with padding and flips, by hand."""
 
+import pytest
 import torch
 
 from fedbug.data.augment import AUGMENTATIONS, hflip, random_crop
@@ -57,3 +58,37 @@ def test_a_groups_draws_applied_at_once_equal_each_batch_augmented_alone():
     draws = torch.cat([aug.draw(4, torch.Generator().manual_seed(c)) for c in range(3)])
     together = aug.apply(torch.cat(xs), draws)
     assert torch.equal(together, torch.cat(alone))
+
+
+def test_a_flip_flips_the_last_axis_of_samples_of_any_rank():
+    """Grayscale images without a channel axis (N, H, W) flip as (N, 1, H, W) ones do."""
+    x = torch.arange(6 * 3 * 4, dtype=torch.float32).view(6, 3, 4)
+    out = AUGMENTATIONS.get("flip")(x, torch.Generator().manual_seed(2))
+    ref = AUGMENTATIONS.get("flip")(x[:, None], torch.Generator().manual_seed(2))[:, 0]
+    assert out.shape == x.shape and torch.equal(out, ref) and not torch.equal(out, x)
+
+
+def _data(inputs, shape):
+    from fedbug.data import FederatedDataset
+
+    g = torch.Generator().manual_seed(0)
+    x, xt = torch.rand(40, *shape, generator=g), torch.rand(10, *shape, generator=g)
+    y, yt = torch.arange(40) % 2, torch.arange(10) % 2
+    return FederatedDataset("mine", x, y, xt, yt, 2, inputs=inputs)
+
+
+@pytest.mark.parametrize(
+    "inputs, shape, augment, message",
+    [
+        ("vector", (6,), "flip", "data set 'mine' holds feature vectors; use augment: none"),
+        ("image", (5, 5), "crop_flip", r"crops \(C, H, W\) images.*shaped \(5, 5\)"),
+    ],
+)
+def test_an_augmentation_the_samples_cannot_take_is_refused(inputs, shape, augment, message):
+    from tiny import user_data_config
+
+    from fedbug.engine.experiment import Experiment
+    from fedbug.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        Experiment(user_data_config(augment=augment), dataset=_data(inputs, shape))

@@ -82,9 +82,9 @@ def cropped(x: Tensor, dy: Tensor, dx: Tensor, padding: int) -> Tensor:
 
 
 def flipped(x: Tensor, flip: Tensor) -> Tensor:
-    """``x`` with the images where ``flip`` is 1 flipped left-right (a selection: no read of
-    ``flip`` on the host)."""
-    return torch.where(flip.bool()[:, None, None, None], x.flip(-1), x)
+    """``x`` with the images where ``flip`` is 1 flipped left-right, along the last axis (a
+    selection: no read of ``flip`` on the host)."""
+    return torch.where(flip.bool().view(-1, *[1] * (x.dim() - 1)), x.flip(-1), x)
 
 
 def hflip(x: Tensor, gen: torch.Generator) -> Tensor:

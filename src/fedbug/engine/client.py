@@ -13,7 +13,7 @@ import copy
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +38,15 @@ from fedbug.policies import FreezePolicy, StepCtx
 from fedbug.policies.base import EpochAction, EpochCtx, PolicySession
 
 T = TypeVar("T")
+
+
+class Draws(NamedTuple):
+    """A step's batch as drawn (:meth:`LocalRound.batch_draws`): its sample indices and its
+    augmentation's draws (None where the run does not augment)."""
+
+    indices: Tensor
+    augment: Tensor | None
+
 
 __all__ = [
     "ClientData",
@@ -353,7 +362,7 @@ class LocalRound:
 
     def plan(self, draw: Callable[[int], T]) -> Iterator[tuple[tuple[int, ...], T]]:
         """Each local step's units and ``draw(k)``, its batch (:meth:`batch`) or what it is
-        drawn from (:meth:`batch_indices`: the cohort executor gathers a group's batches at
+        drawn from (:meth:`batch_draws`: the cohort executor gathers a group's batches at
         once), to be trained before the next is asked for; ``draw`` runs at every step, idle
         ones too, in order. A step the policy and the algorithm leave nothing to train is idle
         (counted, not yielded), and a policy's end-of-epoch answer may send ``k`` back to 0
@@ -390,14 +399,23 @@ class LocalRound:
             self.drawn.append(idx)
         return idx
 
-    def batch(self, k: int) -> tuple[Tensor, Tensor]:
-        """Step ``k``'s batch: its :meth:`batch_indices`' samples, augmented (its draws from
-        the client's generator, applied on the device), then prepared."""
-        rt = self.rt
+    def batch_draws(self, k: int) -> Draws:
+        """What step ``k``'s batch is made of: its :meth:`batch_indices`, then its
+        augmentation's draws from the client's generator, in that order and at every step,
+        idle ones too (:meth:`plan` calls it so): the sequential executor's :meth:`batch` and
+        the cohort executor's plan draw alike."""
         idx = self.batch_indices(k)
+        aug = self.rt.augment
+        return Draws(idx, aug.draw(len(idx), self.gen) if aug is not None else None)
+
+    def batch(self, k: int) -> tuple[Tensor, Tensor]:
+        """Step ``k``'s batch: its :meth:`batch_draws`' samples, augmented on their device,
+        then prepared."""
+        rt = self.rt
+        idx, draws = self.batch_draws(k)
         x, y = self.xs[idx], self.ys[idx]  # a client's samples and labels live on one device
-        if rt.augment is not None:
-            x = rt.augment(x, self.gen)
+        if rt.augment is not None and draws is not None:
+            x = rt.augment.apply(x, draws)
         return (x if self.prepared else rt.prepare(x)), y
 
     def step(self, units: tuple[int, ...], x: Tensor, y: Tensor) -> None:

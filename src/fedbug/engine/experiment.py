@@ -358,12 +358,23 @@ def with_user_sources(
 
 
 def check_augment(ds: FederatedDataset, cfg: BaseConfig) -> None:
-    """Refuse an image augmentation named for a data set of token sequences (a flip would
-    reverse each sequence, and ``targets: every``'s targets would no longer follow it)."""
-    if ds.inputs == "tokens" and cfg.augment not in ("auto", "none"):
+    """Refuse an image augmentation named for a data set of anything else: token sequences (a
+    flip would reverse each sequence, and ``targets: every``'s targets would no longer follow
+    it) or feature vectors (no left and right to flip); and a crop of samples that are not
+    (C, H, W) images."""
+    if cfg.augment in ("auto", "none"):
+        return
+    if ds.inputs != "image":
+        what = "token sequences" if ds.inputs == "tokens" else "feature vectors"
         raise ConfigError(
-            f"augment: {cfg.augment} transforms images, and data set {ds.name!r} holds token "
-            "sequences; use augment: none (or auto)"
+            f"augment: {cfg.augment} transforms images, and data set {ds.name!r} holds {what}; "
+            "use augment: none (or auto)"
+        )
+    if cfg.augment == "crop_flip" and ds.train_x.dim() != 4:
+        shape = tuple(ds.train_x.shape[1:])
+        raise ConfigError(
+            f"augment: crop_flip crops (C, H, W) images, and data set {ds.name!r}'s samples are "
+            f"shaped {shape}; use augment: flip or none, or give the images a channel axis"
         )
 
 

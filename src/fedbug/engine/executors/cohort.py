@@ -42,6 +42,7 @@ from fedbug.core.protocol import ClientData, ClientResult, ClientTask
 from fedbug.core.units import ParamSpace
 from fedbug.engine.client import (
     ClientRuntime,
+    Draws,
     LocalRound,
     clip_grad_norm,
     prepared_bytes,
@@ -53,9 +54,9 @@ from fedbug.engine.executors.graphs import ALIGN, GraphCache
 from fedbug.engine.executors.streams import Lanes
 from fedbug.errors import ConfigError, first_line
 
-#: a client's step: its units and its batch's sample indices (in the chunk's :class:`Samples`,
-#: less the client's offset there)
-Step = tuple[tuple[int, ...], Tensor]
+#: a client's step: its units and its batch as drawn (its sample indices, in the chunk's
+#: :class:`Samples` less the client's offset there, and its augmentation's draws)
+Step = tuple[tuple[int, ...], Draws]
 
 
 def refuse_model(model: nn.Module, space: ParamSpace) -> None:
@@ -182,14 +183,14 @@ class CohortExecutor(Executor):
         if self.graphs is not None:  # the graphs' gradient buffer, as wide as the chunk at once
             self.out(len(tasks))
         rounds = chunk.rounds
-        plans = [r.plan(r.batch_indices) for r in rounds]
+        plans = [r.plan(r.batch_draws) for r in rounds]
         active = list(range(len(rounds)))
         while active:
             pending: dict[tuple[Any, ...], list[tuple[int, Step]]] = defaultdict(list)
             for c in active:
                 step = self.next_step(c, plans[c], chunk)
                 if step is not None:  # a group: the same units, batches of one size
-                    pending[step[0], len(step[1])].append((c, step))
+                    pending[step[0], len(step[1].indices)].append((c, step))
             active = [c for group in pending.values() for c, _ in group]
             for group in pending.values():
                 self.group_step([c for c, _ in group], [s for _, s in group], chunk)
@@ -246,8 +247,7 @@ class CohortExecutor(Executor):
         """One step of clients that train the same units on batches of one size."""
         units, rounds, opt = steps[0][0], chunk.rounds, chunk.opt
         rows = chunk.rows(clients)
-        gens = [rounds[c].gen for c in clients]  # each client's augmentation draws its own
-        x, y = chunk.samples.batches(rows, [s[1] for s in steps], self.rt, gens)
+        x, y = chunk.samples.batches(rows, [s[1] for s in steps], self.rt)
         for c in clients:
             rounds[c].mark(units)
         lead = rounds[clients[0]]
@@ -506,20 +506,17 @@ class Samples:
         self.y[start : start + n].copy_(ys)
         local.xs, local.ys = self.x[start : start + n], self.y[start : start + n]
 
-    def batches(
-        self, rows: Rows, indices: list[Tensor], rt: ClientRuntime, gens: list[torch.Generator]
-    ) -> tuple[Tensor, Tensor]:
-        """A group's batches and labels (clients along the first axis): each client's
-        ``indices`` (its own rows) read from its samples; augmented where the run augments
-        (each client's draws from its own generator, ``gens`` in the group's order, as the
-        sequential executor draws them for the client alone; applied to the group's batches
-        at once); prepared where they were not yet."""
+    def batches(self, rows: Rows, drawn: list[Draws], rt: ClientRuntime) -> tuple[Tensor, Tensor]:
+        """A group's batches and labels (clients along the first axis): each client's indices
+        (its own rows) read from its samples; augmented where the run augments (each client's
+        draws, made from its own generator as its step came, as the sequential executor makes
+        them, applied to the group's batches at once); prepared where they were not yet."""
         assert self.x is not None and self.y is not None and self.offsets is not None
-        at = torch.stack(indices)
+        at = torch.stack([d.indices for d in drawn])
         at += rows.take(self.offsets)
         x, y = self.x[at], self.y[at]
         if rt.augment is not None:
-            draws = torch.cat([rt.augment.draw(at.shape[1], g) for g in gens])
+            draws = torch.cat([d.augment for d in drawn if d.augment is not None])
             x = rt.augment.apply(x.flatten(0, 1), draws).unflatten(0, at.shape)
         if not self.prepared:  # elementwise: a group's batch at once, as a client's alone
             x = rt.prepare(x.flatten(0, 1)).unflatten(0, at.shape)
