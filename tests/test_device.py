@@ -32,9 +32,10 @@ NEEDS = {**METHOD_NEEDS, "fedrod": {"evaluation": "personalized"}}
 @pytest.mark.parametrize("executor", ["sequential", "processes"])
 def test_device_cpu_given_explicitly_changes_no_number(executor, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # auto: the CPU, as in CI
-    base = tiny_config(algorithm="feddyn", policy="bottom_up", executor=executor, workers=2)
+    # one worker: the device is the point here (tests/test_processes.py has workers' order)
+    base = tiny_config(algorithm="feddyn", policy="bottom_up", executor=executor, workers=1)
     explicit = tiny_config(
-        algorithm="feddyn", policy="bottom_up", executor=executor, workers=2, device="cpu"
+        algorithm="feddyn", policy="bottom_up", executor=executor, workers=1, device="cpu"
     )
     a, b = fedbug.run(base), fedbug.run(explicit)
     assert a.summary["weights_sha256"] == b.summary["weights_sha256"]
