@@ -12,27 +12,29 @@
 # numbers part from the sequential one's on a GPU: python -m benchmarks.gpu.cohort_gap.
 #
 #   bash benchmarks/gpu/cohort.sh OUT_DIR [W_ROUNDS]
-#   PARTS="test w tf32 step" bash benchmarks/gpu/cohort.sh OUT_DIR 4  # then "scale forms seq"
+#   PARTS="test w tf32 profile step" bash benchmarks/gpu/cohort.sh OUT_DIR 4  # then "scale forms seq"
 #
 # Run from the repository root with fedbug importable and pytest installed (PYTHON=... picks
 # the interpreter). Writes OUT_DIR/cohort-test.log, cohort-speed.jsonl (one JSON line per W
-# variant), cohort-step.txt, scale.txt, forms.txt and step.json. W_ROUNDS: W's rounds, the
-# first a warm-up (default 4). PARTS (default all: test w tf32 step scale forms seq) picks what
-# runs, in that order; W_MODES (default "nondeterministic deterministic") W's kernel modes;
+# variant), profile.txt, cohort-step.txt, scale.txt, forms.txt and step.json. W_ROUNDS: W's
+# rounds, the first a warm-up (default 4). PARTS (default all: test w tf32 profile step scale
+# forms seq) picks what runs, in that order; W_MODES (default "nondeterministic
+# deterministic") W's kernel modes;
 # SCALE_RUNS (default "sequential cohort cohort-graphs cohort-streams-graphs") scale-10k's runs.
 # All of it is about 9 minutes on an H200, beyond one 600-second call with a machine's start:
 # split it in two calls on the warm machine as above (results/h200-2026-11-28/ holds two).
 set -uo pipefail
 out=${1:?usage: bash benchmarks/gpu/cohort.sh OUT_DIR [W_ROUNDS]}
 rounds=${2:-4}
-parts=" ${PARTS:-test w tf32 step scale forms seq} "
+parts=" ${PARTS:-test w tf32 profile step scale forms seq} "
 part() { [[ "$parts" == *" $1 "* ]]; }
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
 part test && FEDBUG_TEST_GPU=1 timeout 240 "$py" -m pytest -q -rP -p no:cacheprovider \
-  tests/test_cuda.py -k "cohort or cuda_graphs or never_wait" 2>&1 | tee "$out/cohort-test.log" \
+  tests/test_cuda.py -k "cohort or cuda_graphs or never_wait or data_set_kept" 2>&1 \
+  | tee "$out/cohort-test.log" \
   | grep -E "passed|failed|error|cohort -|cuda_graphs -" | tail -20
 
 speed() {
@@ -73,6 +75,15 @@ if part tf32; then
     --cohort-gradient streams
 fi
 part w || part tf32 && summary
+
+# where W's cohort round goes on this GPU (graphs, streams, autotuned): torch.profiler on one
+# more round, CPU against CUDA time per operation (is the host or the GPU the bound of the rest?)
+if part profile; then
+  timeout 200 "$py" -m benchmarks.speed.speed --device cuda --nondeterministic --rounds "$rounds" \
+    --executor cohort --cuda-graphs --cohort-gradient streams --profile > "$out/profile.txt" 2>&1 \
+    || echo "the profiled W run failed (profile.txt has its output)"
+  tail -40 "$out/profile.txt"
+fi
 
 # a cohort group step split into the vmapped gradient and the rest (W's model, batch 50 and 2)
 if part step; then
